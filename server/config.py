@@ -1,0 +1,128 @@
+"""Typed server settings read from one TOML file: the server block and its deployments."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from latlab.server.errors import ConfigError
+
+PROVIDERS = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class BatcherSettings:
+    """How a deployment groups requests into batches (Triton's dynamic batcher semantics)."""
+
+    max_batch_size: int = 1
+    """Most samples (sum of the requests' batch dimensions) in one model run; 1 turns batching off."""
+    max_queue_delay_ms: float = 0.0
+    """How long the oldest waiting request may wait for a batch to fill before it is sent anyway."""
+    max_queue_size: int = 256
+    """Requests allowed to wait; one more is refused with 503 at once."""
+    instances: int = 1
+    """Batches in flight at once (worker threads sharing the queue)."""
+    timeout_ms: float = 10_000.0
+    """A request not computed within this long is answered with a timeout error, never computed."""
+
+
+@dataclass(frozen=True)
+class CpuOptions:
+    """ONNX Runtime CPU provider options."""
+
+    intra_op_threads: int = 0
+    """Threads for one operator; 0 lets ONNX Runtime use every core."""
+    allow_spinning: bool = True
+    """Whether idle ORT threads spin; spinning cuts latency but steals CPU from HTTP threads."""
+
+
+@dataclass(frozen=True)
+class DeploymentConfig:
+    """One served model: an ONNX file on one execution provider behind one batcher."""
+
+    name: str
+    model_path: Path
+    provider: str = "cpu"
+    batcher: BatcherSettings = field(default_factory=BatcherSettings)
+    cpu: CpuOptions = field(default_factory=CpuOptions)
+    model: str = ""
+    """The model's name (e.g. 'ffn') as opposed to the deployment's; label for metrics and reports."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The whole server: where it listens and what it serves."""
+
+    deployments: tuple[DeploymentConfig, ...]
+    host: str = "127.0.0.1"
+    port: int = 8000
+    threads: int = 64
+    """Request threads: bounds how many requests are decoded or waiting on a batch at once."""
+    max_body_bytes: int = 64 * 1024 * 1024
+
+
+def load_config(path: str | Path) -> ServerConfig:
+    """Read and check a TOML server config; relative model paths are resolved against its folder."""
+    path = Path(path)
+    try:
+        doc = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    return parse_config(doc, base_dir=path.parent)
+
+
+def parse_config(doc: dict, base_dir: Path = Path(".")) -> ServerConfig:
+    """Build a ServerConfig from a parsed TOML document."""
+    server = dict(doc.get("server", {}))
+    raw_deployments = doc.get("deployments")
+    if not isinstance(raw_deployments, list) or not raw_deployments:
+        raise ConfigError("config needs at least one [[deployments]] table")
+    deployments = tuple(_deployment(raw, base_dir) for raw in raw_deployments)
+    names = [d.name for d in deployments]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"deployment names must be unique, got {names}")
+    return _build(ServerConfig, server, "[server]", deployments=deployments)
+
+
+def _deployment(raw: dict, base_dir: Path) -> DeploymentConfig:
+    raw = dict(raw)
+    name = raw.get("name")
+    if not isinstance(name, str) or not name or "/" in name:
+        raise ConfigError(f"every deployment needs a 'name' without '/', got {name!r}")
+    if "model_path" not in raw:
+        raise ConfigError(f"deployment '{name}' needs a 'model_path'")
+    model_path = Path(raw.pop("model_path"))
+    if not model_path.is_absolute():
+        model_path = (base_dir / model_path).resolve()
+    provider = raw.get("provider", "cpu")
+    if provider not in PROVIDERS:
+        raise ConfigError(f"deployment '{name}': provider must be one of {PROVIDERS}, got {provider!r}")
+    batcher = _build(BatcherSettings, raw.pop("batcher", {}), f"deployment '{name}' [batcher]")
+    if batcher.max_batch_size < 1 or batcher.max_queue_size < 1 or batcher.instances < 1:
+        raise ConfigError(f"deployment '{name}': max_batch_size, max_queue_size and instances must be >= 1")
+    if batcher.max_queue_delay_ms < 0 or batcher.timeout_ms <= 0:
+        raise ConfigError(f"deployment '{name}': max_queue_delay_ms must be >= 0 and timeout_ms > 0")
+    cpu = _build(CpuOptions, raw.pop("cpu", {}), f"deployment '{name}' [cpu]")
+    raw.setdefault("model", model_path.parent.name)
+    return _build(DeploymentConfig, raw, f"deployment '{name}'", model_path=model_path, batcher=batcher, cpu=cpu)
+
+
+def _build(cls, raw: dict, where: str, **given):
+    """Instantiate a settings dataclass, naming unknown keys and wrong types instead of a TypeError."""
+    known = {f.name: f for f in fields(cls)}
+    unknown = set(raw) - set(known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting(s) {sorted(unknown)}; known: {sorted(known)}")
+    for key, value in raw.items():
+        default = getattr(cls, key, None)
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{where}: {key} must be true or false, got {value!r}")
+        elif isinstance(default, int) and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"{where}: {key} must be an integer, got {value!r}")
+        elif isinstance(default, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
+    return cls(**raw, **given)

@@ -1,0 +1,81 @@
+"""Every Prometheus metric of the server, declared once against an injected registry."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LABELS = ("deployment", "model", "provider")
+# 100 µs .. 10 s, roughly x1.5 per bucket: fine enough for p99 on sub-millisecond CPU batches.
+LATENCY_BUCKETS = (0.0001, 0.00015, 0.00025, 0.0004, 0.0006, 0.001, 0.0015, 0.0025, 0.004, 0.006,
+                   0.01, 0.015, 0.025, 0.04, 0.06, 0.1, 0.15, 0.25, 0.4, 0.6, 1.0, 1.5, 2.5, 4.0, 10.0)
+BATCH_BUCKETS = tuple(float(2 ** i) for i in range(12))  # 1 .. 2048
+
+
+class ServerMetrics:
+    """The server's metrics; `for_deployment` gives a batch observer bound to one deployment's labels."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.request_duration = Histogram(
+            "latlab_server_request_duration_seconds", "Time from receiving an infer request to its response.",
+            LABELS, registry=registry, buckets=LATENCY_BUCKETS)
+        self.requests = Counter(
+            "latlab_server_requests", "Infer requests answered, by outcome.",
+            (*LABELS, "outcome"), registry=registry)
+        self.inflight = Gauge(
+            "latlab_server_inflight_requests", "Infer requests being handled right now.",
+            LABELS, registry=registry)
+        self.queue_duration = Histogram(
+            "latlab_batcher_queue_duration_seconds", "Time a request waited in the batcher's queue.",
+            LABELS, registry=registry, buckets=LATENCY_BUCKETS)
+        self.compute_duration = Histogram(
+            "latlab_batcher_compute_duration_seconds", "Time of one batched model run.",
+            LABELS, registry=registry, buckets=LATENCY_BUCKETS)
+        self.batch_size = Histogram(
+            "latlab_batcher_batch_size", "Samples per model run.",
+            LABELS, registry=registry, buckets=BATCH_BUCKETS)
+        self.queue_depth = Gauge(
+            "latlab_batcher_queue_depth", "Requests waiting in the batcher's queue.",
+            LABELS, registry=registry)
+        self.rejections = Counter(
+            "latlab_batcher_rejections", "Requests refused or dropped by the batcher, by reason.",
+            (*LABELS, "reason"), registry=registry)
+        self.batches = Counter(
+            "latlab_batcher_batches", "Model runs, by outcome.",
+            (*LABELS, "outcome"), registry=registry)
+
+    def for_deployment(self, labels: dict[str, str]) -> "DeploymentObserver":
+        return DeploymentObserver(self, labels)
+
+
+class DeploymentObserver:
+    """Implements the batcher's observer for one deployment; children are resolved once, not per call."""
+
+    def __init__(self, metrics: ServerMetrics, labels: dict[str, str]) -> None:
+        self.labels = labels
+        self._metrics = metrics
+        self._queue_depth = metrics.queue_depth.labels(**labels)
+        self._queue_duration = metrics.queue_duration.labels(**labels)
+        self._compute = metrics.compute_duration.labels(**labels)
+        self._batch_size = metrics.batch_size.labels(**labels)
+        self.request_duration = metrics.request_duration.labels(**labels)
+        self.inflight = metrics.inflight.labels(**labels)
+
+    def queue_depth(self, depth: int) -> None:
+        self._queue_depth.set(depth)
+
+    def rejected(self, reason: str) -> None:
+        self._metrics.rejections.labels(**self.labels, reason=reason).inc()
+
+    def batch_done(self, size: int, queue_s: Sequence[float], compute_s: float, ok: bool) -> None:
+        for seconds in queue_s:
+            self._queue_duration.observe(seconds)
+        self._compute.observe(compute_s)
+        self._batch_size.observe(size)
+        self._metrics.batches.labels(**self.labels, outcome="ok" if ok else "error").inc()
+
+    def answered(self, outcome: str, seconds: float) -> None:
+        self.request_duration.observe(seconds)
+        self._metrics.requests.labels(**self.labels, outcome=outcome).inc()

@@ -1,0 +1,185 @@
+"""Open Inference Protocol tensors <-> numpy: JSON and the binary tensor extension, pure functions only."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import orjson
+
+from latlab.server.errors import BadRequest
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+DATATYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+}
+_DATATYPE_OF = {dtype: name for name, dtype in DATATYPES.items()}
+# Little-endian on the wire whatever the host's byte order.
+_WIRE = {name: dtype.newbyteorder("<") for name, dtype in DATATYPES.items()}
+
+
+def datatype_of(dtype: np.dtype) -> str:
+    """The protocol's datatype name for a numpy dtype."""
+    try:
+        return _DATATYPE_OF[np.dtype(dtype).newbyteorder("=")]
+    except KeyError:
+        raise BadRequest(f"dtype {dtype} has no Open Inference Protocol datatype") from None
+
+
+@dataclass
+class InferRequest:
+    """A decoded infer request: named input arrays plus what the client asked back."""
+
+    inputs: dict[str, np.ndarray]
+    id: str | None = None
+    parameters: dict = field(default_factory=dict)
+    outputs: list[str] | None = None  # None: every output
+    binary_outputs: set[str] = field(default_factory=set)
+
+
+def decode_request(body: bytes, header_length: int | None = None) -> InferRequest:
+    """Decode an infer request body; with `header_length`, the JSON header is followed by raw tensors."""
+    if header_length is None:
+        header_length = len(body)
+    elif not 0 <= header_length <= len(body):
+        raise BadRequest(f"{HEADER_LENGTH} is {header_length} but the body has {len(body)} bytes")
+    doc = _load_json(body[:header_length])
+    binary = memoryview(body)[header_length:]
+    request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise BadRequest("'id' must be a string")
+    parameters = _dict_field(doc, "parameters", "request")
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise BadRequest("'inputs' must be a non-empty list of tensors")
+    inputs: dict[str, np.ndarray] = {}
+    offset = 0
+    for raw in raw_inputs:
+        name, array, used = _decode_input(raw, binary, offset)
+        if name in inputs:
+            raise BadRequest(f"input '{name}' is given twice")
+        inputs[name] = array
+        offset += used
+    if offset != len(binary):
+        raise BadRequest(f"binary part has {len(binary)} bytes but the inputs use {offset}")
+    outputs, binary_outputs = _decode_requested_outputs(doc, bool(parameters.get("binary_data_output")))
+    return InferRequest(inputs, request_id, parameters, outputs, binary_outputs)
+
+
+def _load_json(raw: bytes | memoryview) -> dict:
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise BadRequest("body must be a JSON object")
+    return doc
+
+
+def _dict_field(doc: dict, key: str, where: str) -> dict:
+    value = doc.get(key) or {}
+    if not isinstance(value, dict):
+        raise BadRequest(f"'{key}' of the {where} must be an object")
+    return value
+
+
+def _decode_input(raw: object, binary: memoryview, offset: int) -> tuple[str, np.ndarray, int]:
+    """One input tensor; returns (name, array, bytes of the binary part it used)."""
+    if not isinstance(raw, dict):
+        raise BadRequest("each input must be an object with name, shape, datatype and data")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise BadRequest("an input has no 'name'")
+    shape = _decode_shape(raw.get("shape"), name)
+    datatype = raw.get("datatype")
+    if datatype not in DATATYPES:
+        raise BadRequest(f"input '{name}': unsupported datatype {datatype!r}; one of {', '.join(DATATYPES)}")
+    count = math.prod(shape)
+    parameters = _dict_field(raw, "parameters", f"input '{name}'")
+    size = parameters.get("binary_data_size")
+    if size is not None:
+        return name, _from_binary(name, shape, datatype, size, binary, offset), size
+    if "data" not in raw:
+        raise BadRequest(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
+    try:
+        array = np.asarray(raw["data"], dtype=DATATYPES[datatype])
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise BadRequest(f"input '{name}': data is not a valid {datatype} array: {exc}") from None
+    if array.size != count:
+        raise BadRequest(f"input '{name}': shape {shape} needs {count} elements but data has {array.size}")
+    return name, array.reshape(shape), 0
+
+
+def _decode_shape(shape: object, name: str) -> list[int]:
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise BadRequest(f"input '{name}': 'shape' must be a list of non-negative integers")
+    return shape
+
+
+def _from_binary(name: str, shape: list[int], datatype: str, size: object,
+                 binary: memoryview, offset: int) -> np.ndarray:
+    dtype = _WIRE[datatype]
+    expected = math.prod(shape) * dtype.itemsize
+    if type(size) is not int or size != expected:
+        raise BadRequest(f"input '{name}': binary_data_size is {size!r} but shape {shape} of {datatype} needs {expected}")
+    if offset + size > len(binary):
+        raise BadRequest(f"input '{name}': binary_data_size {size} runs past the end of the body")
+    # frombuffer shares the request's bytes: no copy.
+    return np.frombuffer(binary[offset:offset + size], dtype=dtype).reshape(shape)
+
+
+def _decode_requested_outputs(doc: dict, all_binary: bool) -> tuple[list[str] | None, set[str]]:
+    raw = doc.get("outputs")
+    if raw is None:
+        return None, ({"*"} if all_binary else set())
+    if not isinstance(raw, list):
+        raise BadRequest("'outputs' must be a list of {\"name\": ...} objects")
+    names, binary = [], set()
+    for item in raw:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise BadRequest("each requested output must be an object with a 'name'")
+        names.append(item["name"])
+        if all_binary or _dict_field(item, "parameters", f"output '{item['name']}'").get("binary_data"):
+            binary.add(item["name"])
+    return names, binary
+
+
+def encode_response(model_name: str, model_version: str, request: InferRequest,
+                    outputs: dict[str, np.ndarray]) -> tuple[bytes, int | None]:
+    """The response body, and the JSON header's length when any output travels as binary."""
+    wanted = request.binary_outputs
+    tensors, chunks = [], []
+    for name, array in outputs.items():
+        tensor = {"name": name, "datatype": datatype_of(array.dtype), "shape": list(array.shape)}
+        if "*" in wanted or name in wanted:
+            raw = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+            tensor["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        else:
+            tensor["data"] = np.ascontiguousarray(array).reshape(-1)
+        tensors.append(tensor)
+    doc = {"model_name": model_name, "model_version": model_version, "outputs": tensors}
+    if request.id is not None:
+        doc["id"] = request.id
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not chunks:
+        return header, None
+    return b"".join([header, *chunks]), len(header)
+
+
+def encode_error(message: str) -> bytes:
+    """The protocol's error body."""
+    return orjson.dumps({"error": message})
