@@ -117,7 +117,7 @@ def infer(name: str, version: str | None = None) -> Response:
     outcome = "ok"
     try:
         header = request.headers.get(HEADER_LENGTH)
-        if header is not None and not header.isdigit():
+        if header is not None and not (header.isascii() and header.isdigit()):
             raise BadRequest(f"{HEADER_LENGTH} must be a non-negative integer, got {header!r}")
         infer_request = decode_request(request.get_data(cache=False), int(header) if header else None)
         outputs = deployment.infer(infer_request)

@@ -84,7 +84,8 @@ class BatchQueue:
         sizes = [p.size for _, p in zip(range(limit), self._queue)]
         decision = batch_to_send(now, sizes, self._queue[0].enqueued_at, limit, 0.0 if flush else self._delay_s)
         if isinstance(decision, float):
-            return decision
+            # Wake for the first deadline too, so an expired request is answered at its deadline.
+            return min(decision, min(p.deadline for p in self._queue))
         return [self._queue.popleft() for _ in range(decision)]
 
 

@@ -76,10 +76,12 @@ def load_config(path: str | Path) -> ServerConfig:
 
 def parse_config(doc: dict, base_dir: Path = Path(".")) -> ServerConfig:
     """Build a ServerConfig from a parsed TOML document."""
-    server = dict(doc.get("server", {}))
+    server = _table(doc.get("server", {}), "[server]")
     raw_deployments = doc.get("deployments")
     if not isinstance(raw_deployments, list) or not raw_deployments:
         raise ConfigError("config needs at least one [[deployments]] table")
+    if not all(isinstance(raw, dict) for raw in raw_deployments):
+        raise ConfigError("each entry of 'deployments' must be a table ([[deployments]])")
     deployments = tuple(_deployment(raw, base_dir) for raw in raw_deployments)
     names = [d.name for d in deployments]
     if len(set(names)) != len(names):
@@ -100,14 +102,21 @@ def _deployment(raw: dict, base_dir: Path) -> DeploymentConfig:
     provider = raw.get("provider", "cpu")
     if provider not in PROVIDERS:
         raise ConfigError(f"deployment '{name}': provider must be one of {PROVIDERS}, got {provider!r}")
-    batcher = _build(BatcherSettings, raw.pop("batcher", {}), f"deployment '{name}' [batcher]")
+    batcher = _build(BatcherSettings, _table(raw.pop("batcher", {}), f"deployment '{name}' batcher"),
+                     f"deployment '{name}' [batcher]")
     if batcher.max_batch_size < 1 or batcher.max_queue_size < 1 or batcher.instances < 1:
         raise ConfigError(f"deployment '{name}': max_batch_size, max_queue_size and instances must be >= 1")
     if batcher.max_queue_delay_ms < 0 or batcher.timeout_ms <= 0:
         raise ConfigError(f"deployment '{name}': max_queue_delay_ms must be >= 0 and timeout_ms > 0")
-    cpu = _build(CpuOptions, raw.pop("cpu", {}), f"deployment '{name}' [cpu]")
+    cpu = _build(CpuOptions, _table(raw.pop("cpu", {}), f"deployment '{name}' cpu"), f"deployment '{name}' [cpu]")
     raw.setdefault("model", model_path.parent.name)
     return _build(DeploymentConfig, raw, f"deployment '{name}'", model_path=model_path, batcher=batcher, cpu=cpu)
+
+
+def _table(value: object, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where} must be a table, got {value!r}")
+    return dict(value)
 
 
 def _build(cls, raw: dict, where: str, **given):

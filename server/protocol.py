@@ -114,13 +114,42 @@ def _decode_input(raw: object, binary: memoryview, offset: int) -> tuple[str, np
         return name, _from_binary(name, shape, datatype, size, binary, offset), size
     if "data" not in raw:
         raise BadRequest(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
-    try:
-        array = np.asarray(raw["data"], dtype=DATATYPES[datatype])
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise BadRequest(f"input '{name}': data is not a valid {datatype} array: {exc}") from None
+    array = _from_json_data(name, raw["data"], datatype)
     if array.size != count:
         raise BadRequest(f"input '{name}': shape {shape} needs {count} elements but data has {array.size}")
     return name, array.reshape(shape), 0
+
+
+# numpy's kinds of array that JSON data may arrive as, per datatype family: numbers are never
+# silently truncated (1.5 as INT32), strings and nulls never parsed as numbers, 2 never taken for true.
+_ACCEPTED_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+
+
+def _from_json_data(name: str, data: object, datatype: str) -> np.ndarray:
+    dtype = DATATYPES[datatype]
+    try:
+        parsed = np.asarray(data)
+        if parsed.dtype.kind in "fO" and dtype.kind == "u" and _all_ints(data):
+            parsed = np.asarray(data, dtype=dtype)  # ints past INT64's range: numpy would pick float64
+        if parsed.size:
+            if parsed.dtype.kind not in _ACCEPTED_KINDS[dtype.kind]:
+                raise ValueError(f"got {_json_kind(parsed)} values")
+            if dtype.kind in "iu" and (parsed.min() < np.iinfo(dtype).min or parsed.max() > np.iinfo(dtype).max):
+                raise ValueError(f"values outside {datatype}'s range")
+        return parsed.astype(dtype, copy=False)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise BadRequest(f"input '{name}': data is not a valid {datatype} array: {exc}") from None
+
+
+def _all_ints(data: object) -> bool:
+    if isinstance(data, list):
+        return all(_all_ints(item) for item in data)
+    return type(data) is int
+
+
+def _json_kind(array: np.ndarray) -> str:
+    return {"b": "boolean", "i": "integer", "u": "integer", "f": "floating-point", "U": "string"}.get(
+        array.dtype.kind, "null or mixed")
 
 
 def _decode_shape(shape: object, name: str) -> list[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,22 @@ _ORT_TYPES = {
     "tensor(float16)": np.float16, "tensor(float)": np.float32, "tensor(double)": np.float64,
 }
 _PROVIDER_NAMES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+_PROVIDER_LIBRARIES = {"CUDAExecutionProvider": "cuda", "TensorrtExecutionProvider": "tensorrt"}
+
+
+def provider_load_error(provider: str) -> str | None:
+    """Why ORT's shared library for a provider cannot load (e.g. the missing libcublasLt), or None."""
+    short = _PROVIDER_LIBRARIES.get(provider)
+    if short is None:
+        return None
+    library = Path(ort.__file__).parent / "capi" / f"libonnxruntime_providers_{short}.so"
+    if not library.exists():
+        return f"this onnxruntime build has no {provider} ({library.name} absent)"
+    try:
+        ctypes.CDLL(str(library))
+    except OSError as exc:
+        return str(exc)  # names the first missing dependency, e.g. libcublasLt.so.13
+    return None
 
 
 @dataclass(frozen=True)
@@ -104,6 +121,8 @@ def _create_session(deployment: DeploymentConfig) -> ort.InferenceSession:
     options.intra_op_num_threads = deployment.cpu.intra_op_threads
     options.add_session_config_entry("session.intra_op.allow_spinning", "1" if deployment.cpu.allow_spinning else "0")
     wanted = _PROVIDER_NAMES[deployment.provider]
+    if provider_load_error(wanted):
+        ort.set_default_logger_severity(4)  # the fallback is reported below, in one line, not as ORT's banner
     providers = [wanted] if wanted == "CPUExecutionProvider" else [wanted, "CPUExecutionProvider"]
     try:
         session = ort.InferenceSession(str(path), options, providers=providers)
@@ -111,6 +130,7 @@ def _create_session(deployment: DeploymentConfig) -> ort.InferenceSession:
         raise ConfigError(f"deployment '{deployment.name}': cannot load {path}: {exc}") from None
     if session.get_providers()[0] != wanted:
         # ORT falls back to CPU silently when CUDA cannot load; we refuse to serve under a false name.
-        raise ConfigError(f"deployment '{deployment.name}' asked for {wanted} but ONNX Runtime gave "
-                          f"{session.get_providers()}; check the CUDA and cuDNN libraries (`latlab doctor`)")
+        reason = provider_load_error(wanted) or "see `latlab doctor`"
+        raise ConfigError(f"deployment '{deployment.name}' asked for {wanted} but ONNX Runtime fell back to "
+                          f"{session.get_providers()[0]}: {reason}")
     return session

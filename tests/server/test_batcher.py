@@ -1,0 +1,453 @@
+"""latlab.server.batcher: the pure dispatch rule, BatchQueue on a fake clock, DynamicBatcher on real threads."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future, wait
+
+import numpy as np
+import pytest
+
+from latlab.server.batcher import BatchQueue, DynamicBatcher, Pending, batch_to_send, merge, split
+from latlab.server.config import BatcherSettings
+from latlab.server.errors import BadRequest, ComputeError, ModelNotReady, QueueFull, RequestTimeout
+
+RESULT_WAIT_S = 2.0  # generous bound on any future below; the batcher answers in milliseconds
+
+
+# --- batch_to_send: the pure rule ------------------------------------------------------------------
+
+
+def test_empty_queue_gives_none() -> None:
+    assert batch_to_send(5.0, [], 0.0, max_batch_size=8, max_queue_delay_s=0.01) is None
+
+
+def test_full_batch_is_sent_at_once() -> None:
+    assert batch_to_send(0.0, [1] * 8, 0.0, max_batch_size=8, max_queue_delay_s=10.0) == 8
+
+
+def test_full_batch_from_mixed_sizes() -> None:
+    assert batch_to_send(0.0, [3, 5], 0.0, max_batch_size=8, max_queue_delay_s=10.0) == 2
+
+
+def test_more_than_a_batch_queued_sends_only_what_fits() -> None:
+    assert batch_to_send(0.0, [1] * 12, 0.0, max_batch_size=8, max_queue_delay_s=10.0) == 8
+
+
+def test_partial_batch_waits_until_oldest_plus_delay() -> None:
+    decision = batch_to_send(1.0, [1, 1], oldest_enqueued_at=0.5, max_batch_size=8, max_queue_delay_s=2.0)
+    assert isinstance(decision, float)
+    assert decision == pytest.approx(2.5)
+
+
+def test_partial_batch_is_sent_once_the_delay_has_passed() -> None:
+    assert batch_to_send(2.5, [1, 1], 0.5, max_batch_size=8, max_queue_delay_s=2.0) == 2
+    assert batch_to_send(9.0, [1, 1], 0.5, max_batch_size=8, max_queue_delay_s=2.0) == 2
+
+
+def test_request_that_does_not_fit_ends_the_batch() -> None:
+    # 3 + 4 = 7 fits, the next 2 would make 9 > 8: send the 2 that fit now, without waiting.
+    assert batch_to_send(0.0, [3, 4, 2], 0.0, max_batch_size=8, max_queue_delay_s=10.0) == 2
+
+
+def test_rule_does_not_skip_ahead_to_a_later_request_that_would_fit() -> None:
+    # FIFO: the 6 does not fit after the 3, so the 1 behind it waits for the next batch.
+    assert batch_to_send(0.0, [3, 6, 1], 0.0, max_batch_size=8, max_queue_delay_s=10.0) == 1
+
+
+def test_zero_delay_sends_at_once() -> None:
+    assert batch_to_send(0.0, [1], 0.0, max_batch_size=8, max_queue_delay_s=0.0) == 1
+    assert batch_to_send(0.0, [2, 3], 0.0, max_batch_size=8, max_queue_delay_s=0.0) == 2
+
+
+def test_max_batch_size_one_sends_each_request_alone() -> None:
+    assert batch_to_send(0.0, [1, 1, 1], 0.0, max_batch_size=1, max_queue_delay_s=5.0) == 1
+
+
+def test_count_is_an_int_and_wait_is_a_float() -> None:
+    assert type(batch_to_send(0.0, [1] * 4, 0.0, 4, 1.0)) is int
+    assert type(batch_to_send(0.0, [1], 0, 4, 1)) is float
+
+
+# --- BatchQueue with plain floats as the clock -------------------------------------------------------
+
+
+def settings(**overrides: object) -> BatcherSettings:
+    base = dict(max_batch_size=4, max_queue_delay_ms=100.0, max_queue_size=16, timeout_ms=1000.0)
+    base.update(overrides)
+    return BatcherSettings(**base)
+
+
+def pending(at: float, size: int = 1, deadline: float | None = None, tag: int = 0) -> Pending:
+    return Pending({"x": np.full((size, 1), tag, np.float32)}, size, at, at + 10.0 if deadline is None else deadline)
+
+
+def test_queue_dispatches_when_max_batch_size_samples_are_reached() -> None:
+    queue = BatchQueue(settings(max_batch_size=4))
+    items = [pending(0.0), pending(0.001, size=2), pending(0.002)]
+    for item in items:
+        queue.put(item)
+    assert queue.take(0.002) == [*items]
+    assert len(queue) == 0
+
+
+def test_queue_waits_until_oldest_plus_delay_and_then_dispatches() -> None:
+    queue = BatchQueue(settings(max_batch_size=4, max_queue_delay_ms=100.0))
+    first, second = pending(1.0), pending(1.08)
+    queue.put(first)
+    assert queue.take(1.0) == pytest.approx(1.1)
+    queue.put(second)
+    # The newer request does not push the send time back: the delay counts from the oldest.
+    assert queue.take(1.08) == pytest.approx(1.1)
+    assert queue.take(1.0999) == pytest.approx(1.1)
+    assert queue.take(1.1) == [first, second]
+    assert queue.take(1.1) is None
+
+
+def test_queue_take_on_empty_is_none() -> None:
+    assert BatchQueue(settings()).take(0.0) is None
+
+
+def test_queue_request_that_does_not_fit_ends_the_batch() -> None:
+    queue = BatchQueue(settings(max_batch_size=4, max_queue_delay_ms=1000.0))
+    a, b, c = pending(0.0, 3), pending(0.0, 2), pending(0.0, 1)
+    for item in (a, b, c):
+        queue.put(item)
+    assert queue.take(0.0) == [a]            # 3 + 2 > 4: a goes alone, at once
+    assert queue.take(0.0) == pytest.approx(1.0)  # b + c = 3 < 4 and nothing is left over: wait
+    assert queue.take(1.0) == [b, c]
+    assert len(queue) == 0
+
+
+def test_queue_waits_for_the_rest_of_a_partial_batch() -> None:
+    queue = BatchQueue(settings(max_batch_size=4, max_queue_delay_ms=1000.0))
+    a, b = pending(0.0, 3), pending(0.5, 2)
+    queue.put(a)
+    queue.put(b)
+    assert queue.take(0.5) == [a]
+    # b is now the oldest: it waits its own delay from when it was enqueued.
+    assert queue.take(0.5) == pytest.approx(1.5)
+    assert queue.take(1.5) == [b]
+
+
+def test_queue_zero_delay_dispatches_at_once() -> None:
+    queue = BatchQueue(settings(max_batch_size=8, max_queue_delay_ms=0.0))
+    item = pending(3.0)
+    queue.put(item)
+    assert queue.take(3.0) == [item]
+
+
+def test_queue_flush_sends_at_once() -> None:
+    queue = BatchQueue(settings(max_batch_size=8, max_queue_delay_ms=10_000.0))
+    items = [pending(0.0), pending(0.0)]
+    for item in items:
+        queue.put(item)
+    assert isinstance(queue.take(0.0), float)
+    assert queue.take(0.0, flush=True) == items
+
+
+def test_queue_flush_still_respects_max_batch_size() -> None:
+    queue = BatchQueue(settings(max_batch_size=2, max_queue_delay_ms=10_000.0))
+    items = [pending(0.0, tag=i) for i in range(5)]
+    for item in items:
+        queue.put(item)
+    assert queue.take(0.0, flush=True) == items[:2]
+    assert queue.take(0.0, flush=True) == items[2:4]
+    assert queue.take(0.0, flush=True) == items[4:]
+
+
+def test_queue_full_raises_queue_full() -> None:
+    queue = BatchQueue(settings(max_queue_size=2))
+    queue.put(pending(0.0))
+    queue.put(pending(0.0))
+    with pytest.raises(QueueFull, match=r"queue is full \(2 requests waiting\)"):
+        queue.put(pending(0.0))
+    assert len(queue) == 2
+    queue.take(10.0)
+    queue.put(pending(10.0))  # room again once a batch left
+
+
+def test_queue_refuses_a_request_larger_than_max_batch_size() -> None:
+    queue = BatchQueue(settings(max_batch_size=4))
+    with pytest.raises(BadRequest, match="batch of 5 exceeds this deployment's max_batch_size 4"):
+        queue.put(pending(0.0, size=5))
+    assert len(queue) == 0
+    queue.put(pending(0.0, size=4))  # exactly max_batch_size is fine
+
+
+def test_queue_expire_removes_only_requests_past_their_deadline() -> None:
+    queue = BatchQueue(settings(max_batch_size=8))
+    late, on_time, at_deadline = pending(0.0, deadline=1.0), pending(0.0, deadline=5.0), pending(0.0, deadline=2.0)
+    for item in (late, on_time, at_deadline):
+        queue.put(item)
+    assert queue.expire(0.5) == []
+    assert queue.expire(2.0) == [late, at_deadline]
+    assert len(queue) == 1
+    assert queue.take(10.0) == [on_time]
+
+
+def test_queue_expire_keeps_order_of_the_survivors() -> None:
+    queue = BatchQueue(settings(max_batch_size=8, max_queue_delay_ms=0.0))
+    items = [pending(0.0, deadline=d, tag=i) for i, d in enumerate([3.0, 1.0, 4.0, 1.0, 5.0])]
+    for item in items:
+        queue.put(item)
+    queue.expire(2.0)
+    assert queue.take(2.0) == [items[0], items[2], items[4]]
+
+
+def test_queue_delay_counts_from_the_new_oldest_after_expiry() -> None:
+    queue = BatchQueue(settings(max_batch_size=8, max_queue_delay_ms=1000.0))
+    queue.put(pending(0.0, deadline=0.2))
+    queue.put(pending(0.5))
+    queue.expire(0.3)
+    assert queue.take(0.3) == pytest.approx(1.5)
+
+
+# --- merge / split ---------------------------------------------------------------------------------
+
+
+def test_merge_and_split_are_inverse() -> None:
+    parts = [{"x": np.arange(n * 2).reshape(n, 2) + 10 * n} for n in (1, 3, 2)]
+    merged = merge(parts)
+    assert merged["x"].shape == (6, 2)
+    for got, want in zip(split(merged, [1, 3, 2]), parts):
+        np.testing.assert_array_equal(got["x"], want["x"])
+
+
+def test_merge_of_one_request_is_that_request() -> None:
+    inputs = {"x": np.ones((2, 2))}
+    assert merge([inputs])["x"] is inputs["x"]
+
+
+# --- DynamicBatcher on real threads ----------------------------------------------------------------
+
+
+class Recorder:
+    """A run_batch that doubles x and records the batch sizes it was given."""
+
+    def __init__(self, fail_when: object = None) -> None:
+        self.sizes: list[int] = []
+        self.fail_when = fail_when
+        self.lock = threading.Lock()
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with self.lock:
+            self.sizes.append(len(inputs["x"]))
+        if self.fail_when is not None and self.fail_when(inputs):
+            raise RuntimeError("boom from the model")
+        return {"y": inputs["x"] * 2}
+
+
+class ObserverRecorder:
+    def __init__(self) -> None:
+        self.batches: list[tuple[int, int, bool]] = []
+        self.rejections: list[str] = []
+        self.depths: list[int] = []
+
+    def queue_depth(self, depth: int) -> None:
+        self.depths.append(depth)
+
+    def rejected(self, reason: str) -> None:
+        self.rejections.append(reason)
+
+    def batch_done(self, size: int, queue_s, compute_s: float, ok: bool) -> None:
+        assert compute_s >= 0 and all(q >= 0 for q in queue_s)
+        self.batches.append((size, len(queue_s), ok))
+
+
+@pytest.fixture
+def batchers():
+    """Builds DynamicBatchers and closes every one after the test, so no worker thread outlives it."""
+    made: list[DynamicBatcher] = []
+
+    def make(run_batch, observer=None, **overrides: object) -> DynamicBatcher:
+        batcher = DynamicBatcher(run_batch, settings(**overrides), observer, name="test")
+        made.append(batcher)
+        return batcher
+
+    yield make
+    for batcher in made:
+        batcher.close(timeout=RESULT_WAIT_S)
+
+
+def x(n: int, start: float = 0.0) -> np.ndarray:
+    return (np.arange(n * 2, dtype=np.float32) + start).reshape(n, 2)
+
+
+def test_results_are_split_back_to_each_caller(batchers) -> None:
+    run = Recorder()
+    batcher = batchers(run, max_batch_size=6, max_queue_delay_ms=10_000.0)
+    inputs = [x(1, 0), x(2, 100), x(3, 200)]  # 6 samples: one full batch
+    futures = [batcher.submit({"x": a}, len(a)) for a in inputs]
+    for future, a in zip(futures, inputs):
+        np.testing.assert_array_equal(future.result(RESULT_WAIT_S)["y"], a * 2)
+    assert run.sizes == [6]
+
+
+def test_concurrent_single_sample_requests_run_as_one_batch(batchers) -> None:
+    run = Recorder()
+    batcher = batchers(run, max_batch_size=8, max_queue_delay_ms=10_000.0)
+    results: dict[int, np.ndarray] = {}
+    barrier = threading.Barrier(8)
+
+    def client(i: int) -> None:
+        barrier.wait()
+        results[i] = batcher.infer({"x": x(1, 10 * i)}, 1)["y"]
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(RESULT_WAIT_S)
+    assert run.sizes == [8]
+    assert sorted(results) == list(range(8))
+    for i, y in results.items():
+        np.testing.assert_array_equal(y, x(1, 10 * i) * 2)
+
+
+def test_partial_batch_is_sent_after_the_delay(batchers) -> None:
+    run = Recorder()
+    batcher = batchers(run, max_batch_size=8, max_queue_delay_ms=50.0)
+    started = time.monotonic()
+    futures = [batcher.submit({"x": x(1)}, 1) for _ in range(3)]
+    for future in futures:
+        future.result(RESULT_WAIT_S)
+    assert time.monotonic() - started >= 0.045
+    assert run.sizes == [3]
+
+
+def test_zero_delay_runs_without_waiting(batchers) -> None:
+    run = Recorder()
+    batcher = batchers(run, max_batch_size=8, max_queue_delay_ms=0.0)
+    np.testing.assert_array_equal(batcher.infer({"x": x(2)}, 2)["y"], x(2) * 2)
+    assert run.sizes == [2]
+
+
+def test_model_failure_fails_only_its_batch_and_serving_goes_on(batchers) -> None:
+    run = Recorder(fail_when=lambda inputs: bool((inputs["x"] < 0).any()))
+    observer = ObserverRecorder()
+    batcher = batchers(run, observer, max_batch_size=2, max_queue_delay_ms=10_000.0)
+    bad = [batcher.submit({"x": -x(1, 1)}, 1), batcher.submit({"x": x(1)}, 1)]  # one full, failing batch
+    for future in bad:
+        with pytest.raises(ComputeError, match="model run failed: boom from the model"):
+            future.result(RESULT_WAIT_S)
+    good = [batcher.submit({"x": x(1, 5)}, 1), batcher.submit({"x": x(1, 7)}, 1)]
+    np.testing.assert_array_equal(good[0].result(RESULT_WAIT_S)["y"], x(1, 5) * 2)
+    np.testing.assert_array_equal(good[1].result(RESULT_WAIT_S)["y"], x(1, 7) * 2)
+    assert run.sizes == [2, 2]
+    assert observer.batches == [(2, 2, False), (2, 2, True)]
+
+
+def test_output_without_batch_dimension_is_a_compute_error(batchers) -> None:
+    batcher = batchers(lambda inputs: {"y": np.float32(1.0)}, max_batch_size=2, max_queue_delay_ms=10_000.0)
+    futures = [batcher.submit({"x": x(1)}, 1) for _ in range(2)]
+    for future in futures:
+        with pytest.raises(ComputeError):
+            future.result(RESULT_WAIT_S)
+
+
+def test_close_drains_queued_work(batchers) -> None:
+    run = Recorder()
+    observer = ObserverRecorder()
+    batcher = batchers(run, observer, max_batch_size=2, max_queue_delay_ms=60_000.0)
+    inputs = [x(1, 10 * i) for i in range(5)]
+    futures = [batcher.submit({"x": a}, 1) for a in inputs]
+    assert not any(f.done() for f in futures[4:])  # a partial batch is waiting on its long delay
+    batcher.close(timeout=RESULT_WAIT_S)
+    assert all(f.done() for f in futures)
+    for future, a in zip(futures, inputs):
+        np.testing.assert_array_equal(future.result(0)["y"], a * 2)
+    assert sorted(run.sizes) == [1, 2, 2]
+    assert sum(size for size, _, _ in observer.batches) == 5
+
+
+def test_submit_after_close_is_refused(batchers) -> None:
+    batcher = batchers(Recorder())
+    batcher.close(timeout=RESULT_WAIT_S)
+    with pytest.raises(ModelNotReady, match="shutting down"):
+        batcher.submit({"x": x(1)}, 1)
+    with pytest.raises(ModelNotReady):
+        batcher.infer({"x": x(1)}, 1)
+
+
+def test_close_of_an_idle_batcher_returns_promptly(batchers) -> None:
+    batcher = batchers(Recorder(), instances=3)
+    started = time.monotonic()
+    batcher.close(timeout=RESULT_WAIT_S)
+    assert time.monotonic() - started < 1.0
+
+
+def test_observer_records_batch_sizes_and_queue_depth(batchers) -> None:
+    observer = ObserverRecorder()
+    batcher = batchers(Recorder(), observer, max_batch_size=3, max_queue_delay_ms=10_000.0)
+    futures = [batcher.submit({"x": x(1)}, 1) for _ in range(3)]  # fills one batch
+    wait(futures, RESULT_WAIT_S)
+    futures = [batcher.submit({"x": x(2)}, 2), batcher.submit({"x": x(1)}, 1)]  # fills another
+    wait(futures, RESULT_WAIT_S)
+    assert [size for size, _, _ in observer.batches] == [3, 3]
+    assert [count for _, count, _ in observer.batches] == [3, 2]
+    assert all(ok for _, _, ok in observer.batches)
+    assert observer.depths[:3] == [1, 2, 3]
+    assert observer.depths[-1] == 0
+
+
+def test_queue_full_is_refused_at_once_and_observed(batchers) -> None:
+    observer = ObserverRecorder()
+    batcher = batchers(Recorder(), observer, max_batch_size=8, max_queue_delay_ms=60_000.0, max_queue_size=2)
+    batcher.submit({"x": x(1)}, 1)
+    batcher.submit({"x": x(1)}, 1)
+    with pytest.raises(QueueFull):
+        batcher.submit({"x": x(1)}, 1)
+    assert observer.rejections == ["queue_full"]
+
+
+def test_oversized_request_is_a_bad_request(batchers) -> None:
+    batcher = batchers(Recorder(), max_batch_size=4)
+    with pytest.raises(BadRequest, match="exceeds"):
+        batcher.submit({"x": x(5)}, 5)
+
+
+def test_expired_request_is_answered_with_timeout_and_never_computed(batchers) -> None:
+    gate = threading.Event()
+    calls: list[int] = []
+
+    def slow(inputs):
+        calls.append(len(inputs["x"]))
+        gate.wait(RESULT_WAIT_S)
+        return {"y": inputs["x"] * 2}
+
+    observer = ObserverRecorder()
+    batcher = batchers(slow, observer, max_batch_size=1, max_queue_delay_ms=0.0, timeout_ms=50.0)
+    first = batcher.submit({"x": x(1)}, 1)   # occupies the only worker until the gate opens
+    second = batcher.submit({"x": x(1)}, 1)  # waits in the queue past its deadline
+    time.sleep(0.1)
+    gate.set()
+    np.testing.assert_array_equal(first.result(RESULT_WAIT_S)["y"], x(1) * 2)
+    with pytest.raises(RequestTimeout, match="expired after"):
+        second.result(RESULT_WAIT_S)
+    assert calls == [1]
+    assert "timeout" in observer.rejections
+
+
+def test_several_instances_run_batches_in_parallel(batchers) -> None:
+    both_running = threading.Barrier(2, timeout=RESULT_WAIT_S)
+
+    def run(inputs):
+        both_running.wait()  # only returns if two batches are in flight at once
+        return {"y": inputs["x"] * 2}
+
+    batcher = batchers(run, max_batch_size=1, max_queue_delay_ms=0.0, instances=2)
+    futures = [batcher.submit({"x": x(1, i)}, 1) for i in range(2)]
+    for i, future in enumerate(futures):
+        np.testing.assert_array_equal(future.result(RESULT_WAIT_S)["y"], x(1, i) * 2)
+
+
+def test_cancelled_request_is_not_computed(batchers) -> None:
+    run = Recorder()
+    batcher = batchers(run, max_batch_size=2, max_queue_delay_ms=10_000.0)
+    cancelled = batcher.submit({"x": x(1, 100)}, 1)
+    assert cancelled.cancel()
+    kept = batcher.submit({"x": x(1, 5)}, 1)
+    np.testing.assert_array_equal(kept.result(RESULT_WAIT_S)["y"], x(1, 5) * 2)
+    assert run.sizes == [1]

@@ -1,0 +1,425 @@
+"""latlab.server.protocol: JSON and binary tensors <-> numpy, requested outputs and every malformed body."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+
+from latlab.server.errors import BadRequest
+from latlab.server.protocol import (DATATYPES, HEADER_LENGTH, InferRequest, datatype_of, decode_request,
+                                    encode_error, encode_response)
+
+# Values at each datatype's edges, so a narrowing or sign slip shows.
+def sample(datatype: str, shape: tuple[int, ...]) -> np.ndarray:
+    dtype = DATATYPES[datatype]
+    count = int(np.prod(shape))
+    if dtype.kind == "b":
+        values = [i % 3 == 0 for i in range(count)]
+    elif dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        edges = [int(info.min), int(info.max), 0, 1, int(info.max) - 1]
+        values = [edges[i % len(edges)] for i in range(count)]
+    else:
+        info = np.finfo(dtype)
+        edges = [0.0, -2.5, 1.5, float(info.max), float(info.tiny), -0.125]
+        values = [edges[i % len(edges)] for i in range(count)]
+    return np.array(values, dtype=dtype).reshape(shape)
+
+
+def json_body(*inputs: dict, **extra: object) -> bytes:
+    return orjson.dumps({"inputs": list(inputs), **extra})
+
+
+def json_tensor(name: str, array: np.ndarray, nested: bool = False) -> dict:
+    data = array.tolist() if nested else array.reshape(-1).tolist()
+    return {"name": name, "shape": list(array.shape), "datatype": datatype_of(array.dtype), "data": data}
+
+
+def binary_tensor(name: str, array: np.ndarray) -> tuple[dict, bytes]:
+    raw = array.astype(array.dtype.newbyteorder("<")).tobytes()
+    return ({"name": name, "shape": list(array.shape), "datatype": datatype_of(array.dtype),
+             "parameters": {"binary_data_size": len(raw)}}, raw)
+
+
+def binary_body(doc: dict, *chunks: bytes) -> tuple[bytes, int]:
+    header = orjson.dumps(doc)
+    return header + b"".join(chunks), len(header)
+
+
+def decode_response(body: bytes, header_length: int | None) -> tuple[dict, dict[str, np.ndarray]]:
+    """Parse a response the way a client would: JSON header, then binary outputs in order."""
+    doc = orjson.loads(body if header_length is None else body[:header_length])
+    arrays, offset = {}, header_length or 0
+    for tensor in doc["outputs"]:
+        dtype = DATATYPES[tensor["datatype"]]
+        if "data" in tensor:
+            arrays[tensor["name"]] = np.array(tensor["data"], dtype=dtype).reshape(tensor["shape"])
+        else:
+            size = tensor["parameters"]["binary_data_size"]
+            raw = body[offset:offset + size]
+            arrays[tensor["name"]] = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(tensor["shape"])
+            offset += size
+    assert offset == len(body) or header_length is None
+    return doc, arrays
+
+
+def assert_same(actual: np.ndarray, expected: np.ndarray) -> None:
+    assert actual.dtype == expected.dtype
+    assert actual.shape == expected.shape
+    np.testing.assert_array_equal(actual, expected)
+
+
+ALL = sorted(DATATYPES)
+
+
+# --- datatype_of -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("datatype", ALL)
+def test_datatype_of_names_every_dtype(datatype: str) -> None:
+    assert datatype_of(DATATYPES[datatype]) == datatype
+
+
+@pytest.mark.parametrize("datatype", [d for d in ALL if DATATYPES[d].itemsize > 1])
+def test_datatype_of_ignores_byte_order(datatype: str) -> None:
+    assert datatype_of(DATATYPES[datatype].newbyteorder(">")) == datatype
+    assert datatype_of(DATATYPES[datatype].newbyteorder("<")) == datatype
+
+
+def test_datatype_of_accepts_scalar_types() -> None:
+    assert datatype_of(np.float32) == "FP32"
+    assert datatype_of(np.int64) == "INT64"
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.dtype("U3"), np.dtype(object), np.dtype("datetime64[s]")])
+def test_datatype_of_refuses_dtypes_without_protocol_name(dtype: object) -> None:
+    with pytest.raises(BadRequest, match="no Open Inference Protocol datatype"):
+        datatype_of(dtype)
+
+
+def test_datatypes_cover_the_protocol_numeric_types() -> None:
+    assert set(DATATYPES) == {"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
+                              "INT64", "FP16", "FP32", "FP64"}
+
+
+# --- JSON round trips ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["flat", "nested"])
+@pytest.mark.parametrize("datatype", ALL)
+def test_json_data_round_trips(datatype: str, nested: bool) -> None:
+    array = sample(datatype, (2, 3))
+    request = decode_request(json_body(json_tensor("a", array, nested)))
+    assert list(request.inputs) == ["a"]
+    assert_same(request.inputs["a"], array)
+
+    body, header_length = encode_response("m", "1", request, request.inputs)
+    assert header_length is None
+    doc, outputs = decode_response(body, None)
+    [tensor] = doc["outputs"]
+    assert {k: v for k, v in tensor.items() if k != "data"} == {"name": "a", "datatype": datatype, "shape": [2, 3]}
+    assert len(tensor["data"]) == 6  # flat on the wire, whatever the request's nesting
+    assert_same(outputs["a"], array)  # exact after parsing back as the datatype (floats print shortest)
+
+
+@pytest.mark.parametrize("datatype", ALL)
+def test_binary_data_round_trips(datatype: str) -> None:
+    array = sample(datatype, (3, 2))
+    tensor, raw = binary_tensor("a", array)
+    body, header_length = binary_body({"inputs": [tensor], "outputs": [{"name": "a", "parameters": {"binary_data": True}}]}, raw)
+    request = decode_request(body, header_length)
+    assert_same(request.inputs["a"], array)
+    assert request.binary_outputs == {"a"}
+
+    out, out_header = encode_response("m", "1", request, request.inputs)
+    assert out_header is not None
+    doc, outputs = decode_response(out, out_header)
+    assert doc["outputs"] == [{"name": "a", "datatype": datatype, "shape": [3, 2],
+                               "parameters": {"binary_data_size": len(raw)}}]
+    assert out[out_header:] == raw  # little-endian bytes on the wire, exactly
+    assert_same(outputs["a"], array)
+
+
+def test_binary_outputs_are_little_endian_even_from_big_endian_arrays() -> None:
+    native = np.arange(4, dtype=np.int32)
+    request = InferRequest(inputs={}, binary_outputs={"*"})
+    body, header_length = encode_response("m", "1", request, {"y": native.astype(">i4")})
+    assert body[header_length:] == native.astype("<i4").tobytes()
+
+
+def test_binary_input_decoding_reads_little_endian() -> None:
+    raw = np.array([1, 256], dtype="<u2").tobytes()
+    body, header_length = binary_body(
+        {"inputs": [{"name": "a", "shape": [2], "datatype": "UINT16", "parameters": {"binary_data_size": 4}}]}, raw)
+    assert decode_request(body, header_length).inputs["a"].tolist() == [1, 256]
+
+
+def test_several_binary_inputs_are_read_in_order() -> None:
+    a, b = sample("FP32", (2, 2)), sample("INT8", (5,))
+    (ta, ra), (tb, rb) = binary_tensor("a", a), binary_tensor("b", b)
+    body, header_length = binary_body({"inputs": [ta, tb]}, ra, rb)
+    request = decode_request(body, header_length)
+    assert_same(request.inputs["a"], a)
+    assert_same(request.inputs["b"], b)
+
+
+def test_binary_and_json_inputs_mix() -> None:
+    a, b = sample("FP64", (2,)), sample("UINT32", (3,))
+    ta, ra = binary_tensor("a", a)
+    body, header_length = binary_body({"inputs": [json_tensor("b", b), ta]}, ra)
+    request = decode_request(body, header_length)
+    assert list(request.inputs) == ["b", "a"]
+    assert_same(request.inputs["a"], a)
+    assert_same(request.inputs["b"], b)
+
+
+def test_header_length_equal_to_body_means_json_only() -> None:
+    body = json_body(json_tensor("a", sample("INT16", (2,))))
+    assert_same(decode_request(body, len(body)).inputs["a"], sample("INT16", (2,)))
+
+
+def test_scalar_and_empty_shapes() -> None:
+    scalar = decode_request(json_body({"name": "s", "shape": [], "datatype": "FP32", "data": [2.5]})).inputs["s"]
+    assert scalar.shape == () and scalar == np.float32(2.5)
+    empty = decode_request(json_body({"name": "e", "shape": [0, 3], "datatype": "INT64", "data": []})).inputs["e"]
+    assert empty.shape == (0, 3) and empty.dtype == np.int64
+
+
+def test_json_data_is_reshaped_to_the_declared_shape() -> None:
+    request = decode_request(json_body({"name": "a", "shape": [2, 2], "datatype": "INT32", "data": [1, 2, 3, 4]}))
+    assert request.inputs["a"].tolist() == [[1, 2], [3, 4]]
+
+
+def test_multidimensional_output_is_flattened_in_row_major_order() -> None:
+    array = np.arange(6, dtype=np.float64).reshape(2, 3).T  # not C-contiguous
+    body, _ = encode_response("m", "1", InferRequest(inputs={}), {"y": array})
+    tensor = orjson.loads(body)["outputs"][0]
+    assert tensor["shape"] == [3, 2]
+    assert tensor["data"] == [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
+
+
+# --- id, parameters and requested outputs ----------------------------------------------------------
+
+
+def test_id_is_echoed() -> None:
+    request = decode_request(json_body(json_tensor("a", sample("FP32", (1,))), id="req-42"))
+    assert request.id == "req-42"
+    doc = orjson.loads(encode_response("m", "7", request, request.inputs)[0])
+    assert doc["id"] == "req-42"
+    assert doc["model_name"] == "m" and doc["model_version"] == "7"
+
+
+def test_no_id_no_id_in_response() -> None:
+    request = decode_request(json_body(json_tensor("a", sample("FP32", (1,)))))
+    assert request.id is None
+    assert "id" not in orjson.loads(encode_response("m", "1", request, request.inputs)[0])
+
+
+def test_id_must_be_a_string() -> None:
+    with pytest.raises(BadRequest, match="'id' must be a string"):
+        decode_request(json_body(json_tensor("a", sample("FP32", (1,))), id=5))
+
+
+def test_request_parameters_are_kept() -> None:
+    request = decode_request(json_body(json_tensor("a", sample("FP32", (1,))), parameters={"priority": 3}))
+    assert request.parameters == {"priority": 3}
+
+
+def test_no_outputs_requested_means_all_as_json() -> None:
+    request = decode_request(json_body(json_tensor("a", sample("FP32", (1,)))))
+    assert request.outputs is None
+    assert request.binary_outputs == set()
+    body, header_length = encode_response("m", "1", request, {"y": np.ones(2, np.float32), "z": np.zeros(1, np.int8)})
+    assert header_length is None
+    assert [t["name"] for t in orjson.loads(body)["outputs"]] == ["y", "z"]
+
+
+def test_requested_outputs_are_listed_in_order_and_binary_only_where_asked() -> None:
+    request = decode_request(json_body(
+        json_tensor("a", sample("FP32", (1,))),
+        outputs=[{"name": "z"}, {"name": "y", "parameters": {"binary_data": True}},
+                 {"name": "w", "parameters": {"binary_data": False}}]))
+    assert request.outputs == ["z", "y", "w"]
+    assert request.binary_outputs == {"y"}
+
+    y, z = np.array([1.0, 2.0], np.float32), np.array([3], np.int64)
+    body, header_length = encode_response("m", "1", request, {"y": y, "z": z})
+    doc, arrays = decode_response(body, header_length)
+    by_name = {t["name"]: t for t in doc["outputs"]}
+    assert by_name["z"]["data"] == [3]
+    assert by_name["y"]["parameters"] == {"binary_data_size": 8} and "data" not in by_name["y"]
+    assert_same(arrays["y"], y)
+
+
+def test_binary_data_output_makes_every_output_binary() -> None:
+    request = decode_request(json_body(json_tensor("a", sample("FP32", (1,))),
+                                       parameters={"binary_data_output": True}))
+    assert request.outputs is None and request.binary_outputs == {"*"}
+    y, z = sample("FP16", (2, 2)), sample("UINT64", (3,))
+    body, header_length = encode_response("m", "1", request, {"y": y, "z": z})
+    doc, arrays = decode_response(body, header_length)
+    assert all("data" not in t for t in doc["outputs"])
+    assert_same(arrays["y"], y)
+    assert_same(arrays["z"], z)
+
+
+def test_binary_data_output_applies_to_named_outputs_too() -> None:
+    request = decode_request(json_body(
+        json_tensor("a", sample("FP32", (1,))), parameters={"binary_data_output": True},
+        outputs=[{"name": "y", "parameters": {"binary_data": False}}, {"name": "z"}]))
+    assert request.outputs == ["y", "z"]
+    assert request.binary_outputs == {"y", "z"}
+
+
+def test_binary_data_output_false_keeps_json() -> None:
+    request = decode_request(json_body(json_tensor("a", sample("FP32", (1,))),
+                                       parameters={"binary_data_output": False}))
+    assert request.binary_outputs == set()
+
+
+def test_empty_outputs_list_asks_for_nothing() -> None:
+    request = decode_request(json_body(json_tensor("a", sample("FP32", (1,))), outputs=[]))
+    assert request.outputs == []
+
+
+def test_encode_error_is_the_protocol_error_body() -> None:
+    assert orjson.loads(encode_error("model 'x' is gone")) == {"error": "model 'x' is gone"}
+
+
+def test_header_length_name() -> None:
+    assert HEADER_LENGTH == "Inference-Header-Content-Length"
+
+
+# --- malformed requests ----------------------------------------------------------------------------
+
+GOOD = {"name": "a", "shape": [2], "datatype": "FP32", "data": [1.0, 2.0]}
+
+
+def with_(**changes: object) -> dict:
+    tensor = dict(GOOD)
+    for key, value in changes.items():
+        if value is None:
+            tensor.pop(key, None)
+        else:
+            tensor[key] = value
+    return tensor
+
+
+@pytest.mark.parametrize("body, message", [
+    (b"{not json", "not valid JSON"),
+    (b"", "not valid JSON"),
+    (b"\xff\xfe", "not valid JSON"),
+    (b"[1, 2]", "must be a JSON object"),
+    (b'"inputs"', "must be a JSON object"),
+    (b"null", "must be a JSON object"),
+    (b"{}", "'inputs' must be a non-empty list"),
+    (orjson.dumps({"inputs": []}), "'inputs' must be a non-empty list"),
+    (orjson.dumps({"inputs": {"a": GOOD}}), "'inputs' must be a non-empty list"),
+    (orjson.dumps({"inputs": ["a"]}), "each input must be an object"),
+    (json_body(with_(name=None)), "has no 'name'"),
+    (json_body(with_(name="")), "has no 'name'"),
+    (json_body(with_(name=3)), "has no 'name'"),
+    (json_body(with_(shape=None)), "input 'a': 'shape' must be a list of non-negative integers"),
+    (json_body(with_(shape="2")), "'shape' must be a list of non-negative integers"),
+    (json_body(with_(shape=[-2])), "'shape' must be a list of non-negative integers"),
+    (json_body(with_(shape=[2.0])), "'shape' must be a list of non-negative integers"),
+    (json_body(with_(shape=[True, 2])), "'shape' must be a list of non-negative integers"),
+    (json_body(with_(datatype="FLOAT32")), "unsupported datatype 'FLOAT32'"),
+    (json_body(with_(datatype="BYTES")), "unsupported datatype 'BYTES'"),
+    (json_body(with_(datatype=None)), "unsupported datatype None"),
+    (json_body(with_(data=None)), "input 'a' has neither 'data' nor parameters.binary_data_size"),
+    (json_body(with_(data=[1.0, 2.0, 3.0])), "shape [2] needs 2 elements but data has 3"),
+    (json_body(with_(data=[1.0])), "shape [2] needs 2 elements but data has 1"),
+    (json_body(with_(shape=[2, 2])), "shape [2, 2] needs 4 elements but data has 2"),
+    (json_body(with_(data=[[1.0], [2.0, 3.0]])), "input 'a': data is not a valid FP32 array"),
+    (json_body(with_(data=["x", "y"])), "input 'a': data is not a valid FP32 array"),
+    (json_body(with_(datatype="UINT8", data=[1, 256])), "input 'a': data is not a valid UINT8 array"),
+    (json_body(with_(datatype="INT8", data=[-129, 0])), "input 'a': data is not a valid INT8 array"),
+    (json_body(with_(datatype="UINT64", data=[-1, 0])), "input 'a': data is not a valid UINT64 array"),
+    (json_body(GOOD, GOOD), "input 'a' is given twice"),
+    (json_body(GOOD, parameters=[1]), "'parameters' of the request must be an object"),
+    (json_body(with_(parameters="binary")), "'parameters' of the input 'a' must be an object"),
+    (json_body(GOOD, outputs={"name": "y"}), "'outputs' must be a list"),
+    (json_body(GOOD, outputs=["y"]), "each requested output must be an object with a 'name'"),
+    (json_body(GOOD, outputs=[{"name": 1}]), "each requested output must be an object with a 'name'"),
+    (json_body(GOOD, outputs=[{"name": "y", "parameters": 1}]), "'parameters' of the output 'y' must be an object"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_malformed_json_requests_name_the_problem(body: bytes, message: str) -> None:
+    with pytest.raises(BadRequest) as caught:
+        decode_request(body)
+    assert message in str(caught.value)
+
+
+def binary_request(size: object, raw: bytes, shape: list[int] | None = None, datatype: str = "FP32") -> tuple[bytes, int]:
+    tensor = {"name": "a", "shape": shape or [2], "datatype": datatype, "parameters": {"binary_data_size": size}}
+    return binary_body({"inputs": [tensor]}, raw)
+
+
+@pytest.mark.parametrize("size, raw, message", [
+    (4, b"\0" * 4, "binary_data_size is 4 but shape [2] of FP32 needs 8"),
+    (16, b"\0" * 16, "binary_data_size is 16 but shape [2] of FP32 needs 8"),
+    ("8", b"\0" * 8, "binary_data_size is '8' but shape [2] of FP32 needs 8"),
+    (8.0, b"\0" * 8, "binary_data_size is 8.0"),
+    (True, b"\0" * 8, "binary_data_size is True"),
+    (8, b"\0" * 7, "binary_data_size 8 runs past the end of the body"),
+    (8, b"", "runs past the end of the body"),
+    (8, b"\0" * 9, "binary part has 9 bytes but the inputs use 8"),
+])
+def test_malformed_binary_requests_name_the_problem(size: object, raw: bytes, message: str) -> None:
+    body, header_length = binary_request(size, raw)
+    with pytest.raises(BadRequest) as caught:
+        decode_request(body, header_length)
+    assert message in str(caught.value)
+
+
+def test_leftover_bytes_after_json_inputs_are_refused() -> None:
+    header = json_body(GOOD)
+    with pytest.raises(BadRequest, match="binary part has 3 bytes but the inputs use 0"):
+        decode_request(header + b"abc", len(header))
+
+
+def test_second_binary_input_running_past_the_end() -> None:
+    (ta, ra), (tb, rb) = binary_tensor("a", sample("FP32", (2,))), binary_tensor("b", sample("FP32", (2,)))
+    body, header_length = binary_body({"inputs": [ta, tb]}, ra, rb[:-1])
+    with pytest.raises(BadRequest, match="input 'b': binary_data_size 8 runs past the end"):
+        decode_request(body, header_length)
+
+
+def test_duplicate_binary_input_is_refused() -> None:
+    ta, ra = binary_tensor("a", sample("INT32", (2,)))
+    body, header_length = binary_body({"inputs": [ta, ta]}, ra, ra)
+    with pytest.raises(BadRequest, match="input 'a' is given twice"):
+        decode_request(body, header_length)
+
+
+@pytest.mark.parametrize("extra", [1, 100])
+def test_header_length_beyond_body_is_refused(extra: int) -> None:
+    body = json_body(GOOD)
+    with pytest.raises(BadRequest) as caught:
+        decode_request(body, len(body) + extra)
+    assert HEADER_LENGTH in str(caught.value)
+    assert f"is {len(body) + extra} but the body has {len(body)} bytes" in str(caught.value)
+
+
+def test_negative_header_length_is_refused() -> None:
+    with pytest.raises(BadRequest, match=f"{HEADER_LENGTH} is -1"):
+        decode_request(json_body(GOOD), -1)
+
+
+def test_header_length_cutting_the_json_is_invalid_json() -> None:
+    body = json_body(GOOD)
+    with pytest.raises(BadRequest, match="not valid JSON"):
+        decode_request(body, len(body) - 1)
+
+
+@pytest.mark.parametrize("datatype, data", [
+    ("INT32", [1.5, 2.7]),      # would truncate to [1, 2]
+    ("FP32", ["1.5", "2"]),     # strings parsed as numbers
+    ("FP32", [None, 2.0]),      # null becomes NaN
+    ("BOOL", [2, 0]),           # 2 becomes True
+])
+def test_json_data_of_the_wrong_kind_is_refused(datatype: str, data: list) -> None:
+    """Data whose JSON type does not match the datatype must be a 400, never silently coerced."""
+    with pytest.raises(BadRequest, match=f"input 'a': data is not a valid {datatype} array"):
+        decode_request(json_body({"name": "a", "shape": [2], "datatype": datatype, "data": data}))
