@@ -1,0 +1,29 @@
+# The README's two commands: `make lab` (the main job) and `make test`. Both set up .venv themselves.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: lab test bench-wsgi clean
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "latlab needs Python >= 3.11")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	# torch first and pinned: on our machines 2.13.0 is a local CPU build; anything else pulls GBs of CUDA.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test]'
+	rm -f $(VENV)/.installed-* && touch $(STAMP)
+
+lab: $(STAMP)
+	$(BIN)/latlab lab
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench-wsgi: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[bench]'
+	command -v wrk >/dev/null || apt-get install -y -qq wrk || echo "wrk not installed: using the slower Python client"
+	$(BIN)/python benchmarks/wsgi_servers.py
+
+clean:
+	rm -rf $(VENV) runs models

@@ -1,0 +1,71 @@
+"""Where a batch-1 request's time goes: in-process ORT vs the batcher vs the HTTP server, one run.
+
+    .venv/bin/python benchmarks/server_overhead.py [models/ffn/model.onnx]
+
+One sequential keep-alive client (no queueing), so the differences are pure overhead per layer.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import orjson
+import requests
+
+from latlab import procs
+from latlab.server.batcher import DynamicBatcher
+from latlab.server.config import load_config
+from latlab.server.runtime import OnnxModel
+
+N = 2000
+
+
+def p50(fn) -> float:
+    for _ in range(200):
+        fn()
+    times = []
+    for _ in range(N):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return float(np.median(times))
+
+
+def main(model: Path) -> None:
+    work = Path(tempfile.mkdtemp())
+    port = procs.free_port()
+    config_path = work / "overhead.toml"
+    config_path.write_text(f'[server]\nport = {port}\n[[deployments]]\nname = "m"\nmodel_path = "{model.resolve()}"\n'
+                           '[deployments.cpu]\nintra_op_threads = 1\nallow_spinning = false\n')
+    deployment = load_config(config_path).deployments[0]
+    onnx_model = OnnxModel(deployment)
+    spec = onnx_model.inputs[0]
+    x = np.random.default_rng(0).standard_normal([1, *spec.shape[1:]]).astype(spec.dtype)
+    batcher = DynamicBatcher(onnx_model.run, deployment.batcher)
+    rows = [("ORT session.run, in process", p50(lambda: onnx_model.run({spec.name: x}))),
+            ("through the batcher (thread hop)", p50(lambda: batcher.infer({spec.name: x}, 1)))]
+    batcher.close()
+    body = orjson.dumps({"inputs": [{"name": spec.name, "shape": list(x.shape), "datatype": spec.datatype,
+                                     "data": x.reshape(-1)}]}, option=orjson.OPT_SERIALIZE_NUMPY)
+    server = procs.start([sys.executable, "-m", "latlab.cli", "serve", "--config", str(config_path)],
+                         log_path=work / "server.log")
+    try:
+        host = f"http://127.0.0.1:{port}"
+        procs.wait_ready(f"{host}/v2/health/ready", server)
+        session = requests.Session()
+        rows.append(("HTTP no-op route (client + server)", p50(lambda: session.get(f"{host}/v2/health/live"))))
+        rows.append(("HTTP infer, end to end", p50(lambda: session.post(f"{host}/v2/models/m/infer", data=body))))
+    finally:
+        procs.stop(server)
+    base = rows[0][1]
+    print(f"{model}: batch 1, p50 of {N} sequential calls")
+    for name, seconds in rows:
+        print(f"  {name:<38} {seconds * 1e3:7.3f} ms  ({seconds / base:5.1f}x ORT)")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "models/ffn/model.onnx"))

@@ -1,0 +1,111 @@
+"""The real thing: the server as its own process under Granian, real Locust against it, the lab end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import requests
+
+from latlab import procs
+
+pytestmark = pytest.mark.e2e
+CLI = [sys.executable, "-m", "latlab.cli"]
+
+
+def write_config(path: Path, model: Path, port: int, max_batch_size: int = 8) -> Path:
+    path.write_text(f"""
+[server]
+port = {port}
+[[deployments]]
+name = "tiny"
+model_path = "{model}"
+[deployments.batcher]
+max_batch_size = {max_batch_size}
+max_queue_delay_ms = 2
+""")
+    return path
+
+
+@pytest.fixture
+def server(tmp_path, tiny_model):
+    port = procs.free_port()
+    config = write_config(tmp_path / "lab.toml", tiny_model, port)
+    log = tmp_path / "server.log"
+    process = procs.start([*CLI, "serve", "--config", str(config)], log_path=log)
+    try:
+        procs.wait_ready(f"http://127.0.0.1:{port}/v2/health/ready", process, timeout_s=60, log_path=log)
+        yield f"http://127.0.0.1:{port}", process
+    finally:
+        procs.stop(process)
+    assert process.poll() is not None
+
+
+def test_server_process_answers_the_protocol_and_survives_bad_input(server):
+    host, process = server
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    good = {"id": "7", "inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": x.tolist()}]}
+    bad_bodies = [b"{not json", b'{"inputs": []}', json.dumps({"inputs": [{**good["inputs"][0], "name": "z"}]}).encode(),
+                  json.dumps({"inputs": [{**good["inputs"][0], "datatype": "INT64", "data": [1] * 8}]}).encode()]
+    for body in bad_bodies:
+        response = requests.post(f"{host}/v2/models/tiny/infer", data=body, timeout=10)
+        assert response.status_code == 400
+        assert response.json()["error"]
+    assert requests.post(f"{host}/v2/models/nope/infer", json=good, timeout=10).status_code == 404
+    response = requests.post(f"{host}/v2/models/tiny/infer", json=good, timeout=10)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["id"] == "7" and body["outputs"][0]["shape"] == [2, 3]
+    assert process.poll() is None
+
+
+def test_locust_sweep_against_the_real_server(server, tmp_path):
+    host, _ = server
+    out = tmp_path / "run"
+    result = subprocess.run([*CLI, "loadtest", "--host", host, "--deployment", "tiny", "--rates", "40,120",
+                             "--step-seconds", "2", "--warmup-seconds", "0.5", "--out", str(out)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    doc = json.loads((out / "results.json").read_text())
+    (deployment,) = doc["deployments"]
+    assert deployment["name"] == "tiny" and deployment["batcher"]["max_batch_size"] == 8
+    assert [s["target_rps"] for s in deployment["steps"]] == [40, 120]
+    for step in deployment["steps"]:
+        assert step["errors"] == 0 and step["ok"] > 0
+        assert 0.6 * step["target_rps"] < step["achieved_rps"] < 1.4 * step["target_rps"]
+        assert 0 < step["p50_s"] <= step["p90_s"] <= step["p99_s"] <= step["max_s"] < 1.0
+        assert step["avg_batch_size"] >= 1.0
+    assert "offered" in result.stdout and "p99" in result.stdout  # the live progress lines
+
+
+def test_lab_runs_end_to_end_and_stops_everything(tmp_path):
+    from latlab.lab import run_lab
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    report = run_lab(tmp_path / "runs", tmp_path / "models", step_seconds=0.5, rates=[50, 150])
+    assert report.is_file() and "data:image/png;base64," in report.read_text()
+    doc = json.loads((report.parent / "results.json").read_text())
+    assert [d["name"] for d in doc["deployments"]] == ["mlp-b1", "mlp-batch", "ffn-b1", "ffn-batch"]
+    assert all(len(d["steps"]) == 2 for d in doc["deployments"])
+    left = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert not left, f"lab left processes running: {left}"
+
+
+@pytest.mark.parametrize("content, expected", [
+    (None, "does not exist"),
+    ("[server\nport = 1", "not valid TOML"),
+    ('[[deployments]]\nname = "m"\nmodel_path = "missing.onnx"\n', "missing.onnx does not exist"),
+])
+def test_serve_refuses_bad_config_with_one_line(tmp_path, content, expected):
+    config = tmp_path / "lab.toml"
+    if content is not None:
+        config.write_text(content)
+    result = subprocess.run([*CLI, "serve", "--config", str(config)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert expected in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -1,0 +1,172 @@
+"""latlab.loadtest.recorder: exact percentiles, windows by intended time, and the censored stall."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from latlab.loadtest.recorder import Recorder, percentiles
+
+
+def complete(recorder: Recorder, intended: float, latency: float, ok: bool = True, send_delay: float = 0.0) -> None:
+    """One request intended at `intended`, sent `send_delay` later, done `latency` after its intended time."""
+    key = recorder.begin(intended, intended + send_delay)
+    recorder.end(key, intended + latency, ok)
+
+
+# --- percentiles ---------------------------------------------------------------------------------
+
+
+def test_percentiles_of_1_to_1000_ms_are_exact_order_statistics() -> None:
+    latencies = np.arange(1, 1001) / 1000.0
+    np.random.default_rng(7).shuffle(latencies)
+    stats = percentiles(latencies)
+    want = np.percentile(latencies, [50, 90, 99], method="inverted_cdf")
+    assert [stats["p50_s"], stats["p90_s"], stats["p99_s"]] == list(want)
+    assert (stats["p50_s"], stats["p90_s"], stats["p99_s"]) == (0.5, 0.9, 0.99)
+    assert stats["max_s"] == 1.0
+    assert stats["mean_s"] == pytest.approx(0.5005)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 10, 99, 101, 257])
+def test_percentiles_match_numpy_inverted_cdf_and_are_observed_values(n: int) -> None:
+    latencies = np.random.default_rng(n).exponential(0.01, size=n)
+    stats = percentiles(latencies)
+    for q in (50, 90, 99):
+        want = np.percentile(latencies, q, method="inverted_cdf")
+        assert stats[f"p{q}_s"] == want
+        assert stats[f"p{q}_s"] in latencies
+    assert stats["max_s"] == latencies.max()
+    assert stats["mean_s"] == pytest.approx(latencies.mean())
+
+
+def test_percentiles_of_nothing_are_nan() -> None:
+    stats = percentiles(np.array([]))
+    assert set(stats) == {"p50_s", "p90_s", "p99_s", "max_s", "mean_s"}
+    assert all(math.isnan(v) for v in stats.values())
+
+
+# --- Recorder.window ------------------------------------------------------------------------------
+
+
+def test_window_counts_only_arrivals_intended_in_half_open_interval() -> None:
+    recorder = Recorder()
+    for intended in (9.999, 10.0, 15.0, 19.999, 20.0):
+        complete(recorder, intended, latency=0.001)
+    stats = recorder.window(10.0, 20.0, now=30.0)
+    assert stats.sent == 3
+    assert stats.ok == 3
+    assert stats.incomplete == 0
+
+
+def test_latency_is_measured_from_intended_time_not_send_time() -> None:
+    recorder = Recorder()
+    key = recorder.begin(intended=10.0, sent=10.5)
+    recorder.end(key, done=10.6, ok=True)
+    stats = recorder.window(10.0, 11.0, now=11.0)
+    assert stats.max_s == pytest.approx(0.6)
+    assert stats.p50_s == pytest.approx(0.6)
+    assert stats.late == 1
+
+
+def test_censored_stall_counts_outstanding_request_with_time_waited_so_far() -> None:
+    recorder = Recorder()
+    for i in range(99):
+        complete(recorder, intended=i * 0.01, latency=0.001)
+    recorder.begin(intended=0.5, sent=0.5)  # never answered
+    stats = recorder.window(0.0, 1.0, now=2.5)
+    assert recorder.outstanding == 1
+    assert stats.incomplete == 1
+    assert stats.sent == 100
+    assert stats.ok == 99
+    assert stats.max_s >= 2.0
+    assert stats.max_s == pytest.approx(2.0)
+    assert stats.mean_s > 0.02  # the stall moves the mean: (99 * 1 ms + 2 s) / 100
+
+
+def test_two_stalls_in_a_hundred_reach_p99() -> None:
+    recorder = Recorder()
+    for i in range(98):
+        complete(recorder, intended=i * 0.01, latency=0.001)
+    recorder.begin(intended=0.2, sent=0.2)
+    recorder.begin(intended=0.7, sent=0.7)
+    stats = recorder.window(0.0, 1.0, now=3.0)
+    assert stats.incomplete == 2
+    assert stats.p99_s == pytest.approx(2.3)  # 3.0 - 0.7: the shorter stall is the 99th value
+    assert stats.max_s == pytest.approx(2.8)
+
+
+def test_outstanding_request_outside_window_is_not_counted() -> None:
+    recorder = Recorder()
+    complete(recorder, intended=0.5, latency=0.001)
+    recorder.begin(intended=1.5, sent=1.5)
+    stats = recorder.window(0.0, 1.0, now=5.0)
+    assert stats.incomplete == 0
+    assert stats.max_s == pytest.approx(0.001)
+
+
+def test_dropped_and_late_arrivals_are_counted_in_their_window() -> None:
+    recorder = Recorder()
+    recorder.drop(0.1)
+    recorder.drop(0.2)
+    recorder.drop(1.5)  # outside
+    complete(recorder, 0.3, latency=0.05, send_delay=0.02)   # late
+    complete(recorder, 0.4, latency=0.05, send_delay=0.004)  # under Recorder.LATE_AFTER_S: on time
+    complete(recorder, 1.2, latency=0.05, send_delay=0.02)   # late, outside
+    stats = recorder.window(0.0, 1.0, now=2.0)
+    assert stats.dropped == 2
+    assert stats.late == 1
+    assert stats.sent == 2
+
+
+def test_achieved_rps_counts_ok_completions_inside_window() -> None:
+    recorder = Recorder()
+    complete(recorder, intended=0.9, latency=0.2)               # intended before, done at 1.1: counts
+    complete(recorder, intended=1.2, latency=0.1)               # counts
+    complete(recorder, intended=1.5, latency=0.1, ok=False)     # an error: does not count
+    complete(recorder, intended=2.9, latency=0.2)               # done at 3.1, after the window
+    for i in range(5):
+        complete(recorder, intended=1.0 + i * 0.1, latency=0.01)  # 5 more inside
+    stats = recorder.window(1.0, 3.0, now=4.0)
+    assert stats.achieved_rps == pytest.approx((1 + 1 + 5) / 2.0)
+
+
+def test_offered_rps_includes_dropped_arrivals() -> None:
+    recorder = Recorder()
+    for i in range(6):
+        complete(recorder, intended=i * 0.25, latency=0.01)
+    for t in (0.1, 0.6, 1.1, 1.6):
+        recorder.drop(t)
+    recorder.begin(intended=1.9, sent=1.9)
+    stats = recorder.window(0.0, 2.0, now=2.0)
+    assert stats.sent == 7
+    assert stats.dropped == 4
+    assert stats.offered_rps == pytest.approx((7 + 4) / 2.0)
+
+
+def test_errors_are_counted_apart_from_ok() -> None:
+    recorder = Recorder()
+    for i in range(10):
+        complete(recorder, intended=i * 0.1, latency=0.01, ok=i % 3 != 0)
+    stats = recorder.window(0.0, 1.0, now=2.0)
+    assert stats.errors == 4  # i = 0, 3, 6, 9
+    assert stats.ok == 6
+    assert stats.sent == 10
+
+
+def test_empty_window_gives_zero_counts_and_nan_latencies() -> None:
+    stats = Recorder().window(0.0, 1.0, now=1.0)
+    assert (stats.sent, stats.ok, stats.errors, stats.dropped, stats.late, stats.incomplete) == (0, 0, 0, 0, 0, 0)
+    assert stats.offered_rps == stats.achieved_rps == 0.0
+    assert math.isnan(stats.p99_s) and math.isnan(stats.max_s)
+
+
+def test_window_stats_as_dict_has_every_field() -> None:
+    recorder = Recorder()
+    complete(recorder, 0.5, latency=0.01)
+    d = recorder.window(0.0, 1.0, now=1.0).as_dict()
+    assert set(d) == {"offered_rps", "achieved_rps", "sent", "ok", "errors", "dropped", "late", "incomplete",
+                      "p50_s", "p90_s", "p99_s", "max_s", "mean_s"}
+    assert d["p50_s"] == pytest.approx(0.01)

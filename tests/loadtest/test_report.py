@@ -1,0 +1,186 @@
+"""latlab.loadtest.report and results: max rate under an SLO, the verdict, the self-contained HTML report."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from latlab import cli
+from latlab.loadtest.report import REPORT_FILE, max_rate_under, verdict, write_report
+from latlab.loadtest.results import RESULTS_FILE, SCHEMA, read_results, write_results
+
+PNG_HEADER = b"\x89PNG\r\n\x1a\n"
+
+
+def step(target: float, achieved: float, p99: float | None, errors: int = 0, avg_batch: float | None = None) -> dict:
+    """One step with every field sweep.py writes; p50/p90/max derived from p99 so curves stay ordered."""
+    empty = p99 is None or (isinstance(p99, float) and math.isnan(p99))
+    sent = 0 if empty else int(achieved * 10)
+    return {
+        "target_rps": target, "offered_rps": target, "achieved_rps": achieved,
+        "sent": sent, "ok": sent - errors, "errors": errors, "dropped": 0, "late": 0, "incomplete": 0,
+        "p50_s": None if empty else p99 / 4, "p90_s": None if empty else p99 / 2, "p99_s": p99,
+        "max_s": None if empty else p99 * 1.5, "mean_s": None if empty else p99 / 3,
+        "duration_s": 10.0, "avg_batch_size": avg_batch, "generator_cpu_percent": 12.5, "generator_bound": False,
+    }
+
+
+B1_STEPS = [step(100, 99, 0.010), step(200, 198, 0.020), step(400, 300, 0.200)]
+BATCH_STEPS = [step(100, 100, 0.008, avg_batch=1.2), step(200, 199, 0.012, avg_batch=2.5),
+               step(400, 398, 0.022, avg_batch=5.0),
+               step(800, 790, 0.030, errors=3, avg_batch=9.0),   # meets 50 ms but has errors
+               step(1600, 0, float("nan"))]                       # an empty window
+
+
+def deployment(name: str, batch_size: int, delay_ms: float, steps: list[dict]) -> dict:
+    return {"name": name, "model": "ffn", "provider": "cpu",
+            "batcher": {"max_batch_size": batch_size, "max_queue_delay_ms": delay_ms},
+            "steps": steps, "stop_reason": "all rates done"}
+
+
+B1 = deployment("ffn-b1", 1, 0.0, B1_STEPS)
+BATCHED = deployment("ffn-batch", 64, 2.0, BATCH_STEPS)
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    """A run folder holding one results.json with two deployments of the model 'ffn'."""
+    run = tmp_path / "20250101-120000"
+    write_results(run / RESULTS_FILE, {
+        "run_id": run.name, "created": "2025-01-01T12:00:00+0000", "host": "http://127.0.0.1:8000",
+        "machine": {"hostname": "labbox", "cpu": "Test CPU @ 3GHz", "cores": 8, "memory_gib": 31.3},
+        "deployments": [B1, BATCHED],
+    })
+    return run
+
+
+# --- max_rate_under and verdict --------------------------------------------------------------------
+
+
+def test_max_rate_under_picks_highest_achieved_rate_meeting_slo() -> None:
+    assert max_rate_under(B1_STEPS, 0.025)["achieved_rps"] == 198
+    assert max_rate_under(BATCH_STEPS, 0.025)["achieved_rps"] == 398
+    assert max_rate_under(BATCH_STEPS, 0.010)["achieved_rps"] == 100
+
+
+def test_max_rate_under_ignores_steps_with_errors() -> None:
+    assert max_rate_under(BATCH_STEPS, 0.050)["achieved_rps"] == 398  # not the 790 step with 3 errors
+
+
+def test_max_rate_under_skips_empty_windows_and_none_when_nothing_meets() -> None:
+    assert max_rate_under(B1_STEPS, 0.005) is None
+    assert max_rate_under([step(100, 100, None), step(200, 200, float("nan"))], 1.0) is None
+    assert max_rate_under([], 1.0) is None
+
+
+def test_verdict_names_better_deployment_and_ratio() -> None:
+    sentence = verdict("ffn", [B1, BATCHED], 0.025)
+    assert sentence.startswith("ffn at p99 ≤ 25 ms: ffn-batch (cpu, batch ≤ 64, wait ≤ 2 ms) sustains 398 req/s")
+    assert "ffn-b1 (cpu, batching off) 198 req/s (2.0× less)" in sentence
+
+
+def test_verdict_says_which_deployment_never_meets_slo() -> None:
+    sentence = verdict("ffn", [B1, BATCHED], 0.009)
+    assert "ffn-batch" in sentence.split(":")[1] and "sustains 100 req/s" in sentence
+    assert "ffn-b1 (cpu, batching off) never meets it" in sentence
+
+
+def test_verdict_when_no_deployment_meets_slo() -> None:
+    assert verdict("ffn", [B1, BATCHED], 0.001) == "ffn: no deployment met p99 ≤ 1 ms at any measured load."
+
+
+# --- results file ----------------------------------------------------------------------------------
+
+
+def test_results_round_trip_writes_null_for_nan(run_dir: Path) -> None:
+    (doc,) = read_results(run_dir)
+    assert doc["schema"] == SCHEMA
+    assert doc["_path"] == str(run_dir / RESULTS_FILE)
+    empty_step = doc["deployments"][1]["steps"][-1]
+    assert empty_step["p99_s"] is None
+    assert "NaN" not in (run_dir / RESULTS_FILE).read_text()
+    assert doc["deployments"][0]["steps"] == B1_STEPS
+
+
+def test_read_results_rejects_wrong_schema(tmp_path: Path) -> None:
+    (tmp_path / RESULTS_FILE).write_text(json.dumps({"schema": "other/9", "deployments": []}))
+    with pytest.raises(ValueError, match="not a latlab results file"):
+        read_results(tmp_path)
+
+
+def test_read_results_on_empty_folder_raises_file_not_found(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        read_results(tmp_path)
+
+
+# --- the HTML report -------------------------------------------------------------------------------
+
+
+def test_report_is_self_contained_with_embedded_curve(run_dir: Path) -> None:
+    path = write_report(run_dir, [0.025, 0.050])
+    assert path == run_dir / REPORT_FILE
+    page = path.read_text()
+    assert "data:image/png;base64," in page
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page, re.IGNORECASE)
+    png = (run_dir / "curve-ffn.png").read_bytes()
+    assert png.startswith(PNG_HEADER)
+    assert base64.b64encode(png).decode() in page  # the page embeds the very PNG it wrote
+
+
+def test_report_contains_table_values_and_verdicts(run_dir: Path) -> None:
+    page = write_report(run_dir, [0.009, 0.025]).read_text()
+    assert "max req/s at p99 ≤ 9 ms" in page and "max req/s at p99 ≤ 25 ms" in page
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"<tr><td>([^<]+)</td><td>[^<]+</td>((?:<td>[^<]*</td>)+)</tr>",
+                                                         page)}
+    assert rows["ffn-b1 (cpu, batching off)"] == "<td>–</td><td>198</td>"
+    assert rows["ffn-batch (cpu, batch ≤ 64, wait ≤ 2 ms)"] == "<td>100</td><td>398</td>"
+    assert "sustains 398 req/s" in page and "(2.0× less)" in page
+    assert "labbox" in page and "Test CPU @ 3GHz" in page
+
+
+def test_report_step_table_handles_empty_window(run_dir: Path) -> None:
+    page = write_report(run_dir, [0.025]).read_text()
+    # The 1600 req/s step had no latencies: its cells read "–", its rates are still shown.
+    assert "<tr><td>1600</td><td>0</td><td>–</td><td>–</td><td>–</td><td>–</td><td>0</td><td>0</td><td>–</td>" in page
+    assert "<td>22.00</td>" in page  # the 400 req/s step's p99 in ms
+    assert "<td>5.0</td>" in page    # its average batch
+
+
+def test_cli_report(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["report", str(run_dir), "--slo", "25ms,50ms"]) == 0
+    assert str(run_dir / REPORT_FILE) in capsys.readouterr().out
+    page = (run_dir / REPORT_FILE).read_text()
+    assert "max req/s at p99 ≤ 25 ms" in page and "max req/s at p99 ≤ 50 ms" in page
+
+
+def test_cli_report_on_empty_folder_is_a_user_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["report", str(tmp_path)]) == 2
+    assert "no results" in capsys.readouterr().err
+
+
+# --- CLI parsers -----------------------------------------------------------------------------------
+
+
+def test_parse_slos_reads_ms_seconds_and_bare_numbers() -> None:
+    assert cli.parse_slos("25ms,0.1s,50") == pytest.approx([0.025, 0.1, 0.05])
+    assert cli.parse_slos(" 25MS , 2S ") == pytest.approx([0.025, 2.0])
+
+
+def test_parse_slos_rejects_garbage() -> None:
+    with pytest.raises(cli.UserError, match="fast"):
+        cli.parse_slos("25ms,fast")
+
+
+def test_parse_rates_reads_positive_numbers() -> None:
+    assert cli.parse_rates("100, 200,400,") == [100.0, 200.0, 400.0]
+
+
+@pytest.mark.parametrize("text", ["", ",", "100,abc", "0", "100,-5"])
+def test_parse_rates_errors(text: str) -> None:
+    with pytest.raises(cli.UserError, match="--rates"):
+        cli.parse_rates(text)
