@@ -98,8 +98,8 @@ def parse_rates(text: str) -> list[float]:
         rates = [float(r) for r in text.split(",") if r.strip()]
     except ValueError:
         raise UserError(f"--rates must be numbers separated by commas, got {text!r}") from None
-    if not rates or any(r <= 0 for r in rates):
-        raise UserError(f"--rates must be positive, got {text!r}")
+    if not rates or not all(0 < r < float("inf") for r in rates):
+        raise UserError(f"--rates must be positive finite numbers, got {text!r}")
     return rates
 
 
@@ -109,9 +109,14 @@ def parse_slos(text: str) -> list[float]:
     for part in (p.strip().lower() for p in text.split(",") if p.strip()):
         scale, number = (1.0, part[:-1]) if part.endswith("s") and not part.endswith("ms") else (1e-3, part.removesuffix("ms"))
         try:
-            slos.append(float(number) * scale)
+            value = float(number) * scale
         except ValueError:
-            raise UserError(f"--slo: cannot read {part!r}; write e.g. 25ms or 0.1s") from None
+            value = float("nan")
+        if not 0 < value < float("inf"):
+            raise UserError(f"--slo: cannot read {part!r}; write positive bounds, e.g. 25ms or 0.1s")
+        slos.append(value)
+    if not slos:
+        raise UserError("--slo needs at least one bound, e.g. 25ms,50ms")
     return slos
 
 

@@ -61,7 +61,7 @@ def verdict(model: str, curves: list[dict], slo_s: float) -> str:
     (top_step, top), rest = best[0], best[1:]
     sentence = f"{model} at {bound}: {_label(top)} sustains {top_step['achieved_rps']:.0f} req/s"
     for step, curve in rest:
-        if step is None:
+        if step is None or step["achieved_rps"] <= 0:
             sentence += f"; {_label(curve)} never meets it"
         else:
             sentence += (f"; {_label(curve)} {step['achieved_rps']:.0f} req/s "

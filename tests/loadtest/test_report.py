@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from latlab import cli
+from latlab.cli import UserError, parse_rates, parse_slos
 from latlab.loadtest.report import REPORT_FILE, max_rate_under, verdict, write_report
 from latlab.loadtest.results import RESULTS_FILE, SCHEMA, read_results, write_results
 
@@ -135,8 +136,8 @@ def test_report_is_self_contained_with_embedded_curve(run_dir: Path) -> None:
 def test_report_contains_table_values_and_verdicts(run_dir: Path) -> None:
     page = write_report(run_dir, [0.009, 0.025]).read_text()
     assert "max req/s at p99 ≤ 9 ms" in page and "max req/s at p99 ≤ 25 ms" in page
-    rows = {m.group(1): m.group(2) for m in re.finditer(r"<tr><td>([^<]+)</td><td>[^<]+</td>((?:<td>[^<]*</td>)+)</tr>",
-                                                         page)}
+    summary_row = re.compile(r"<tr><td>([^<]+)</td><td>[^<]+</td>((?:<td>[^<]*</td>)+)</tr>")
+    rows = {m.group(1): m.group(2) for m in summary_row.finditer(page)}
     assert rows["ffn-b1 (cpu, batching off)"] == "<td>–</td><td>198</td>"
     assert rows["ffn-batch (cpu, batch ≤ 64, wait ≤ 2 ms)"] == "<td>100</td><td>398</td>"
     assert "sustains 398 req/s" in page and "(2.0× less)" in page
@@ -146,7 +147,8 @@ def test_report_contains_table_values_and_verdicts(run_dir: Path) -> None:
 def test_report_step_table_handles_empty_window(run_dir: Path) -> None:
     page = write_report(run_dir, [0.025]).read_text()
     # The 1600 req/s step had no latencies: its cells read "–", its rates are still shown.
-    assert "<tr><td>1600</td><td>0</td><td>–</td><td>–</td><td>–</td><td>–</td><td>0</td><td>0</td><td>–</td>" in page
+    empty_row = "".join(f"<td>{cell}</td>" for cell in ("1600", "0", "–", "–", "–", "–", "0", "0", "–"))
+    assert f"<tr>{empty_row}" in page
     assert "<td>22.00</td>" in page  # the 400 req/s step's p99 in ms
     assert "<td>5.0</td>" in page    # its average batch
 
@@ -184,3 +186,22 @@ def test_parse_rates_reads_positive_numbers() -> None:
 def test_parse_rates_errors(text: str) -> None:
     with pytest.raises(cli.UserError, match="--rates"):
         cli.parse_rates(text)
+
+
+def test_verdict_survives_a_zero_throughput_step_that_meets_the_slo():
+    curves = [{"name": "a", "steps": [{"achieved_rps": 100.0, "p99_s": 0.01, "errors": 0}]},
+              {"name": "b", "steps": [{"achieved_rps": 0.0, "p99_s": 0.002, "errors": 0}]}]
+    sentence = verdict("m", curves, 0.025)
+    assert "a (" in sentence and "b (?, batching off) never meets it" in sentence
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-5", "0"])
+def test_parse_rates_refuses_non_positive_or_non_finite(text):
+    with pytest.raises(UserError):
+        parse_rates(text)
+
+
+@pytest.mark.parametrize("text", ["", "-5ms", "nan", "0s", "fast"])
+def test_parse_slos_refuses_empty_negative_or_unreadable(text):
+    with pytest.raises(UserError):
+        parse_slos(text)
