@@ -109,3 +109,29 @@ def test_serve_refuses_bad_config_with_one_line(tmp_path, content, expected):
     assert result.returncode == 2
     assert expected in result.stderr and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_ctrl_c_stops_the_lab_and_everything_it_started(tmp_path):
+    import signal
+    import time
+
+    lab = subprocess.Popen([*CLI, "lab", "--runs-dir", str(tmp_path / "runs"), "--models-dir", str(tmp_path / "models")],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in lab.stdout:  # wait until the server and the load generator both run
+            if "step 3/4" in line:
+                break
+        deadline = time.monotonic() + 30
+        children: list[psutil.Process] = []
+        while time.monotonic() < deadline and len(children) < 3:  # server, its worker, load generator
+            children = psutil.Process(lab.pid).children(recursive=True)
+            time.sleep(0.2)
+        assert len(children) >= 3, f"expected server, worker and load generator, got {children}"
+        lab.send_signal(signal.SIGINT)
+        assert lab.wait(timeout=60) == 130
+        _, alive = psutil.wait_procs(children, timeout=15)
+        assert not alive, f"still running after Ctrl-C: {[p.pid for p in alive]}"
+    finally:
+        if lab.poll() is None:
+            lab.kill()
+        lab.stdout.close()
