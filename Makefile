@@ -12,6 +12,8 @@ $(STAMP): pyproject.toml
 	# torch first and pinned: on our machines 2.13.0 is a local CPU build; anything else pulls GBs of CUDA.
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[test]'
+	# Debian's prometheus lets a run's curves be rebuilt from its metrics; optional, so this line never fails.
+	@command -v prometheus >/dev/null || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus)) >/dev/null 2>&1 || echo "note: could not install Debian's prometheus; the lab runs without it"
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 lab: $(STAMP)

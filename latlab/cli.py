@@ -18,7 +18,13 @@ class UserError(Exception):
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+        if args.command == "loadtest":
+            args = apply_env_and_file(parser, args, sys.argv[1:] if argv is None else argv)
+    except UserError as exc:
+        print(f"latlab: error: {exc}", file=sys.stderr)
+        return 2
     try:
         return args.func(args) or 0
     except KeyboardInterrupt:
@@ -62,19 +68,36 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="override [server] port")
     serve.set_defaults(func=cmd_serve)
 
-    load = sub.add_parser("loadtest", help="sweep offered load against deployments with Locust")
-    load.add_argument("--host", required=True, help="server URL, e.g. http://127.0.0.1:8000")
-    load.add_argument("--deployment", action="append", required=True, help="repeat for several")
-    load.add_argument("--rates", default="100,200,400", help="offered requests/s per step, comma-separated")
-    load.add_argument("--step-seconds", type=float, default=10.0, help="measurement window per step")
-    load.add_argument("--warmup-seconds", type=float, default=2.0, help="load before each window")
+    load = sub.add_parser("loadtest", allow_abbrev=False, help="sweep offered load (or search an SLO) against deployments with Locust",
+                          epilog="Every option also reads LATLAB_<OPTION> (e.g. LATLAB_RATES=100,200) and a "
+                                 "[loadtest] table of --config-file; the command line wins, then the environment.")
+    load.add_argument("--config-file", type=Path, help="TOML file with a [loadtest] table of these options")
+    load.add_argument("--host", help="server URL, e.g. http://127.0.0.1:8000")
+    load.add_argument("--deployment", action="append", help="repeat (or comma-separate) for several")
+    load.add_argument("--mode", choices=["open", "closed"], default="open",
+                      help="open: arrivals at a rate, latency from the intended send time; closed: N users")
+    load.add_argument("--rates", default="100,200,400", help="open loop: offered requests/s per step")
+    load.add_argument("--users", default="1,2,4,8,16", help="closed loop: concurrent users per step")
+    load.add_argument("--step-seconds", type=float, default=6.0, help="measurement per step: 3 windows of a third")
+    load.add_argument("--max-windows", type=int, default=6, help="extend an unstable step up to this many windows")
+    load.add_argument("--warmup-seconds", type=float, default=2.0, help="load before each measurement")
     load.add_argument("--constant", action="store_true", help="constant arrival gaps instead of Poisson")
     load.add_argument("--no-stop", action="store_true", help="keep going past saturation")
+    load.add_argument("--slo", help="p99 bound, e.g. p99=50ms: search the highest rate that meets it")
+    load.add_argument("--sweep", action="store_true", help="with --slo: sweep --rates, stop when p99 > 2x the SLO")
+    load.add_argument("--resolution", type=float, default=0.05, help="SLO search: bracket width / rate")
+    load.add_argument("--workers", type=int, default=0, help="Locust distributed: local worker processes")
+    load.add_argument("--expect-workers", type=int, default=0, help="Locust distributed: wait for remote workers")
+    load.add_argument("--master-bind-host", default="127.0.0.1", help="where remote workers connect")
+    load.add_argument("--master-port", type=int, default=5557)
+    load.add_argument("--metrics-port", type=int, help="expose the generator's Prometheus /metrics here")
     load.add_argument("--out", type=Path, help="run folder (default: runs/<timestamp>)")
     load.set_defaults(func=cmd_loadtest)
 
-    report = sub.add_parser("report", help="write the HTML report of a run folder")
-    report.add_argument("run_dir", type=Path)
+    report = sub.add_parser("report", help="write the HTML report of a run folder (or rebuild it from Prometheus)")
+    report.add_argument("run_dir", type=Path, help="run folder (with --from-prometheus: where to write)")
+    report.add_argument("--from-prometheus", metavar="URL", help="rebuild the curves from this Prometheus alone")
+    report.add_argument("--run", help="with --from-prometheus: the run id (default: the run folder's name)")
     report.add_argument("--slo", default="25ms,50ms,100ms", help="p99 bounds, e.g. 25ms,50ms,0.1s")
     report.set_defaults(func=cmd_report)
 
@@ -87,6 +110,57 @@ def _parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="what this machine offers: CPU, GPU, ONNX Runtime providers")
     doctor.set_defaults(func=cmd_doctor)
     return parser
+
+
+ENV_PREFIX = "LATLAB_"
+
+
+def apply_env_and_file(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]) -> argparse.Namespace:
+    """Fill the options not given on the command line from LATLAB_<OPTION>, then from the
+    [<command>] table of --config-file (or LATLAB_CONFIG_FILE)."""
+    import os
+    import tomllib
+
+    sub = _subparser(parser, args.command)
+    config_file = args.config_file or os.environ.get(f"{ENV_PREFIX}CONFIG_FILE")
+    table: dict = {}
+    if config_file:
+        try:
+            table = tomllib.loads(Path(config_file).read_text()).get(args.command, {})
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise UserError(f"--config-file {config_file}: {exc}") from None
+    given = {option for option in argv if option.startswith("--")}
+    known = {action.dest: action for action in sub._actions if action.option_strings}
+    unknown = set(table) - {dest.replace("_", "-") for dest in known} - set(known)
+    if unknown:
+        raise UserError(f"--config-file {config_file}: unknown option(s) {sorted(unknown)}")
+    for dest, action in known.items():
+        if dest in ("help", "config_file") or any(o.split("=")[0] in action.option_strings for o in given):
+            continue
+        raw = os.environ.get(ENV_PREFIX + dest.upper())
+        if raw is None:
+            raw = table.get(dest.replace("_", "-"), table.get(dest))
+        if raw is not None:
+            setattr(args, dest, _convert(action, raw, dest))
+    return args
+
+
+def _convert(action: argparse.Action, raw: object, dest: str) -> object:
+    if isinstance(action, argparse._StoreTrueAction):
+        return raw if isinstance(raw, bool) else str(raw).lower() in ("1", "true", "yes", "on")
+    if isinstance(action, argparse._AppendAction):
+        return raw if isinstance(raw, list) else [str(raw)]
+    try:
+        return action.type(raw) if action.type else str(raw)
+    except (TypeError, ValueError):
+        raise UserError(f"{dest}: cannot read {raw!r}") from None
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[command]
+    raise LookupError(command)
 
 
 def new_run_id() -> str:
@@ -148,20 +222,48 @@ def cmd_serve(args: argparse.Namespace) -> None:
 def cmd_loadtest(args: argparse.Namespace) -> None:
     from latlab.loadtest.sweep import SweepPlan, run_sweep  # first: Locust patches sockets
 
+    from latlab import procs
     from latlab.loadtest.results import RESULTS_FILE
 
+    if not args.host or not args.deployment:
+        raise UserError("loadtest needs --host and at least one --deployment")
     out = args.out or Path("runs") / new_run_id()
-    plan = SweepPlan(host=args.host, deployments=args.deployment, rates=parse_rates(args.rates),
-                     step_seconds=args.step_seconds, warmup_seconds=args.warmup_seconds,
-                     poisson=not args.constant, stop_at_saturation=not args.no_stop)
+    out.mkdir(parents=True, exist_ok=True)
+    loads = parse_rates(args.rates) if args.mode == "open" else [float(int(u)) for u in parse_rates(args.users)]
+    slo = parse_slo_bound(args.slo) if args.slo else None
+    plan = SweepPlan(host=args.host, deployments=[d for item in args.deployment for d in item.split(",") if d],
+                     loads=loads, mode=args.mode, warmup_seconds=args.warmup_seconds,
+                     window_seconds=args.step_seconds / 3, max_windows=max(3, args.max_windows),
+                     poisson=not args.constant, stop_at_saturation=not args.no_stop, slo_p99_s=slo,
+                     search=bool(slo) and not args.sweep and args.mode == "open", search_resolution=args.resolution,
+                     workers=args.workers, expect_workers=args.expect_workers,
+                     master_bind_host=args.master_bind_host,
+                     master_port=procs.free_port() if args.workers and args.master_port == 5557 else args.master_port,
+                     metrics_port=args.metrics_port, log_dir=out)
     run_sweep(plan, out / RESULTS_FILE, run_id=out.name)
     print(f"results: {out / RESULTS_FILE}")
+
+
+def parse_slo_bound(text: str) -> float:
+    """'p99=50ms' (or just '50ms') -> seconds."""
+    metric, _, bound = text.rpartition("=")
+    if metric and metric.strip().lower() != "p99":
+        raise UserError(f"--slo: only p99 bounds are supported, got {text!r}")
+    return parse_slos(bound)[0]
 
 
 def cmd_report(args: argparse.Namespace) -> None:
     from latlab.loadtest.report import write_report
 
-    path = write_report(args.run_dir, parse_slos(args.slo))
+    slos = parse_slos(args.slo)
+    if args.from_prometheus:
+        from latlab.loadtest.from_prometheus import curves_from_prometheus
+        from latlab.loadtest.results import write_results
+
+        doc = curves_from_prometheus(args.from_prometheus, args.run or args.run_dir.name)
+        write_results(args.run_dir / "results-prometheus.json", doc)
+        print(f"rebuilt {sum(len(d['steps']) for d in doc['deployments'])} steps from {args.from_prometheus}")
+    path = write_report(args.run_dir, slos)
     print(f"report: {path}")
 
 

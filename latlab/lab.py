@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,7 +17,8 @@ PLAN = {
     "batching": {"b1": {"max_batch_size": 1}, "batch": {"max_batch_size": 64, "max_queue_delay_ms": 2.0}},
     "cpu": {"intra_op_threads": 1, "allow_spinning": False},
     "rates": [100, 250, 500, 750, 1000, 1250, 1500, 1750, 2000, 2500, 3000],
-    "step_seconds": 3.0,
+    "step_seconds": 3.0,       # three 1 s windows; an unstable step gets one more
+    "max_windows": 4,
     "warmup_seconds": 1.0,
     "slos": "25ms,50ms,100ms",
 }
@@ -65,6 +67,25 @@ def write_config(run_dir: Path, models: dict[str, Path], port: int) -> Path:
     return config
 
 
+def start_prometheus(run_dir: Path, jobs: dict[str, list[str]]) -> subprocess.Popen | None:
+    """A real Prometheus scraping the server and the load generator every second, storing into the run
+    folder; without Debian's `prometheus` the lab goes on and says so."""
+    from latlab import prometheus
+
+    if prometheus.find_binary() is None:
+        _say(prometheus.NOT_FOUND)
+        return None
+    port = procs.free_port()
+    config = prometheus.write_config(run_dir / "prometheus.yml", jobs, interval_s=1.0)
+    process = prometheus.start(config, run_dir / "prometheus", port, run_dir / "prometheus.log")
+    url = prometheus.base_url(port)
+    prometheus.wait_ready(url, process, log_path=run_dir / "prometheus.log")
+    _say(f"Prometheus on {url} (data: {run_dir / 'prometheus'}); e.g. "
+         f"{url}/graph?g0.expr=latlab_loadtest_step_p99_seconds")
+    (run_dir / "prometheus.url").write_text(url + "\n")
+    return process
+
+
 def deployments_of(models: dict[str, Path]) -> list[str]:
     return [f"{model}-{mode}" for model in models for mode in PLAN["batching"]]
 
@@ -87,21 +108,25 @@ def run_lab(runs_dir: Path, models_dir: Path, step_seconds: float | None = None,
     _say(f"step 2/4: starting the server on {host} (log: {run_dir / 'server.log'})")
     server = procs.start([sys.executable, "-m", "latlab.cli", "serve", "--config", str(config)],
                          log_path=run_dir / "server.log")
-    loadtest = None
+    loadtest = prometheus_process = None
+    metrics_port = procs.free_port()
     try:
         procs.wait_ready(f"{host}/v2/health/ready", server, log_path=run_dir / "server.log")
+        prometheus_process = start_prometheus(run_dir, {"latlab-server": [f"127.0.0.1:{port}"],
+                                                        "latlab-loadgen": [f"127.0.0.1:{metrics_port}"]})
         _say("step 3/4: sweeping offered load per deployment (Locust, open loop)")
         args = [sys.executable, "-m", "latlab.cli", "loadtest", "--host", host, "--out", str(run_dir),
                 "--rates", ",".join(f"{r:g}" for r in (rates or PLAN["rates"])),
                 "--step-seconds", str(step_seconds or PLAN["step_seconds"]),
-                "--warmup-seconds", str(PLAN["warmup_seconds"])]
+                "--max-windows", str(PLAN["max_windows"]),
+                "--warmup-seconds", str(PLAN["warmup_seconds"]), "--metrics-port", str(metrics_port)]
         for deployment in deployments_of(models):
             args += ["--deployment", deployment]
         loadtest = procs.start(args)
         if loadtest.wait() != 0:
             raise RuntimeError(f"load test failed with status {loadtest.returncode}")
     finally:
-        for child in (loadtest, server):
+        for child in (loadtest, server, prometheus_process):
             if child is not None:
                 procs.stop(child)
     _say("step 4/4: writing the report")

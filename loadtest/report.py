@@ -70,10 +70,21 @@ def verdict(model: str, curves: list[dict], slo_s: float) -> str:
 
 
 def _label(curve: dict) -> str:
-    batcher = curve.get("batcher", {})
-    size = batcher.get("max_batch_size", 1)
-    mode = "batching off" if size == 1 else f"batch ≤ {size}, wait ≤ {batcher.get('max_queue_delay_ms', 0):g} ms"
+    batcher = curve.get("batcher") or {}
+    size = batcher.get("max_batch_size")
+    if size is None:
+        mode = "batcher settings unknown"
+    else:
+        mode = "batching off" if size == 1 else f"batch ≤ {size}, wait ≤ {batcher.get('max_queue_delay_ms', 0):g} ms"
     return f"{curve['name']} ({curve.get('provider', '?')}, {mode})"
+
+
+def _search_line(search: dict) -> str:
+    rate = f"{search['rate']:.0f} req/s" if search.get("rate") else "no rate"
+    why = f" ({'; '.join(search['reasons'])})" if search.get("reasons") else ""
+    return (f"highest rate with p99 ≤ {search['slo_p99_s'] * 1e3:g} ms: {rate}, "
+            f"{'VALID' if search['valid'] else 'INVALID'}{why}; {len(search['probes'])} probes, "
+            f"resolution {search['resolution']:.0%}")
 
 
 def _plot(model: str, curves: list[dict], slos_s: list[float]) -> bytes:
@@ -112,6 +123,8 @@ def _model_section(model: str, curves: list[dict], slos_s: list[float], png: byt
         rows.append(f"<tr><td>{html.escape(_label(curve))}</td><td>{html.escape(curve['run_id'])}</td>"
                     f"{''.join(cells)}</tr>")
     verdicts = "".join(f"<li>{html.escape(verdict(model, curves, s))}</li>" for s in slos_s)
+    verdicts += "".join(f"<li>SLO search, {html.escape(c['name'])}: {html.escape(_search_line(c['search']))}</li>"
+                        for c in curves if c.get("search"))
     image = base64.b64encode(png).decode()
     details = "".join(_steps_table(c) for c in curves)
     return (f"<h2>{html.escape(model)}</h2><img alt='latency vs throughput for {html.escape(model)}' "
@@ -125,14 +138,17 @@ def _steps_table(curve: dict) -> str:
     for s in curve["steps"]:
         p = {k: (f"{s[k] * 1e3:.2f}" if s.get(k) is not None else "–") for k in ("p50_s", "p90_s", "p99_s", "max_s")}
         batch = f"{s['avg_batch_size']:.1f}" if s.get("avg_batch_size") else "–"
-        flag = " (generator-bound)" if s.get("generator_bound") else ""
+        flags = (" (generator-bound)" if s.get("generator_bound") else "") + \
+                ("" if s.get("stable", True) else " (unstable)")
+        cpu = f"{s['generator_cpu_percent']:.0f}%" if s.get("generator_cpu_percent") is not None else "–"
+        dropped = s.get("dropped") if s.get("dropped") is not None else "–"
         rows.append(f"<tr><td>{s['offered_rps']:.0f}</td><td>{s['achieved_rps']:.0f}</td><td>{p['p50_s']}</td>"
                     f"<td>{p['p90_s']}</td><td>{p['p99_s']}</td><td>{p['max_s']}</td><td>{s['errors']}</td>"
-                    f"<td>{s['dropped']}</td><td>{batch}</td><td>{s['generator_cpu_percent']:.0f}%{flag}</td></tr>")
+                    f"<td>{dropped}</td><td>{batch}</td><td>{cpu}{flags}</td></tr>")
     return (f"<details><summary>{html.escape(curve['name'])}: {len(curve['steps'])} steps — "
             f"{html.escape(curve.get('stop_reason', ''))}</summary><table><tr><th>offered/s</th><th>achieved/s</th>"
             f"<th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>max ms</th><th>errors</th><th>dropped</th>"
-            f"<th>avg batch</th><th>generator CPU</th></tr>{''.join(rows)}</table></details>")
+            f"<th>avg batch</th><th>generator CPU, flags</th></tr>{''.join(rows)}</table></details>")
 
 
 def _page(title: str, sections: list[str], machines: dict[str, dict], slos_s: list[float]) -> str:

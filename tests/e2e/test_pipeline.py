@@ -135,3 +135,37 @@ def test_ctrl_c_stops_the_lab_and_everything_it_started(tmp_path):
         if lab.poll() is None:
             lab.kill()
         lab.stdout.close()
+
+
+def test_curves_rebuilt_from_prometheus_match_the_json(server, tmp_path):
+    from latlab import prometheus
+
+    host, _ = server
+    metrics_port, prom_port = procs.free_port(), procs.free_port()
+    config = prometheus.write_config(tmp_path / "prometheus.yml", {
+        "latlab-server": [host.removeprefix("http://")], "latlab-loadgen": [f"127.0.0.1:{metrics_port}"]})
+    prom = prometheus.start(config, tmp_path / "tsdb", prom_port, tmp_path / "prometheus.log")
+    url = prometheus.base_url(prom_port)
+    try:
+        prometheus.wait_ready(url, prom, log_path=tmp_path / "prometheus.log")
+        run = tmp_path / "run-prom"
+        result = subprocess.run([*CLI, "loadtest", "--host", host, "--deployment", "tiny", "--rates", "60,150",
+                                 "--step-seconds", "3", "--warmup-seconds", "0.5", "--max-windows", "3",
+                                 "--metrics-port", str(metrics_port), "--out", str(run)],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr[-3000:]
+        rebuilt_dir = tmp_path / "rebuilt"
+        report = subprocess.run([*CLI, "report", str(rebuilt_dir), "--from-prometheus", url, "--run", run.name],
+                                capture_output=True, text=True, timeout=120)
+        assert report.returncode == 0, report.stderr[-3000:]
+        # The server was scraped too: its histograms are in the same Prometheus.
+        assert prometheus.query(url, 'latlab_batcher_batch_size_count{deployment="tiny"}')
+    finally:
+        procs.stop(prom)
+    measured = json.loads((run / "results.json").read_text())["deployments"][0]["steps"]
+    rebuilt = json.loads((rebuilt_dir / "results-prometheus.json").read_text())["deployments"][0]["steps"]
+    assert len(rebuilt) == len(measured) == 2
+    for want, got in zip(measured, rebuilt):
+        for key in ("achieved_rps", "offered_rps", "p50_s", "p99_s"):
+            assert got[key] == pytest.approx(want[key], rel=0.05), (key, got[key], want[key])
+    assert (rebuilt_dir / "report.html").is_file()

@@ -192,7 +192,7 @@ def test_verdict_survives_a_zero_throughput_step_that_meets_the_slo():
     curves = [{"name": "a", "steps": [{"achieved_rps": 100.0, "p99_s": 0.01, "errors": 0}]},
               {"name": "b", "steps": [{"achieved_rps": 0.0, "p99_s": 0.002, "errors": 0}]}]
     sentence = verdict("m", curves, 0.025)
-    assert "a (" in sentence and "b (?, batching off) never meets it" in sentence
+    assert "a (" in sentence and "b (?, batcher settings unknown) never meets it" in sentence
 
 
 @pytest.mark.parametrize("text", ["nan", "inf", "-5", "0"])

@@ -1,0 +1,175 @@
+"""Locust users for an Open Inference Protocol deployment (open-loop arrivals or closed-loop users),
+their command-line options and the event hooks that ship samples from workers to the master.
+
+The locustfiles (`locustfile.py`, `locustfile_closed.py`) each expose one of these users.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+
+import gevent
+import locust.runners
+from gevent.pool import Group
+from locust import FastHttpUser, events, task
+from locust.runners import MasterRunner, WorkerRunner
+
+import numpy as np
+import orjson
+
+from latlab.loadtest.recorder import Recorder
+
+BODIES_PER_USER = 32
+MAX_OUTSTANDING_PER_USER = 256
+LOAD_MESSAGE = "latlab_load"
+# Workers ship their samples with each report; once a second keeps the master's windows current.
+locust.runners.WORKER_REPORT_INTERVAL = 1.0
+
+
+@dataclass
+class LoadState:
+    """Shared by the users of one process: what to hit, at what rate, and where samples go.
+    `rate` is this process's share of the arrivals per second (open loop only)."""
+
+    deployment: str
+    rate: float
+    poisson: bool = True
+    recorder: Recorder = field(default_factory=Recorder)
+
+    version: int = 0  # bumped on every change, so a user waiting out a long gap re-plans at once
+
+    def update(self, message: dict) -> None:
+        self.deployment = message["deployment"]
+        self.rate = message["rate"]
+        self.poisson = message["poisson"]
+        self.version += 1
+
+
+@events.init_command_line_parser.add_listener
+def _add_arguments(parser) -> None:
+    parser.add_argument("--latlab-deployment", default="", help="deployment (model name) to load")
+    parser.add_argument("--latlab-rate", type=float, default=10.0, help="open loop: arrivals/s of this process")
+    parser.add_argument("--latlab-constant", action="store_true", help="constant gaps instead of Poisson")
+
+
+@events.init.add_listener
+def _init_state(environment, **_kwargs) -> None:
+    options = environment.parsed_options
+    if getattr(environment, "latlab", None) is None:
+        environment.latlab = LoadState(options.latlab_deployment if options else "",
+                                       options.latlab_rate if options else 10.0,
+                                       poisson=not (options and options.latlab_constant))
+    state: LoadState = environment.latlab
+    if isinstance(environment.runner, WorkerRunner):
+        environment.runner.register_message(LOAD_MESSAGE, lambda environment, msg, **_: state.update(msg.data))
+        environment.events.report_to_master.add_listener(
+            lambda client_id, data: data.__setitem__("latlab", state.recorder.drain()))
+    elif isinstance(environment.runner, MasterRunner):
+        def absorb(client_id, data, **_kwargs) -> None:
+            if "latlab" in data:
+                state.recorder.absorb(client_id, data["latlab"])
+        environment.events.worker_report.add_listener(absorb)
+
+
+def random_bodies(metadata: dict, count: int, seed: int) -> list[bytes]:
+    """Valid JSON infer bodies of batch 1 with random data, from the model's metadata."""
+    rng = np.random.default_rng(seed)
+    bodies = []
+    for _ in range(count):
+        inputs = []
+        for spec in metadata["inputs"]:
+            shape = [1] + [d if d > 0 else 8 for d in spec["shape"][1:]]
+            inputs.append({"name": spec["name"], "shape": shape, "datatype": spec["datatype"],
+                           "data": _random_data(rng, spec["datatype"], shape)})
+        bodies.append(orjson.dumps({"inputs": inputs}, option=orjson.OPT_SERIALIZE_NUMPY))
+    return bodies
+
+
+def _random_data(rng: np.random.Generator, datatype: str, shape: list[int]) -> np.ndarray:
+    if datatype.startswith("FP"):
+        return rng.standard_normal(shape).astype(np.float32).reshape(-1)
+    if datatype == "BOOL":
+        return rng.integers(0, 2, shape).astype(bool).reshape(-1)
+    return rng.integers(0, 100, shape).reshape(-1)
+
+
+class _InferenceUser(FastHttpUser):
+    """Fetches the deployment's signature once, then posts random valid inputs."""
+
+    abstract = True
+    network_timeout = 30.0
+    connection_timeout = 5.0
+
+    def on_start(self) -> None:
+        self.state: LoadState = self.environment.latlab
+        self.deployment = self.state.deployment
+        self.path = f"/v2/models/{self.deployment}/infer"
+        metadata = self.client.get(f"/v2/models/{self.deployment}", name="metadata").json()
+        self.bodies = random_bodies(metadata, BODIES_PER_USER, seed=random.randrange(2**32))
+        self.rng = random.Random()
+
+    def _send(self, intended: float) -> None:
+        recorder = self.state.recorder
+        key = recorder.begin(intended, time.time())
+        body = self.bodies[self.rng.randrange(len(self.bodies))]
+        ok = False
+        try:
+            with self.client.post(self.path, data=body, headers={"Content-Type": "application/json"},
+                                  name=self.deployment, catch_response=True) as response:
+                ok = response.status_code == 200
+                if not ok:
+                    response.failure(f"HTTP {response.status_code}: {response.text[:200]}")
+        finally:
+            recorder.end(key, time.time(), ok)
+
+
+class OpenLoopUser(_InferenceUser):
+    """Sends requests at its share of the target rate, whether or not earlier ones have returned.
+
+    Latency is measured from each request's intended send time (no coordinated omission); arrivals
+    beyond MAX_OUTSTANDING_PER_USER are dropped and counted."""
+
+    concurrency = MAX_OUTSTANDING_PER_USER  # connections in this user's pool
+
+    def on_start(self) -> None:
+        super().on_start()
+        self.inflight = Group()
+
+    def on_stop(self) -> None:
+        self.inflight.join(timeout=self.network_timeout)
+
+    @task
+    def arrivals(self) -> None:
+        next_at = time.time()
+        while True:
+            users = max(1, self.environment.runner.user_count if self.environment.runner else 1)
+            rate = max(self.state.rate / users, 1e-3)
+            next_at += self.rng.expovariate(rate) if self.state.poisson else 1.0 / rate
+            if not self._wait_until(next_at):
+                next_at = time.time()  # the load changed while waiting: plan from now at the new rate
+                continue
+            if len(self.inflight) >= MAX_OUTSTANDING_PER_USER:
+                self.state.recorder.drop(next_at)
+                continue
+            self.inflight.spawn(self._send, next_at)
+
+
+    def _wait_until(self, when: float) -> bool:
+        """Sleep until `when` in short slices; False if the load changed meanwhile."""
+        version = self.state.version
+        while (delay := when - time.time()) > 0:
+            gevent.sleep(min(delay, 0.25))
+            if self.state.version != version:
+                return False
+        return True
+
+
+class ClosedLoopUser(_InferenceUser):
+    """Locust's native model: the next request leaves when the last one returned (no think time).
+    Under a stall it simply stops sending, so its percentiles understate the stall."""
+
+    @task
+    def request(self) -> None:
+        self._send(time.time())

@@ -1,0 +1,76 @@
+"""The load generator against servers whose truth is known: a stalling one, one of fixed capacity."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.loadtest.stub_server import StubModel, stub_server
+
+pytestmark = pytest.mark.e2e
+CLI = [sys.executable, "-m", "latlab.cli"]
+
+
+def loadtest(host: str, out: Path, *args: str, env: dict | None = None, timeout: float = 180) -> dict:
+    result = subprocess.run([*CLI, "loadtest", "--host", host, "--deployment", "m", "--out", str(out), *args],
+                            capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    doc = json.loads((out / "results.json").read_text())
+    doc["_stdout"] = result.stdout
+    return doc
+
+
+def test_open_loop_shows_a_stall_that_closed_loop_hides(tmp_path):
+    """Coordinated omission: a 1 s stall every 3 s is in the open-loop p99, not in the closed-loop one."""
+    with stub_server(StubModel(stall_every=3.0, stall_for=1.0)) as host:
+        window = ["--warmup-seconds", "0.5", "--step-seconds", "4.5", "--max-windows", "3"]
+        opened = loadtest(host, tmp_path / "open", "--mode", "open", "--rates", "40", *window)
+        closed = loadtest(host, tmp_path / "closed", "--mode", "closed", "--users", "1", *window)
+    (open_step,) = opened["deployments"][0]["steps"]
+    (closed_step,) = closed["deployments"][0]["steps"]
+    assert open_step["p99_s"] >= 0.5, open_step
+    assert closed_step["max_s"] >= 0.3, "the closed-loop user did hit a stall"
+    assert closed_step["p99_s"] < open_step["p99_s"] / 5, (closed_step["p99_s"], open_step["p99_s"])
+    assert closed_step["users"] == 1 and closed["mode"] == "closed"
+
+
+def test_slo_search_finds_a_known_capacity(tmp_path):
+    capacity = 300.0
+    with stub_server(StubModel(capacity=capacity)) as host:
+        doc = loadtest(host, tmp_path / "search", "--slo", "p99=500ms", "--rates", "40", "--resolution", "0.05",
+                       "--warmup-seconds", "0.5", "--step-seconds", "3", "--max-windows", "3", timeout=300)
+    search = doc["deployments"][0]["search"]
+    assert search["rate"] is not None
+    assert abs(search["rate"] - capacity) <= 0.1 * capacity, search
+    assert "SLO p99 ≤ 500 ms" in doc["_stdout"]
+    assert search["probes"] and doc["deployments"][0]["steps"]
+
+
+def test_distributed_fleet_totals_equal_the_sum_of_the_workers(tmp_path):
+    with stub_server(StubModel()) as host:
+        doc = loadtest(host, tmp_path / "dist", "--workers", "2", "--rates", "60,120",
+                       "--warmup-seconds", "1", "--step-seconds", "3", "--max-windows", "3")
+    assert doc["workers"] == 2
+    for step in doc["deployments"][0]["steps"]:
+        per_worker = step["sent_by_worker"]
+        assert len(per_worker) == 2, per_worker
+        assert sum(per_worker.values()) + step["incomplete"] == step["sent"]
+        assert all(count > 0.25 * step["sent"] for count in per_worker.values()), "rate split across workers"
+        assert 0.7 * step["target_rps"] < step["achieved_rps"] < 1.3 * step["target_rps"]
+
+
+def test_options_come_from_the_environment_and_a_config_file(tmp_path):
+    config = tmp_path / "lt.toml"
+    config.write_text('[loadtest]\nrates = "30"\nwarmup-seconds = 0.3\nstep-seconds = 1.5\nmax-windows = 3\n')
+    with stub_server(StubModel()) as host:
+        doc = loadtest(host, tmp_path / "env", "--config-file", str(config),
+                       env={"LATLAB_RATES": "25,50", "LATLAB_CONSTANT": "1"})
+    steps = doc["deployments"][0]["steps"]
+    assert [s["target_rps"] for s in steps] == [25, 50]  # the environment beats the file
+    assert doc["arrivals"] == "constant"
+    assert all(abs(s["duration_s"] - 1.5) < 0.01 for s in steps)  # the file's step-seconds

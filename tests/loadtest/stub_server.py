@@ -1,0 +1,82 @@
+"""A real HTTP server speaking just enough of the Open Inference Protocol to load-test the load tester:
+it stalls on a schedule, or serves exactly K requests per second."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+import logging
+
+from werkzeug.serving import make_server
+from werkzeug.wrappers import Request, Response
+
+logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access line per request drowns test output
+
+METADATA = {"name": "m", "versions": ["1"], "platform": "stub",
+            "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+            "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 4]}]}
+CONFIG = {"name": "m", "model": "stub", "provider": "cpu", "batcher": {"max_batch_size": 1}}
+
+
+class StubModel:
+    """stall_every/stall_for: every `stall_every` s, requests wait out a `stall_for` s stall;
+    capacity: one request at a time, each taking 1/capacity s."""
+
+    def __init__(self, stall_every: float = 0.0, stall_for: float = 0.0, capacity: float = 0.0) -> None:
+        self.stall_every, self.stall_for, self.capacity = stall_every, stall_for, capacity
+        self.started = time.monotonic()
+        self.lock = threading.Lock()
+        self.next_free = 0.0
+        self.served = 0
+
+    def serve(self) -> None:
+        if self.capacity:
+            # Absolute slots, one every 1/capacity s: sleep overshoot never accumulates into lost capacity.
+            with self.lock:
+                self.next_free = max(time.monotonic(), self.next_free) + 1.0 / self.capacity
+                slot_end = self.next_free
+            time.sleep(max(0.0, slot_end - time.monotonic()))
+        elif self.stall_every:
+            phase = (time.monotonic() - self.started) % self.stall_every
+            if phase > self.stall_every - self.stall_for:
+                time.sleep(self.stall_every - phase)
+        self.served += 1
+
+
+def _app(model: StubModel):
+    def app(environ, start_response):
+        request = Request(environ)
+        path = request.path
+        if path == "/metrics":
+            response = Response("", content_type="text/plain")
+        elif path == "/v2/models/m":
+            response = Response(json.dumps(METADATA), content_type="application/json")
+        elif path == "/v2/models/m/config":
+            response = Response(json.dumps(CONFIG), content_type="application/json")
+        elif path == "/v2/models/m/infer" and request.method == "POST":
+            request.get_data()
+            model.serve()
+            body = {"model_name": "m", "outputs": [{"name": "y", "datatype": "FP32", "shape": [1, 4],
+                                                   "data": [0, 0, 0, 0]}]}
+            response = Response(json.dumps(body), content_type="application/json")
+        else:
+            response = Response('{"error": "not found"}', status=404, content_type="application/json")
+        return response(environ, start_response)
+    return app
+
+
+@contextmanager
+def stub_server(model: StubModel) -> Iterator[str]:
+    """Serve on a free port of 127.0.0.1 in a background thread; always shut down."""
+    server = make_server("127.0.0.1", 0, _app(model), threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        thread.join(timeout=5)

@@ -1,0 +1,68 @@
+"""The SLO search's bracketing and bisection, and its VALID/INVALID verdicts, on a simulated server."""
+
+from __future__ import annotations
+
+import pytest
+
+from latlab.loadtest.search import MIN_REQUESTS, meets, slo_search
+from latlab.loadtest.search import is_stable
+
+
+def simulated(capacity: float, slo_break: float, **extra):
+    """A server meeting any SLO below `slo_break` req/s and saturating at `capacity`."""
+    def measure(rate: float) -> dict:
+        achieved = min(rate, capacity)
+        p99 = 0.010 if rate <= slo_break else 0.500
+        return {"target": rate, "offered_rps": rate, "achieved_rps": achieved, "p99_s": p99, "errors": 0,
+                "dropped": 0, "sent": 5000, "stable": True, "generator_bound": False, **extra}
+    return measure
+
+
+@pytest.mark.parametrize("start", [10.0, 100.0, 900.0, 5000.0])
+def test_search_finds_the_break_point_within_the_resolution(start):
+    result = slo_search(simulated(capacity=2000, slo_break=730), 0.050, start=start, resolution=0.02, max_probes=30)
+    assert result.valid and not result.reasons
+    assert 730 * 0.98 <= result.rate <= 730
+    assert all(p["target"] <= 730 for p in result.probes if p["target"] == result.rate)
+
+
+def test_saturation_counts_as_a_failure_even_when_latency_looks_fine():
+    result = slo_search(simulated(capacity=400, slo_break=10_000), 0.050, start=100, resolution=0.05, max_probes=30)
+    assert 400 * 0.9 <= result.rate <= 400 / 0.9
+
+
+@pytest.mark.parametrize("extra, reason", [
+    ({"sent": MIN_REQUESTS - 1}, "too few requests"),
+    ({"stable": False}, "unstable"),
+    ({"generator_bound": True}, "generator saturated"),
+])
+def test_untrustworthy_passing_step_makes_the_result_invalid(extra, reason):
+    result = slo_search(simulated(capacity=2000, slo_break=500, **extra), 0.050, start=100, max_probes=30)
+    assert not result.valid
+    assert any(reason in r for r in result.reasons)
+    assert "INVALID" in result.summary()
+
+
+def test_no_passing_rate_and_no_upper_bound_are_reported():
+    never = slo_search(simulated(capacity=2000, slo_break=0.5), 0.050, start=100, max_probes=12)
+    assert never.rate is None and not never.valid and "no probed rate" in never.reasons[0]
+    always = slo_search(simulated(capacity=1e9, slo_break=1e9), 0.050, start=100, max_probes=5)
+    assert not always.valid and any("no upper bound" in r for r in always.reasons)
+
+
+def test_meets_requires_bound_no_errors_no_drops_and_no_saturation():
+    good = {"p99_s": 0.01, "errors": 0, "dropped": 0, "achieved_rps": 95, "offered_rps": 100}
+    assert meets(good, 0.05)
+    assert not meets({**good, "p99_s": 0.06}, 0.05)
+    assert not meets({**good, "errors": 1}, 0.05)
+    assert not meets({**good, "dropped": 1}, 0.05)
+    assert not meets({**good, "achieved_rps": 80}, 0.05)
+    assert not meets({**good, "p99_s": float("nan")}, 0.05)
+
+
+def test_stability_rule_is_perf_analyzers_ten_percent():
+    window = {"achieved_rps": 100.0, "p99_s": 0.020}
+    assert is_stable([window, {**window, "achieved_rps": 108.0}, {**window, "p99_s": 0.0185}])
+    assert not is_stable([window, window, {**window, "p99_s": 0.030}])
+    assert not is_stable([window, window, {**window, "achieved_rps": 130.0}])
+    assert not is_stable([window, window])
