@@ -146,7 +146,11 @@ class LoadDriver:
             procs.stop(worker)
 
 
-def run_sweep(plan: SweepPlan, out_path: Path, run_id: str, progress: Callable[[str], None] = print) -> dict:
+def _print(line: str) -> None:
+    print(line, flush=True)  # progress must show live, also when stdout is a pipe
+
+
+def run_sweep(plan: SweepPlan, out_path: Path, run_id: str, progress: Callable[[str], None] = _print) -> dict:
     """Sweep (or search) every deployment in turn; write and return the results document."""
     registry = CollectorRegistry()
     metrics = LoadGenMetrics(registry, run_id)

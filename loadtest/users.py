@@ -52,6 +52,9 @@ def _add_arguments(parser) -> None:
     parser.add_argument("--latlab-deployment", default="", help="deployment (model name) to load")
     parser.add_argument("--latlab-rate", type=float, default=10.0, help="open loop: arrivals/s of this process")
     parser.add_argument("--latlab-constant", action="store_true", help="constant gaps instead of Poisson")
+    parser.add_argument("--latlab-metrics-port", type=int, default=0,
+                        help="master/standalone: serve client-side Prometheus metrics (whole fleet) on this port")
+    parser.add_argument("--latlab-run", default="locust", help="run label of those metrics")
 
 
 @events.init.add_listener
@@ -71,6 +74,28 @@ def _init_state(environment, **_kwargs) -> None:
             if "latlab" in data:
                 state.recorder.absorb(client_id, data["latlab"])
         environment.events.worker_report.add_listener(absorb)
+    if options is not None and getattr(options, "latlab_metrics_port", 0) and not isinstance(
+            environment.runner, WorkerRunner):
+        _export_metrics(state, options.latlab_metrics_port, options.latlab_run)
+
+
+def _export_metrics(state: LoadState, port: int, run_id: str) -> None:
+    """For plain `locust -f` runs: live client-side histograms of every sample this process sees
+    (a master sees its workers'), keeping only the last minute of raw samples in memory."""
+    from prometheus_client import CollectorRegistry
+
+    from latlab.loadtest.prom import LoadGenMetrics, start_exporter
+
+    registry = CollectorRegistry()
+    metrics = LoadGenMetrics(registry, run_id)
+    state.recorder.on_completed = lambda latencies, oks: metrics.observe(state.deployment, latencies, oks)
+    start_exporter(registry, port)
+
+    def trim() -> None:
+        while True:
+            gevent.sleep(10)
+            state.recorder.forget_before(time.time() - 60)
+    gevent.spawn(trim)
 
 
 def random_bodies(metadata: dict, count: int, seed: int) -> list[bytes]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 
@@ -21,9 +22,11 @@ class Deployment:
 
     def __init__(self, config: DeploymentConfig, metrics: ServerMetrics) -> None:
         self.config = config
+        started = time.perf_counter()
         self.model = OnnxModel(config)
-        self.observer: DeploymentObserver = metrics.for_deployment(
-            {"deployment": config.name, "model": config.model, "provider": config.provider})
+        labels = {"deployment": config.name, "model": config.model, "provider": config.provider}
+        metrics.model_load.labels(**labels).set(time.perf_counter() - started)
+        self.observer: DeploymentObserver = metrics.for_deployment(labels)
         self.batcher = DynamicBatcher(self.model.run, config.batcher, self.observer, name=config.name)
         self._output_names = {o.name for o in self.model.outputs}
 

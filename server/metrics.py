@@ -6,6 +6,8 @@ from typing import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from latlab.server.gpu import GpuCollector
+
 LABELS = ("deployment", "model", "provider")
 # 100 µs .. 10 s, roughly x1.5 per bucket: fine enough for p99 on sub-millisecond CPU batches.
 LATENCY_BUCKETS = (0.0001, 0.00015, 0.00025, 0.0004, 0.0006, 0.001, 0.0015, 0.0025, 0.004, 0.006,
@@ -18,6 +20,7 @@ class ServerMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        registry.register(GpuCollector())
         self.request_duration = Histogram(
             "latlab_server_request_duration_seconds", "Time from receiving an infer request to its response.",
             LABELS, registry=registry, buckets=LATENCY_BUCKETS)
@@ -42,6 +45,9 @@ class ServerMetrics:
         self.rejections = Counter(
             "latlab_batcher_rejections", "Requests refused or dropped by the batcher, by reason.",
             (*LABELS, "reason"), registry=registry)
+        self.model_load = Gauge(
+            "latlab_server_model_load_seconds", "Time to create the deployment's ONNX Runtime session.",
+            LABELS, registry=registry)
         self.batches = Counter(
             "latlab_batcher_batches", "Model runs, by outcome.",
             (*LABELS, "outcome"), registry=registry)
