@@ -29,22 +29,31 @@ class Pending:
     enqueued_at: float
     deadline: float
     future: Future = field(default_factory=Future)
+    shape_key: tuple = ()
+    """Every input's trailing dimensions: only requests with the same key are batched together."""
 
 
-def batch_to_send(now: float, sizes: Sequence[int], oldest_enqueued_at: float,
-                  max_batch_size: int, max_queue_delay_s: float) -> int | float | None:
+def batch_to_send(now: float, sizes: Sequence[int], oldest_enqueued_at: float, max_batch_size: int,
+                  max_queue_delay_s: float, preferred: Sequence[int] = ()) -> int | float | None:
     """Triton's rule. Returns how many queued requests to send now (int), when to look again (float),
-    or None when the queue is empty. `sizes` are the queued requests' batch dimensions, oldest first."""
+    or None when the queue is empty. `sizes` are the batch dimensions of the queued requests that may
+    join one batch, oldest first. Send at once when the batch is full, the next request does not fit,
+    a preferred size is reached, or the oldest request has waited the delay."""
     if not sizes:
         return None
-    count = samples = 0
+    blocked = False
+    count = samples = best_preferred = 0
     for size in sizes:
         if samples + size > max_batch_size:
+            blocked = True
             break
         count, samples = count + 1, samples + size
-    next_does_not_fit = count < len(sizes)
-    if samples >= max_batch_size or next_does_not_fit or max_queue_delay_s <= 0:
+        if samples in preferred:
+            best_preferred = count
+    if samples >= max_batch_size or blocked or max_queue_delay_s <= 0:
         return count
+    if best_preferred:
+        return best_preferred
     send_at = oldest_enqueued_at + max_queue_delay_s
     return count if now >= send_at else float(send_at)
 
@@ -81,12 +90,23 @@ class BatchQueue:
         if not self._queue:
             return None
         limit = self.settings.max_batch_size
-        sizes = [p.size for _, p in zip(range(limit), self._queue)]
-        decision = batch_to_send(now, sizes, self._queue[0].enqueued_at, limit, 0.0 if flush else self._delay_s)
+        oldest = self._queue[0]
+        # Requests of other trailing shapes cannot share a tensor: group the oldest's shape (from
+        # anywhere in the queue, in arrival order); the others form the next batches.
+        group = [p for p in self._queue if p.shape_key == oldest.shape_key][:limit]
+        decision = batch_to_send(now, [p.size for p in group], oldest.enqueued_at, limit,
+                                 0.0 if flush else self._delay_s, self.settings.preferred_batch_sizes)
         if isinstance(decision, float):
             # Wake for the first deadline too, so an expired request is answered at its deadline.
             return min(decision, min(p.deadline for p in self._queue))
-        return [self._queue.popleft() for _ in range(decision)]
+        chosen = group[:decision]
+        if all(a is b for a, b in zip(chosen, self._queue)):
+            for _ in chosen:
+                self._queue.popleft()
+        else:
+            taken = {id(p) for p in chosen}
+            self._queue = deque(p for p in self._queue if id(p) not in taken)
+        return chosen
 
 
 class BatchObserver(Protocol):
@@ -124,10 +144,13 @@ class DynamicBatcher:
         for worker in self._workers:
             worker.start()
 
-    def submit(self, inputs: Tensors, size: int) -> Future:
-        """Queue one request of `size` samples; raises QueueFull/ModelNotReady at once instead of waiting."""
+    def submit(self, inputs: Tensors, size: int, timeout_s: float | None = None) -> Future:
+        """Queue one request of `size` samples; raises QueueFull/ModelNotReady at once instead of waiting.
+        `timeout_s` may only shorten the deployment's timeout."""
         now = self._clock()
-        pending = Pending(inputs, size, now, now + self._timeout_s)
+        timeout_s = self._timeout_s if timeout_s is None else min(timeout_s, self._timeout_s)
+        shape_key = tuple((name, array.shape[1:]) for name, array in sorted(inputs.items()))
+        pending = Pending(inputs, size, now, now + timeout_s, shape_key=shape_key)
         with self._cond:
             if self._closing:
                 raise ModelNotReady("deployment is shutting down")
@@ -140,9 +163,9 @@ class DynamicBatcher:
             self._cond.notify()
         return pending.future
 
-    def infer(self, inputs: Tensors, size: int) -> Tensors:
+    def infer(self, inputs: Tensors, size: int, timeout_s: float | None = None) -> Tensors:
         """Submit and wait for the result (the request thread's call)."""
-        future = self.submit(inputs, size)
+        future = self.submit(inputs, size, timeout_s)
         try:
             # The worker expires the request at its deadline; the margin only guards a stuck model run.
             return future.result(timeout=self._timeout_s + 5.0)

@@ -24,7 +24,10 @@ class BatcherSettings:
     instances: int = 1
     """Batches in flight at once (worker threads sharing the queue)."""
     timeout_ms: float = 10_000.0
-    """A request not computed within this long is answered with a timeout error, never computed."""
+    """A request not computed within this long is answered with a timeout error, never computed.
+    A request's `parameters.timeout` (µs) may shorten it, never lengthen it."""
+    preferred_batch_sizes: tuple[int, ...] = ()
+    """Batch sizes worth sending at once, without waiting out the delay (Triton's preferred_batch_size)."""
 
 
 @dataclass(frozen=True)
@@ -102,10 +105,17 @@ def _deployment(raw: dict, base_dir: Path) -> DeploymentConfig:
     provider = raw.get("provider", "cpu")
     if provider not in PROVIDERS:
         raise ConfigError(f"deployment '{name}': provider must be one of {PROVIDERS}, got {provider!r}")
-    batcher = _build(BatcherSettings, _table(raw.pop("batcher", {}), f"deployment '{name}' batcher"),
-                     f"deployment '{name}' [batcher]")
+    batcher_table = _table(raw.pop("batcher", {}), f"deployment '{name}' batcher")
+    if "preferred_batch_sizes" in batcher_table:
+        preferred = batcher_table["preferred_batch_sizes"]
+        if not isinstance(preferred, list):
+            raise ConfigError(f"deployment '{name}': preferred_batch_sizes must be a list, got {preferred!r}")
+        batcher_table["preferred_batch_sizes"] = tuple(preferred)
+    batcher = _build(BatcherSettings, batcher_table, f"deployment '{name}' [batcher]")
     if batcher.max_batch_size < 1 or batcher.max_queue_size < 1 or batcher.instances < 1:
         raise ConfigError(f"deployment '{name}': max_batch_size, max_queue_size and instances must be >= 1")
+    if not all(type(p) is int and 1 <= p <= batcher.max_batch_size for p in batcher.preferred_batch_sizes):
+        raise ConfigError(f"deployment '{name}': preferred_batch_sizes must be integers in 1..max_batch_size")
     if batcher.max_queue_delay_ms < 0 or batcher.timeout_ms <= 0:
         raise ConfigError(f"deployment '{name}': max_queue_delay_ms must be >= 0 and timeout_ms > 0")
     cpu = _build(CpuOptions, _table(raw.pop("cpu", {}), f"deployment '{name}' cpu"), f"deployment '{name}' [cpu]")

@@ -41,7 +41,7 @@ class Deployment:
                 raise BadRequest(f"model '{self.config.name}' has no output(s) {unknown}; "
                                  f"it has {sorted(self._output_names)}")
         size = self.model.validate(request.inputs)
-        outputs = self.batcher.infer(request.inputs, size)
+        outputs = self.batcher.infer(request.inputs, size, request_timeout_s(request.parameters))
         if request.outputs is None:
             return outputs
         return {name: outputs[name] for name in request.outputs}
@@ -59,3 +59,13 @@ class Deployment:
 
     def close(self) -> None:
         self.batcher.close()
+
+
+def request_timeout_s(parameters: dict) -> float | None:
+    """Triton's per-request `timeout` parameter, in microseconds; None when absent."""
+    timeout = parameters.get("timeout")
+    if timeout is None:
+        return None
+    if type(timeout) is not int or timeout < 0:
+        raise BadRequest(f"parameters.timeout must be a non-negative integer of microseconds, got {timeout!r}")
+    return timeout / 1e6

@@ -130,7 +130,7 @@ def test_config_route_describes_the_deployment(client, tiny_model: Path) -> None
         assert orjson.loads(response.data) == {
             "name": "tiny", "model": "tiny", "provider": "cpu", "model_path": str(tiny_model.resolve()),
             "batcher": {"max_batch_size": 4, "max_queue_delay_ms": 0.0, "max_queue_size": 256,
-                        "instances": 1, "timeout_ms": 10_000.0},
+                        "instances": 1, "timeout_ms": 10_000.0, "preferred_batch_sizes": []},
             "cpu": {"intra_op_threads": 0, "allow_spinning": True},
         }
 
@@ -227,6 +227,10 @@ BAD_REQUESTS = [
     pytest.param(infer_body(sample_x(1)), {HEADER_LENGTH: "-3"}, 400, ["non-negative integer"], id="header-negative"),
     pytest.param(infer_body(sample_x(1)), {HEADER_LENGTH: "100000"}, 400,
                  [f"{HEADER_LENGTH} is 100000 but the body has"], id="header-beyond-body"),
+    pytest.param(infer_body(sample_x(1), parameters={"timeout": -5}), {}, 400,
+                 ["parameters.timeout must be a non-negative integer of microseconds"], id="timeout-negative"),
+    pytest.param(infer_body(sample_x(1), parameters={"timeout": "soon"}), {}, 400,
+                 ["parameters.timeout", "'soon'"], id="timeout-not-a-number"),
     pytest.param(infer_body(sample_x(1)) + b"\0\0", {HEADER_LENGTH: str(len(infer_body(sample_x(1))))}, 400,
                  ["binary part has 2 bytes but the inputs use 0"], id="leftover-binary"),
 ]

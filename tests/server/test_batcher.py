@@ -451,3 +451,58 @@ def test_cancelled_request_is_not_computed(batchers) -> None:
     kept = batcher.submit({"x": x(1, 5)}, 1)
     np.testing.assert_array_equal(kept.result(RESULT_WAIT_S)["y"], x(1, 5) * 2)
     assert run.sizes == [1]
+
+
+# --- preferred sizes, shapes that cannot share a batch, per-request timeouts ---------------------
+
+def test_a_preferred_size_is_sent_without_waiting_out_the_delay():
+    assert batch_to_send(0.0, [1, 1, 1], 0.0, 8, 1.0, preferred=(2, 3)) == 3
+    assert batch_to_send(0.0, [1, 1, 1], 0.0, 8, 1.0, preferred=(2,)) == 2
+    assert batch_to_send(0.0, [1, 1, 1], 0.0, 8, 1.0, preferred=(4,)) == 1.0  # not reached: wait
+
+
+def test_requests_of_another_shape_are_grouped_apart_and_never_mixed():
+    queue = BatchQueue(BatcherSettings(max_batch_size=8, max_queue_delay_ms=1000.0))
+    short = {"x": np.zeros((1, 3), np.float32)}
+    long = {"x": np.zeros((1, 5), np.float32)}
+    for inputs in [short, long, short, short]:
+        queue.put(Pending(inputs, 1, 0.0, 100.0, shape_key=(("x", inputs["x"].shape[1:]),)))
+    assert queue.take(0.5) == 1.0  # the oldest's group waits for company as usual
+    first = queue.take(1.0)
+    assert [p.inputs["x"].shape[1] for p in first] == [3, 3, 3]  # gathered past the long one
+    second = queue.take(1.0)
+    assert [p.inputs["x"].shape[1] for p in second] == [5]  # its delay has run out too
+    assert queue.take(1.0) is None
+
+
+def test_variable_length_requests_get_the_same_results_as_alone():
+    calls = []
+
+    def run_batch(inputs):
+        calls.append(inputs["x"].shape)
+        return {"y": inputs["x"].sum(axis=1, keepdims=True)}
+
+    batcher = DynamicBatcher(run_batch, BatcherSettings(max_batch_size=16, max_queue_delay_ms=100.0))
+    try:
+        rng = np.random.default_rng(0)
+        requests = [rng.standard_normal((1, length)).astype(np.float32) for length in (3, 5, 3, 7, 5, 3)]
+        futures = [batcher.submit({"x": x}, 1) for x in requests]
+        for x, future in zip(requests, futures):
+            np.testing.assert_allclose(future.result(5)["y"], x.sum(axis=1, keepdims=True), rtol=1e-6)
+    finally:
+        batcher.close()
+    assert sorted(calls) == [(1, 7), (2, 5), (3, 3)]  # one batch per length, each of one length
+
+
+def test_a_request_timeout_can_only_shorten_the_deployments():
+    batcher = DynamicBatcher(lambda inputs: inputs, BatcherSettings(max_batch_size=4, max_queue_delay_ms=500.0,
+                                                                   timeout_ms=10_000.0))
+    try:
+        started = time.monotonic()
+        with pytest.raises(RequestTimeout):
+            batcher.infer({"x": np.zeros((1, 2), np.float32)}, 1, timeout_s=0.05)
+        assert time.monotonic() - started < 0.4  # answered at its own deadline, not after the 500 ms delay
+        shorter = batcher.submit({"x": np.zeros((1, 2), np.float32)}, 1, timeout_s=100.0)
+        assert shorter.result(2)["x"].shape == (1, 2)
+    finally:
+        batcher.close()

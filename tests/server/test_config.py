@@ -241,3 +241,13 @@ def test_parse_config_does_not_mutate_its_input() -> None:
     parse_config(doc)
     parse_config(doc)  # a second parse of the same dict still works
     assert repr(doc) == snapshot
+
+
+def test_preferred_batch_sizes_are_read_and_checked():
+    doc = {"deployments": [{"name": "a", "model_path": "/m.onnx",
+                            "batcher": {"max_batch_size": 8, "preferred_batch_sizes": [4, 8]}}]}
+    assert parse_config(doc).deployments[0].batcher.preferred_batch_sizes == (4, 8)
+    for bad in ([16], [0], "4", [2.5]):
+        doc["deployments"][0]["batcher"]["preferred_batch_sizes"] = bad
+        with pytest.raises(ConfigError, match="preferred_batch_sizes"):
+            parse_config(doc)
