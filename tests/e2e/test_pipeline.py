@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -169,3 +171,36 @@ def test_curves_rebuilt_from_prometheus_match_the_json(server, tmp_path):
         for key in ("achieved_rps", "offered_rps", "p50_s", "p99_s"):
             assert got[key] == pytest.approx(want[key], rel=0.05), (key, got[key], want[key])
     assert (rebuilt_dir / "report.html").is_file()
+
+
+def test_sigterm_answers_everything_accepted_then_exits_0(tmp_path, tiny_model):
+    import signal
+    import threading
+
+    port = procs.free_port()
+    config = tmp_path / "drain.toml"
+    config.write_text(f'[server]\nport = {port}\n[[deployments]]\nname = "tiny"\nmodel_path = "{tiny_model}"\n'
+                      '[deployments.batcher]\nmax_batch_size = 64\nmax_queue_delay_ms = 800\n')
+    process = procs.start([*CLI, "serve", "--config", str(config)], log_path=tmp_path / "server.log")
+    host = f"http://127.0.0.1:{port}"
+    statuses: list = []
+    try:
+        procs.wait_ready(f"{host}/v2/health/ready", process, timeout_s=60)
+        body = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]}
+
+        def send() -> None:
+            try:
+                statuses.append(requests.post(f"{host}/v2/models/tiny/infer", json=body, timeout=15).status_code)
+            except requests.RequestException as exc:
+                statuses.append(repr(exc))
+        clients = [threading.Thread(target=send) for _ in range(8)]
+        for client in clients:
+            client.start()
+        time.sleep(0.3)  # all eight are queued, waiting for the batch delay
+        os.killpg(process.pid, signal.SIGTERM)
+        for client in clients:
+            client.join(20)
+        assert process.wait(20) == 0
+    finally:
+        procs.stop(process)
+    assert statuses == [200] * 8, statuses
