@@ -9,6 +9,8 @@ from pathlib import Path
 
 from latlab import procs
 
+GRAFANA_DIR = Path(__file__).resolve().parent.parent / "grafana"
+
 # Batching off (max batch 1) and on, for each model. One ORT thread without spinning leaves the
 # second core to HTTP handling and the load generator: measured on 2 cores, the batched ffn held
 # p99 <= 50 ms to ~1000 req/s this way, ~500 req/s with ORT's default (all cores, spinning).
@@ -75,13 +77,21 @@ def start_prometheus(run_dir: Path, jobs: dict[str, list[str]]) -> subprocess.Po
     if prometheus.find_binary() is None:
         _say(prometheus.NOT_FOUND)
         return None
-    port = procs.free_port()
-    config = prometheus.write_config(run_dir / "prometheus.yml", jobs, interval_s=1.0)
+    # 9090 is where grafana/provisioning's datasource looks; another free port if it is taken.
+    port = 9090 if procs.port_free(9090) else procs.free_port()
+    rules = sorted((GRAFANA_DIR / "rules").glob("*.yml"))
+    config = prometheus.write_config(run_dir / "prometheus.yml", jobs, interval_s=1.0, rule_files=rules)
     process = prometheus.start(config, run_dir / "prometheus", port, run_dir / "prometheus.log")
     url = prometheus.base_url(port)
     prometheus.wait_ready(url, process, log_path=run_dir / "prometheus.log")
     _say(f"Prometheus on {url} (data: {run_dir / 'prometheus'}); e.g. "
          f"{url}/graph?g0.expr=latlab_loadtest_step_p99_seconds")
+    grafana = "http://127.0.0.1:3000"
+    if not procs.port_free(3000):
+        _say(f"Grafana seems to run on {grafana}: dashboards Serving, Load test, CPU vs GPU "
+             f"(datasource {'ok' if port == 9090 else f'expects :9090, set it to {url}'})")
+    else:
+        _say("Grafana: not running; see grafana/README.md to start it with the shipped dashboards")
     (run_dir / "prometheus.url").write_text(url + "\n")
     return process
 

@@ -18,6 +18,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def port_free(port: int) -> bool:
+    """Whether nothing listens on 127.0.0.1:port (so we may bind it)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def start(args: list[str], log_path: Path | None = None, env: dict | None = None) -> subprocess.Popen:
     """Start a child in its own process group, so stopping it also stops its workers."""
     out = open(log_path, "wb") if log_path else None

@@ -37,15 +37,18 @@ def base_url(port: int) -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def write_config(path: Path, jobs: dict[str, list[str]], interval_s: float = 1.0) -> Path:
+def write_config(path: Path, jobs: dict[str, list[str]], interval_s: float = 1.0,
+                 rule_files: list[Path] | None = None) -> Path:
     """Write a prometheus.yml with one static scrape job per key of `jobs` (targets "host:port").
 
     The timeout equals the interval: Prometheus refuses a timeout longer than the interval, and its
-    10 s default is longer than the 1 s we scrape at."""
+    10 s default is longer than the 1 s we scrape at. rule_files (e.g. grafana/rules/*.yml, globs
+    allowed) are loaded as given; relative paths resolve against the config file's folder."""
     interval = _duration(interval_s)
+    rules = json.dumps([str(rule_file) for rule_file in rule_files or []])
     lines = ["# Written by latlab for one run.", "global:", f"  scrape_interval: {interval}",
              f"  scrape_timeout: {interval}", f"  evaluation_interval: {interval}",
-             "rule_files: []", "scrape_configs:" + ("" if jobs else " []")]
+             f"rule_files: {rules}", "scrape_configs:" + ("" if jobs else " []")]
     for job, targets in jobs.items():
         lines += [f"  - job_name: {json.dumps(job)}",  # a JSON string is a valid YAML double-quoted scalar
                   "    static_configs:",

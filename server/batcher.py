@@ -192,8 +192,11 @@ class DynamicBatcher:
         with self._cond:
             while True:
                 now = self._clock()
-                for pending in self._queue.expire(now):
+                expired = self._queue.expire(now)
+                for pending in expired:
                     self._fail(pending, RequestTimeout(f"expired after {now - pending.enqueued_at:.3f} s in the queue"))
+                if expired:
+                    self._observer.queue_depth(len(self._queue))
                 decision = self._queue.take(now, flush=self._closing)
                 if isinstance(decision, list):
                     self._observer.queue_depth(len(self._queue))

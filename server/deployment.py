@@ -26,6 +26,7 @@ class Deployment:
         self.model = OnnxModel(config)
         labels = {"deployment": config.name, "model": config.model, "provider": config.provider}
         metrics.model_load.labels(**labels).set(time.perf_counter() - started)
+        metrics.queue_capacity.labels(**labels).set(config.batcher.max_queue_size)
         self.observer: DeploymentObserver = metrics.for_deployment(labels)
         self.batcher = DynamicBatcher(self.model.run, config.batcher, self.observer, name=config.name)
         self._output_names = {o.name for o in self.model.outputs}

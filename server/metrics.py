@@ -42,6 +42,9 @@ class ServerMetrics:
         self.queue_depth = Gauge(
             "latlab_batcher_queue_depth", "Requests waiting in the batcher's queue.",
             LABELS, registry=registry)
+        self.queue_capacity = Gauge(
+            "latlab_batcher_queue_capacity", "The deployment's max_queue_size: requests that may wait.",
+            LABELS, registry=registry)
         self.rejections = Counter(
             "latlab_batcher_rejections", "Requests refused or dropped by the batcher, by reason.",
             (*LABELS, "reason"), registry=registry)
