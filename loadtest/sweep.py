@@ -155,7 +155,7 @@ def run_sweep(plan: SweepPlan, out_path: Path, run_id: str, progress: Callable[[
     registry = CollectorRegistry()
     metrics = LoadGenMetrics(registry, run_id)
     if plan.metrics_port:
-        start_exporter(registry, plan.metrics_port)
+        start_exporter(metrics, plan.metrics_port)
         progress(f"load generator metrics on http://127.0.0.1:{plan.metrics_port}/metrics")
     doc = {"run_id": run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": plan.host,
            "machine": machine.describe(), "mode": plan.mode,

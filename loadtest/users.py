@@ -89,7 +89,7 @@ def _export_metrics(state: LoadState, port: int, run_id: str) -> None:
     registry = CollectorRegistry()
     metrics = LoadGenMetrics(registry, run_id)
     state.recorder.on_completed = lambda latencies, oks: metrics.observe(state.deployment, latencies, oks)
-    start_exporter(registry, port)
+    start_exporter(metrics, port)
 
     def trim() -> None:
         while True:

@@ -39,12 +39,16 @@ EXPORTER = textwrap.dedent("""
     port, known = int(sys.argv[1]), json.loads(open(sys.argv[2]).read())
     registry = CollectorRegistry()
     metrics = LoadGenMetrics(registry, known["run"])
+    start_exporter(metrics, port)
+    time.sleep(5)  # Prometheus starts after this exporter: let it begin scraping, as it would in a lab
+    # As in a sweep, older steps leave the exposition while new ones arrive: record one step a
+    # second-and-a-half so Prometheus (scraping each second) sees every step before it goes.
     for deployment, steps in known["deployments"].items():
         for index, step in enumerate(steps):
             metrics.set_load(deployment, index, step["stats"]["target_rps"], users=1)
             metrics.observe(deployment, step["latencies"], [True] * len(step["latencies"]))
             metrics.record_step(deployment, index, step["latencies"], step["stats"], ended_at=step["ended_at"])
-    start_exporter(registry, port)
+            time.sleep(1.5)
     while True:
         time.sleep(1)
 """)
@@ -87,7 +91,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict]]:
         server = prometheus.start(config, tmp / "data", prom_port, tmp / "prometheus.log")
         url = prometheus.base_url(prom_port)
         prometheus.wait_ready(url, server, 60, tmp / "prometheus.log")
-        prometheus.wait_for_series(url, f'count(latlab_loadtest_step_end_timestamp_seconds{{run="{RUN}"}}) == 6', 30)
+        prometheus.wait_for_series(
+            url, f'count(last_over_time(latlab_loadtest_step_end_timestamp_seconds{{run="{RUN}"}}[5m])) == 6', 40)
+        time.sleep(1.5)  # the last step's histogram scraped too
         yield url, known
     finally:
         if server is not None:
