@@ -91,6 +91,13 @@ def _parser() -> argparse.ArgumentParser:
     load.add_argument("--master-bind-host", default="127.0.0.1", help="where remote workers connect")
     load.add_argument("--master-port", type=int, default=5557)
     load.add_argument("--metrics-port", type=int, help="expose the generator's Prometheus /metrics here")
+    load.add_argument("--overload", type=float, metavar="FACTOR",
+                      help="overload test instead of a sweep: offer FACTOR x the capacity for --burst-seconds, "
+                           "then report the 503s, queue depth, timeouts and the time to recover")
+    load.add_argument("--burst-seconds", type=float, default=60.0, help="--overload: how long the burst lasts")
+    load.add_argument("--capacity", type=float, metavar="RPS",
+                      help="--overload: the capacity (default: measured, doubling from --rates' first value "
+                           "until the server saturates)")
     load.add_argument("--out", type=Path, help="run folder (default: runs/<timestamp>)")
     load.set_defaults(func=cmd_loadtest)
 
@@ -231,6 +238,10 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     loads = parse_rates(args.rates) if args.mode == "open" else [float(int(u)) for u in parse_rates(args.users)]
     slo = parse_slo_bound(args.slo) if args.slo else None
+    if args.overload is not None and (args.overload <= 0 or args.mode != "open" or slo or args.burst_seconds <= 0
+                                      or (args.capacity is not None and args.capacity <= 0)):
+        raise UserError("--overload needs a positive factor, open-loop mode, no --slo, positive --burst-seconds "
+                        "and --capacity")
     plan = SweepPlan(host=args.host, deployments=[d for item in args.deployment for d in item.split(",") if d],
                      loads=loads, mode=args.mode, warmup_seconds=args.warmup_seconds,
                      window_seconds=args.step_seconds / 3, max_windows=max(3, args.max_windows),
@@ -240,7 +251,14 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
                      master_bind_host=args.master_bind_host,
                      master_port=procs.free_port() if args.workers and args.master_port == 5557 else args.master_port,
                      metrics_port=args.metrics_port, log_dir=out)
-    run_sweep(plan, out / RESULTS_FILE, run_id=out.name)
+    run_one = None
+    if args.overload is not None:
+        from latlab.loadtest.overload import OverloadPlan
+        from latlab.loadtest.sweep import overload_runner
+
+        run_one = overload_runner(OverloadPlan(factor=args.overload, burst_seconds=args.burst_seconds,
+                                               capacity_rps=args.capacity))
+    run_sweep(plan, out / RESULTS_FILE, run_id=out.name, run_one=run_one)
     print(f"results: {out / RESULTS_FILE}")
 
 

@@ -1,4 +1,4 @@
-"""Every request's intended send time, completion time and outcome, and exact percentiles over a window."""
+"""Every request's intended send time, completion time, HTTP status and outcome, and exact percentiles over a window."""
 
 from __future__ import annotations
 
@@ -36,18 +36,24 @@ class Recorder:
 
     Times are wall-clock seconds (`time.time()`), so samples from Locust workers in other processes
     merge into the master's recorder. A request that has not completed when a window is summarised
-    counts with the time it has waited so far: a stalled server cannot hide its stall by not answering."""
+    counts with the time it has waited so far: a stalled server cannot hide its stall by not answering.
+    Status 0 means no HTTP answer at all (connection refused or reset, client timeout)."""
 
     LATE_AFTER_S = 0.005  # a send starting this long after its intended time counts as late
+    COLUMNS = ("intended", "sent", "done", "ok", "status", "retry_after", "error", "source")
 
     def __init__(self) -> None:
         self._keys = itertools.count()
-        self._outstanding: dict[int, float] = {}
+        self._outstanding: dict[int, tuple[float, float]] = {}  # key -> (intended, sent)
         self._remote_outstanding: dict[str, list[float]] = {}
         self._shipped = 0
         self.intended: list[float] = []
+        self.sent: list[float] = []
         self.done: list[float] = []
         self.ok: list[bool] = []
+        self.status: list[int] = []
+        self.retry_after: list[bool] = []
+        self.error: list[str] = []  # why a request got no HTTP answer, e.g. 'ConnectionRefusedError'; else ''
         self.source: list[str] = []
         self.dropped: list[float] = []
         self.late: list[float] = []
@@ -61,45 +67,55 @@ class Recorder:
         if sent - intended > self.LATE_AFTER_S:
             self.late.append(intended)
         key = next(self._keys)
-        self._outstanding[key] = intended
+        self._outstanding[key] = (intended, sent)
         return key
 
-    def end(self, key: int, done: float, ok: bool) -> None:
-        self._add([self._outstanding.pop(key)], [done], [ok], "local")
+    def end(self, key: int, done: float, ok: bool, status: int | None = None, retry_after: bool = False,
+            error: str = "") -> None:
+        """The answer came (or none did: status 0, `error` says why); `retry_after`: it carried that header."""
+        intended, sent = self._outstanding.pop(key)
+        status = (200 if ok else 0) if status is None else status
+        self._add({"intended": [intended], "sent": [sent], "done": [done], "ok": [ok], "status": [status],
+                   "retry_after": [retry_after], "error": [error]}, "local")
 
     def drop(self, intended: float) -> None:
         """The generator could not send this arrival (too many outstanding): counted, never skipped."""
         self.dropped.append(intended)
 
-    def _add(self, intended: list[float], done: list[float], ok: list[bool], source: str) -> None:
-        self.intended.extend(intended)
-        self.done.extend(done)
-        self.ok.extend(ok)
+    def _add(self, columns: dict[str, list], source: str) -> None:
+        for name, values in columns.items():
+            getattr(self, name).extend(values)
+        intended, done = columns["intended"], columns["done"]
         self.source.extend([source] * len(intended))
         if self.on_completed is not None and intended:
-            self.on_completed([d - i for i, d in zip(intended, done)], list(ok))
+            self.on_completed([d - i for i, d in zip(intended, done)], list(columns["ok"]))
 
     def drain(self) -> dict:
         """What a Locust worker ships to the master: samples completed since the last drain, plus
         the arrivals still outstanding. Dropped and late arrivals are shipped once, then forgotten."""
         start, self._shipped = self._shipped, len(self.intended)
-        payload = {"intended": self.intended[start:], "done": self.done[start:], "ok": self.ok[start:],
-                   "dropped": self.dropped, "late": self.late, "outstanding": list(self._outstanding.values())}
+        payload = {name: getattr(self, name)[start:] for name in self.COLUMNS if name != "source"}
+        payload.update(dropped=self.dropped, late=self.late,
+                       outstanding=[intended for intended, _ in self._outstanding.values()])
         self.dropped, self.late = [], []
         return payload
 
     def absorb(self, source: str, payload: dict) -> None:
         """Merge a worker's drained samples (the master's side of `drain`)."""
-        self._add(payload["intended"], payload["done"], payload["ok"], source)
+        self._add({name: payload[name] for name in self.COLUMNS if name != "source"}, source)
         self.dropped.extend(payload["dropped"])
         self.late.extend(payload["late"])
         self._remote_outstanding[source] = payload["outstanding"]
+
+    def forget_source(self, source: str) -> int:
+        """A worker is gone: its requests still in flight will never report. Returns how many."""
+        return len(self._remote_outstanding.pop(source, []))
 
     def forget_before(self, t: float) -> None:
         """Drop completed samples intended before t (earlier steps), keeping memory bounded."""
         keep = [i for i, intended in enumerate(self.intended) if intended >= t]
         self._shipped = sum(1 for i in keep if i < self._shipped)
-        for name in ("intended", "done", "ok", "source"):
+        for name in self.COLUMNS:
             column = getattr(self, name)
             setattr(self, name, [column[i] for i in keep])
         self.dropped = [d for d in self.dropped if d >= t]
@@ -115,7 +131,8 @@ class Recorder:
         done = np.asarray(self.done)
         ok = np.asarray(self.ok, dtype=bool)
         mine = (intended >= start) & (intended < end)
-        outstanding = [*self._outstanding.values(), *itertools.chain(*self._remote_outstanding.values())]
+        local = (intended for intended, _ in self._outstanding.values())
+        outstanding = [*local, *itertools.chain(*self._remote_outstanding.values())]
         pending = np.asarray([t for t in outstanding if start <= t < end])
         latencies = np.concatenate([done[mine] - intended[mine], now - pending])
         duration = end - start
@@ -138,6 +155,33 @@ class Recorder:
             **percentiles(latencies),
         )
         return stats, latencies, per_source
+
+    def by_status(self, start: float, end: float) -> dict[str, dict]:
+        """Answered requests intended within [start, end), per HTTP status ("0": no answer): how many,
+        their latency from the intended send (p50/p99/max), their response time from the actual send
+        (p99, max: what the server and network took, without the generator's lateness), and how many
+        carried a Retry-After header; for status 0, why (`errors`: count by kind)."""
+        intended = np.asarray(self.intended)
+        mine = (intended >= start) & (intended < end)
+        status = np.asarray(self.status, dtype=int)[mine]
+        done = np.asarray(self.done)[mine]
+        latency, response = done - intended[mine], done - np.asarray(self.sent)[mine]
+        retry_after = np.asarray(self.retry_after, dtype=bool)[mine]
+        errors = [e for e, inside in zip(self.error, mine) if inside and e]
+        result = {}
+        for code in sorted(set(status.tolist())):
+            of_code = status == code
+            stats = percentiles(latency[of_code])
+            times = response[of_code]
+            result[str(code)] = {
+                "count": int(np.count_nonzero(of_code)), "p50_s": stats["p50_s"], "p99_s": stats["p99_s"],
+                "max_s": stats["max_s"],
+                "response_p99_s": float(np.percentile(times, 99, method="inverted_cdf")),
+                "response_max_s": float(times.max()),
+                "with_retry_after": int(np.count_nonzero(retry_after[of_code]))}
+        if errors and "0" in result:
+            result["0"]["errors"] = {kind: errors.count(kind) for kind in sorted(set(errors))}
+        return result
 
 
 def percentiles(latencies: np.ndarray) -> dict[str, float]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -46,9 +47,28 @@ def write_report(run_dir: Path, slos_s: list[float]) -> Path:
         (run_dir / f"curve-{model}.png").write_bytes(png)
         sections.append(_model_section(model, model_curves, slos_s, png))
     machines = {c["machine"].get("hostname", "?"): c["machine"] for c in curves}
+    events = [(doc["run_id"], event) for doc in read_results(run_dir) for event in doc.get("events", [])]
     out = run_dir / REPORT_FILE
-    out.write_text(_page(run_dir.name, sections, machines, slos_s))
+    out.write_text(_page(run_dir.name, sections, machines, slos_s, _events_section(events)))
     return out
+
+
+def event_line(event: dict) -> str:
+    """One sentence per fleet event, e.g. a Locust worker lost mid-step and what became of its load."""
+    when = time.strftime("%H:%M:%S", time.localtime(event["time"]))
+    if event["event"] == "worker_lost":
+        pid = f" (pid {event['pid']})" if event.get("pid") else ""
+        return (f"{when}: Locust worker {event['worker']}{pid} lost during step {event['step']} of "
+                f"'{event['deployment']}': {event['reason']}; {event['requests_in_flight_lost']} requests in flight "
+                f"unaccounted; {event['load']}")
+    return f"{when}: Locust worker {event['worker']} {event['event'].replace('_', ' ')}"
+
+
+def _events_section(events: list[tuple[str, dict]]) -> str:
+    if not events:
+        return ""
+    items = "".join(f"<li>run {html.escape(run)}: {html.escape(event_line(e))}</li>" for run, e in events)
+    return f"<h2>Load generator events</h2><ul>{items}</ul>"
 
 
 def verdict(model: str, curves: list[dict], slo_s: float) -> str:
@@ -90,7 +110,8 @@ def _search_line(search: dict) -> str:
 def _plot(model: str, curves: list[dict], slos_s: list[float]) -> bytes:
     fig, ax = plt.subplots(figsize=(8, 4.8), dpi=110)
     for i, curve in enumerate(curves):
-        steps = [s for s in curve["steps"] if s.get("p99_s") is not None]
+        # A step the server's restart interrupted says nothing about the load: left off the curve.
+        steps = [s for s in curve["steps"] if s.get("p99_s") is not None and not s.get("server_interrupted")]
         x = [s["achieved_rps"] for s in steps]
         color = f"C{i}"
         ax.plot(x, [s["p99_s"] * 1e3 for s in steps], "o-", color=color, label=f"{curve['name']} p99")
@@ -125,6 +146,8 @@ def _model_section(model: str, curves: list[dict], slos_s: list[float], png: byt
     verdicts = "".join(f"<li>{html.escape(verdict(model, curves, s))}</li>" for s in slos_s)
     verdicts += "".join(f"<li>SLO search, {html.escape(c['name'])}: {html.escape(_search_line(c['search']))}</li>"
                         for c in curves if c.get("search"))
+    verdicts += "".join(f"<li>{html.escape(c['name'])}: {html.escape(c['overload']['summary'])}</li>"
+                        for c in curves if c.get("overload"))
     image = base64.b64encode(png).decode()
     details = "".join(_steps_table(c) for c in curves)
     return (f"<h2>{html.escape(model)}</h2><img alt='latency vs throughput for {html.escape(model)}' "
@@ -140,18 +163,22 @@ def _steps_table(curve: dict) -> str:
         batch = f"{s['avg_batch_size']:.1f}" if s.get("avg_batch_size") else "–"
         flags = (" (generator-bound)" if s.get("generator_bound") else "") + \
                 ("" if s.get("stable", True) else " (unstable)")
+        if s.get("server_interrupted"):
+            flags += f" (server interrupted: {s.get('interruption')})"
+        if s.get("workers_lost"):
+            flags += f" (workers lost: {', '.join(s['workers_lost'])})"
         cpu = f"{s['generator_cpu_percent']:.0f}%" if s.get("generator_cpu_percent") is not None else "–"
         dropped = s.get("dropped") if s.get("dropped") is not None else "–"
         rows.append(f"<tr><td>{s['offered_rps']:.0f}</td><td>{s['achieved_rps']:.0f}</td><td>{p['p50_s']}</td>"
                     f"<td>{p['p90_s']}</td><td>{p['p99_s']}</td><td>{p['max_s']}</td><td>{s['errors']}</td>"
-                    f"<td>{dropped}</td><td>{batch}</td><td>{cpu}{flags}</td></tr>")
+                    f"<td>{dropped}</td><td>{batch}</td><td>{cpu}{html.escape(flags)}</td></tr>")
     return (f"<details><summary>{html.escape(curve['name'])}: {len(curve['steps'])} steps — "
             f"{html.escape(curve.get('stop_reason', ''))}</summary><table><tr><th>offered/s</th><th>achieved/s</th>"
             f"<th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>max ms</th><th>errors</th><th>dropped</th>"
             f"<th>avg batch</th><th>generator CPU, flags</th></tr>{''.join(rows)}</table></details>")
 
 
-def _page(title: str, sections: list[str], machines: dict[str, dict], slos_s: list[float]) -> str:
+def _page(title: str, sections: list[str], machines: dict[str, dict], slos_s: list[float], events: str = "") -> str:
     machine_rows = "".join(
         f"<li>{html.escape(name)}: {html.escape(str(m.get('cpu')))}, {m.get('cores')} cores, "
         f"{m.get('memory_gib')} GiB</li>" for name, m in machines.items())
@@ -167,5 +194,6 @@ Curves end where the deployment saturated (achieved &lt; 90% of offered) or fail
 SLOs: p99 ≤ {", ".join(f"{s * 1e3:g} ms" for s in slos_s)}.</p>
 <p>Machines:</p><ul>{machine_rows}</ul>
 {"".join(sections)}
+{events}
 </body></html>
 """

@@ -7,27 +7,26 @@ from __future__ import annotations
 
 import locust  # first: gevent's monkey-patching must precede other imports
 
-import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 import gevent
-import psutil
 import requests
-from locust.env import Environment
 from prometheus_client import CollectorRegistry
 
-from latlab import machine, procs
-from latlab.loadtest import users
+from latlab import machine
+from latlab.loadtest.driver import WORKER_LAG_S, LoadDriver
+from latlab.loadtest.overload import OverloadPlan, run_overload
 from latlab.loadtest.prom import LoadGenMetrics, start_exporter
 from latlab.loadtest.results import write_results
-from latlab.loadtest.scrape import average_batch, scrape_batches
+from latlab.loadtest.scrape import QueueWatch, average_batch, describe, fetch, scrape_batches
 from latlab.loadtest.search import SATURATED_BELOW, is_stable, slo_search
 
 GENERATOR_BOUND_CPU = 90.0  # % of one core used by a generator process during a step
-WORKER_LAG_S = 1.5          # workers ship samples every second: wait this long before closing a window
+SERVER_BACK_S = 10.0        # after an interrupted step, how long to wait for the server to answer again
+QUEUE_SAMPLE_S = 1.0        # overload: the queue is full for most of a burst, a sample a second shows it
 
 
 @dataclass
@@ -57,101 +56,20 @@ class SweepPlan:
     master_port: int = 5557
     metrics_port: int | None = None
     log_dir: Path | None = None
-
-
-class LoadDriver:
-    """Locust's environment and runner: local, or a master with worker processes (spawned or remote)."""
-
-    def __init__(self, plan: SweepPlan, metrics: LoadGenMetrics) -> None:
-        self.plan = plan
-        self.metrics = metrics
-        user_class = users.OpenLoopUser if plan.mode == "open" else users.ClosedLoopUser
-        self.state = users.LoadState("", 0.0, poisson=plan.poisson)
-        self.env = Environment(user_classes=[user_class], host=plan.host, events=locust.events)
-        self.env.latlab = self.state
-        self.workers: list = []
-        self.distributed = bool(plan.workers or plan.expect_workers)
-        if self.distributed:
-            self.runner = self.env.create_master_runner(plan.master_bind_host, plan.master_port)
-        else:
-            self.runner = self.env.create_local_runner()
-        self.env.events.init.fire(environment=self.env, runner=self.runner, web_ui=None)
-        self.state.recorder.on_completed = lambda latencies, oks: metrics.observe(self.deployment, latencies, oks)
-        self.deployment = ""
-        self.process = psutil.Process()
-        if self.distributed:
-            self._start_workers(user_class)
-
-    @property
-    def processes(self) -> int:
-        return len(self.runner.clients.ready) + len(self.runner.clients.running) if self.distributed else 1
-
-    def _start_workers(self, user_class: type) -> None:
-        locustfile = Path(users.__file__).parent / ("locustfile.py" if user_class is users.OpenLoopUser
-                                                    else "locustfile_closed.py")
-        for i in range(self.plan.workers):
-            log = self.plan.log_dir / f"worker-{i}.log" if self.plan.log_dir else None
-            self.workers.append(procs.start(
-                [sys.executable, "-m", "locust", "-f", str(locustfile), "--worker", "--master-host", "127.0.0.1",
-                 "--master-port", str(self.plan.master_port)], log_path=log))
-        expected = self.plan.workers or self.plan.expect_workers
-        deadline = time.monotonic() + 60
-        while len(self.runner.clients.ready) < expected:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"only {len(self.runner.clients.ready)} of {expected} Locust workers connected")
-            gevent.sleep(0.2)
-
-    def set_load(self, deployment: str, load: float) -> None:
-        """Point the users at `deployment` with `load` (total arrivals/s, or total users)."""
-        if deployment != self.deployment and self.deployment:
-            self.runner.stop()
-            gevent.sleep(0.5)
-        if self.plan.mode == "open":
-            processes = max(self.processes, 1)
-            user_count = self.plan.users_per_process * processes
-            message = {"deployment": deployment, "rate": load / processes, "poisson": self.plan.poisson}
-        else:
-            user_count = int(load)
-            message = {"deployment": deployment, "rate": 0.0, "poisson": self.plan.poisson}
-        self.state.update(message)
-        if self.distributed:
-            self.runner.send_message(users.LOAD_MESSAGE, message)
-        if deployment != self.deployment or self.plan.mode == "closed":
-            self.runner.start(user_count, spawn_rate=max(user_count, 1))
-        self.deployment = deployment
-
-    def drain(self, timeout_s: float = 30.0) -> None:
-        """Pause arrivals until every outstanding request has been answered (bounded)."""
-        if not self.deployment or self.plan.mode != "open":
-            return
-        paused = {"deployment": self.deployment, "rate": 1e-3, "poisson": self.plan.poisson}
-        self.state.update(paused)
-        if self.distributed:
-            self.runner.send_message(users.LOAD_MESSAGE, paused)
-        deadline = time.monotonic() + timeout_s
-        gevent.sleep(WORKER_LAG_S if self.distributed else 0.05)
-        while self.state.recorder.outstanding and time.monotonic() < deadline:
-            gevent.sleep(0.1)
-
-    def generator_cpu(self) -> float:
-        """CPU % of the busiest generator process since the last call (workers report theirs)."""
-        if self.distributed:
-            return max((worker.cpu_usage for worker in self.runner.clients.values()), default=0.0)
-        return self.process.cpu_percent()
-
-    def close(self) -> None:
-        self.runner.quit()
-        gevent.sleep(0.5)
-        for worker in self.workers:
-            procs.stop(worker)
+    queue_sample_seconds: float = 0.0
+    """Sample the server's queue depth this often during each step (0: off; each scrape costs the server
+    a few ms of its interpreter lock, so plain sweeps leave it off)."""
 
 
 def _print(line: str) -> None:
     print(line, flush=True)  # progress must show live, also when stdout is a pipe
 
 
-def run_sweep(plan: SweepPlan, out_path: Path, run_id: str, progress: Callable[[str], None] = _print) -> dict:
-    """Sweep (or search) every deployment in turn; write and return the results document."""
+def run_sweep(plan: SweepPlan, out_path: Path, run_id: str, progress: Callable[[str], None] = _print,
+              run_one: Callable[..., dict] | None = None) -> dict:
+    """Sweep (or search) every deployment in turn; write and return the results document.
+    `run_one(plan, driver, metrics, deployment, progress)` replaces the sweep of one deployment
+    (the overload test uses it)."""
     registry = CollectorRegistry()
     metrics = LoadGenMetrics(registry, run_id)
     if plan.metrics_port:
@@ -160,42 +78,51 @@ def run_sweep(plan: SweepPlan, out_path: Path, run_id: str, progress: Callable[[
     doc = {"run_id": run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": plan.host,
            "machine": machine.describe(), "mode": plan.mode,
            "arrivals": ("poisson" if plan.poisson else "constant") if plan.mode == "open" else "closed loop",
-           "slo_p99_s": plan.slo_p99_s, "deployments": []}
-    driver = LoadDriver(plan, metrics)
+           "slo_p99_s": plan.slo_p99_s, "deployments": [], "events": []}
+    driver = LoadDriver(plan, metrics, progress)
+    doc["events"] = driver.events  # the fleet's events (a worker lost), as they happen
     try:
         doc["workers"] = driver.processes if driver.distributed else 0
         for deployment in plan.deployments:
-            doc["deployments"].append(_run_deployment(plan, driver, metrics, deployment, progress))
+            doc["deployments"].append((run_one or _run_deployment)(plan, driver, metrics, deployment, progress))
             write_results(out_path, doc)  # a partial run still leaves its finished deployments behind
     finally:
         driver.close()
+    if driver.events:
+        write_results(out_path, doc)  # a worker may also have been lost after the last step
     if plan.metrics_port:
         gevent.sleep(2.5)  # let Prometheus scrape the last step before the exporter goes away
     return doc
 
 
+class ServerGone(requests.ConnectionError):
+    """The server stopped answering during a step and did not come back."""
+
+
 def _run_deployment(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, deployment: str,
                     progress: Callable[[str], None]) -> dict:
-    info = _describe(plan.host, deployment)
+    info = describe(plan.host, deployment)
     steps: list[dict] = []
 
     def measure(load: float) -> dict:
-        step = _measure_step(plan, driver, metrics, deployment, load, index=len(steps))
+        step = measure_step(plan, driver, metrics, deployment, load, index=len(steps))
         steps.append(step)
-        progress(_progress_line(deployment, step, plan.mode))
+        progress(progress_line(deployment, step, plan.mode))
+        if step["server_interrupted"]:
+            _wait_for_server(plan.host, deployment, step, progress)
         return step
 
     if plan.search and plan.slo_p99_s:
-        def probe(rate: float) -> dict:
-            driver.drain()  # a failed probe's backlog must not spill into the next one
-            return measure(rate)
-        result = slo_search(probe, plan.slo_p99_s, start=plan.loads[0], resolution=plan.search_resolution)
-        progress(f"{deployment}: {result.summary()}")
-        return {**info, "steps": sorted(steps, key=lambda s: s["target"]), "search": result.as_dict(),
-                "stop_reason": result.summary()}
+        search, stop_reason = _search(plan, driver, measure)
+        progress(f"{deployment}: {stop_reason}")
+        return {**info, "steps": sorted(steps, key=lambda s: s["target"]), "search": search,
+                "stop_reason": stop_reason}
     stop_reason = "all loads done"
     for load in plan.loads:
-        reason = _stop_reason(measure(load), plan)
+        try:
+            reason = _stop_reason(measure(load), plan)
+        except ServerGone as exc:
+            reason = str(exc)
         if reason:
             stop_reason = f"stopped at {load:g}: {reason}"
             break
@@ -203,13 +130,71 @@ def _run_deployment(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics
     return {**info, "steps": steps, "stop_reason": stop_reason}
 
 
-def _measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, deployment: str,
-                  load: float, index: int) -> dict:
+def _search(plan: SweepPlan, driver: LoadDriver, measure: Callable[[float], dict]) -> tuple[dict | None, str]:
+    """The SLO search's result and its one-line summary (or why it stopped)."""
+    def probe(rate: float) -> dict:
+        driver.drain()  # a failed probe's backlog must not spill into the next one
+        step = measure(rate)
+        if step["server_interrupted"]:  # the server's restart says nothing about this rate: once more
+            driver.drain()
+            step = measure(rate)
+        return step
+    try:
+        result = slo_search(probe, plan.slo_p99_s, start=plan.loads[0], resolution=plan.search_resolution)
+    except ServerGone as exc:
+        return None, f"search stopped: {exc}"
+    return result.as_dict(), result.summary()
+
+
+def overload_runner(overload: OverloadPlan) -> Callable[..., dict]:
+    """What `run_sweep(run_one=...)` calls per deployment for the overload test instead of a sweep."""
+    def run_one(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, deployment: str,
+                progress: Callable[[str], None]) -> dict:
+        info = describe(plan.host, deployment)
+        steps: list[dict] = []
+
+        def phase(name: str, load: float, seconds: float, windows: int = 3, warmup: float = 0.0,
+                  drain: bool = True) -> dict:
+            if drain:
+                driver.drain()
+            timing = replace(plan, warmup_seconds=warmup, window_seconds=seconds / windows, min_windows=windows,
+                             max_windows=windows, stop_at_saturation=False, queue_sample_seconds=QUEUE_SAMPLE_S)
+            step = {"phase": name, **measure_step(timing, driver, metrics, deployment, load, index=len(steps))}
+            steps.append(step)
+            progress(f"{name:>9}: {progress_line(deployment, step, 'open').strip()}")
+            return step
+
+        def outstanding() -> int:
+            driver.drain(timeout_s=10.0)
+            return driver.state.recorder.outstanding
+
+        figures = run_overload(phase, overload, plan.loads[0], plan.window_seconds * 3, info, outstanding)
+        progress(f"{deployment}: {figures['summary']}")
+        return {**info, "steps": steps, "overload": figures, "stop_reason": figures["summary"]}
+    return run_one
+
+
+def _wait_for_server(host: str, deployment: str, step: dict, progress: Callable[[str], None]) -> None:
+    """After an interrupted step: go on once the server answers again, or raise ServerGone."""
+    try:
+        fetch(host, f"/v2/models/{deployment}/config", attempts=int(SERVER_BACK_S), pause_s=1.0)
+    except requests.ConnectionError as exc:
+        raise ServerGone(f"the server stopped answering ({step['interruption']}) and was not back within "
+                         f"{SERVER_BACK_S:g} s: {exc}") from None
+    progress(f"{deployment}: step at {step['target']:g} was interrupted ({step['interruption']}); "
+             "the server answers again, going on")
+
+
+def measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, deployment: str,
+                 load: float, index: int) -> dict:
     """Warm up, then measure windows until the last three agree (or max_windows); the step's figures
-    come from the last three windows together."""
+    come from the last three windows together, its `timeline` has every window."""
+    began = time.time()
+    driver.step_index = index
     driver.set_load(deployment, load)
     metrics.set_load(deployment, index, load if plan.mode == "open" else 0.0,
                      int(load) if plan.mode == "closed" else driver.runner.user_count)
+    queue = QueueWatch(plan.host, deployment, plan.queue_sample_seconds)
     gevent.sleep(plan.warmup_seconds)
     recorder = driver.state.recorder
     lag = WORKER_LAG_S if driver.distributed else 0.05
@@ -222,7 +207,7 @@ def _measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, 
         edge = start + (len(windows) + 1) * plan.window_seconds
         gevent.sleep(max(0.0, edge + lag - time.time()))
         window_start = edge - plan.window_seconds
-        windows.append(recorder.window(window_start, edge, time.time()).as_dict())
+        windows.append({"t_s": window_start - start, **recorder.window(window_start, edge, time.time()).as_dict()})
         if len(windows) >= plan.min_windows:
             stable = is_stable(windows[-3:])
             if stable or len(windows) >= plan.max_windows:
@@ -231,6 +216,9 @@ def _measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, 
     first = end - min(3, len(windows)) * plan.window_seconds
     cpu = driver.generator_cpu()
     stats, latencies, per_source = recorder.window_detail(first, end, time.time())
+    batches_after = scrape_batches(plan.host, deployment)
+    by_status = recorder.by_status(first, end)
+    interruption = _interruption(by_status, queue.failures + (batches_before is None) + (batches_after is None))
     step = {
         "target": load,
         "target_rps": load if plan.mode == "open" else None,
@@ -238,12 +226,21 @@ def _measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, 
         **stats.as_dict(),
         "duration_s": end - first,
         "windows": len(windows),
+        "window_seconds": plan.window_seconds,
         "stable": stable,
-        "avg_batch_size": average_batch(batches_before, scrape_batches(plan.host, deployment)),
+        "avg_batch_size": average_batch(batches_before, batches_after),
         "generator_cpu_percent": cpu,
         "generator_bound": cpu > GENERATOR_BOUND_CPU,
         "sent_by_worker": per_source if driver.distributed else None,
+        "by_status": by_status,
+        **queue.stop(),
+        "server_interrupted": interruption is not None,
+        "interruption": interruption,
+        "workers_lost": driver.lost_since(began),
+        "workers_left": driver.processes if driver.distributed else None,
+        "start_time": start,
         "end_time": end,
+        "timeline": windows,
     }
     metrics.record_step(deployment, index, latencies, step, ended_at=end)
     metrics.count_dropped(deployment, stats.dropped)
@@ -252,7 +249,23 @@ def _measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, 
     return step
 
 
+def _interruption(by_status: dict, failed_scrapes: int) -> str | None:
+    """Why the step was interrupted by the server going away, or None when it was not."""
+    unanswered = by_status.get("0", {})
+    kinds = ", ".join(f"{kind} {count}" for kind, count in unanswered.get("errors", {}).items())
+    parts = []
+    if unanswered:
+        parts.append(f"{unanswered['count']} requests got no HTTP answer" + (f" ({kinds})" if kinds else ""))
+    if failed_scrapes:
+        parts.append(f"/metrics unreachable {failed_scrapes} times")
+    return ", ".join(parts) or None
+
+
 def _stop_reason(step: dict, plan: SweepPlan) -> str | None:
+    if step["workers_left"] == 0:
+        return "no Locust worker left to send load"
+    if step["server_interrupted"] or step["workers_lost"]:
+        return None  # the errors and the shortfall are the restart's (or the lost worker's), not this load's
     if plan.mode == "open" and plan.stop_at_saturation and step["achieved_rps"] < SATURATED_BELOW * step["offered_rps"]:
         return f"saturated: achieved {step['achieved_rps']:.0f} < 90% of offered {step['offered_rps']:.0f} req/s"
     if step["sent"] and step["errors"] / step["sent"] > plan.max_error_ratio:
@@ -262,18 +275,14 @@ def _stop_reason(step: dict, plan: SweepPlan) -> str | None:
     return None
 
 
-def _progress_line(deployment: str, step: dict, mode: str) -> str:
+def progress_line(deployment: str, step: dict, mode: str) -> str:
     flags = ("" if step["stable"] else "  [unstable]") + ("  [generator-bound]" if step["generator_bound"] else "")
+    if step["server_interrupted"]:
+        flags += f"  [server interrupted: {step['interruption']}]"
+    if step["workers_lost"]:
+        flags += f"  [workers lost: {', '.join(step['workers_lost'])}]"
     batch = f"{step['avg_batch_size']:.1f}" if step["avg_batch_size"] else "-"
     load = f"offered {step['offered_rps']:7.0f}/s" if mode == "open" else f"users {step['users']:4d}"
     return (f"{deployment:>14}  {load}  achieved {step['achieved_rps']:7.0f}/s  "
             f"p50 {step['p50_s'] * 1e3:7.2f} ms  p99 {step['p99_s'] * 1e3:7.2f} ms  "
             f"errors {step['errors']}  batch {batch}{flags}")
-
-
-def _describe(host: str, deployment: str) -> dict:
-    """The deployment's settings as the server reports them, to label the curve."""
-    response = requests.get(f"{host.rstrip('/')}/v2/models/{deployment}/config", timeout=10)
-    if response.status_code != 200:
-        raise LookupError(f"server at {host} has no deployment '{deployment}': {response.text.strip()}")
-    return response.json()

@@ -6,6 +6,7 @@ The locustfiles (`locustfile.py`, `locustfile_closed.py`) each expose one of the
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -37,6 +38,8 @@ class LoadState:
     rate: float
     poisson: bool = True
     recorder: Recorder = field(default_factory=Recorder)
+    worker_pids: dict[str, int] = field(default_factory=dict)
+    """Master: each worker's process id, as it reports it (to name a worker that dies)."""
 
     version: int = 0  # bumped on every change, so a user waiting out a long gap re-plans at once
 
@@ -68,10 +71,11 @@ def _init_state(environment, **_kwargs) -> None:
     if isinstance(environment.runner, WorkerRunner):
         environment.runner.register_message(LOAD_MESSAGE, lambda environment, msg, **_: state.update(msg.data))
         environment.events.report_to_master.add_listener(
-            lambda client_id, data: data.__setitem__("latlab", state.recorder.drain()))
+            lambda client_id, data: data.__setitem__("latlab", {**state.recorder.drain(), "pid": os.getpid()}))
     elif isinstance(environment.runner, MasterRunner):
         def absorb(client_id, data, **_kwargs) -> None:
             if "latlab" in data:
+                state.worker_pids[client_id] = data["latlab"]["pid"]
                 state.recorder.absorb(client_id, data["latlab"])
         environment.events.worker_report.add_listener(absorb)
     if options is not None and getattr(options, "latlab_metrics_port", 0) and not isinstance(
@@ -139,15 +143,20 @@ class _InferenceUser(FastHttpUser):
         recorder = self.state.recorder
         key = recorder.begin(intended, time.time())
         body = self.bodies[self.rng.randrange(len(self.bodies))]
-        ok = False
+        ok, status, retry_after, error = False, 0, False, ""
         try:
             with self.client.post(self.path, data=body, headers={"Content-Type": "application/json"},
                                   name=self.deployment, catch_response=True) as response:
-                ok = response.status_code == 200
-                if not ok:
-                    response.failure(f"HTTP {response.status_code}: {response.text[:200]}")
+                status = response.status_code or 0  # 0: no HTTP answer (refused, reset, timed out)
+                ok = status == 200
+                retry_after = bool(response.headers and response.headers.get("Retry-After"))
+                if status == 0:
+                    error = type(response.error).__name__
+                    response.failure(f"no answer: {response.error!r}")
+                elif not ok:
+                    response.failure(f"HTTP {status}: {(response.text or '')[:200]}")
         finally:
-            recorder.end(key, time.time(), ok)
+            recorder.end(key, time.time(), ok, status, retry_after, error)
 
 
 class OpenLoopUser(_InferenceUser):

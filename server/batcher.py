@@ -5,6 +5,7 @@ It knows nothing of Flask or ONNX Runtime: it is given a `run_batch` callable, p
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -15,9 +16,10 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from latlab.server.config import BatcherSettings
-from latlab.server.errors import BadRequest, ComputeError, ModelNotReady, QueueFull, RequestTimeout
+from latlab.server.errors import BadRequest, ComputeError, ModelNotReady, QueueFull, RequestTimeout, public_message
 
 Tensors = dict[str, np.ndarray]
+log = logging.getLogger("latlab.server.batcher")
 
 
 @dataclass
@@ -217,13 +219,13 @@ class DynamicBatcher:
         batch = [p for p in batch if p.future.set_running_or_notify_cancel()]  # callers that gave up
         if not batch:
             return
-        inputs = merge([p.inputs for p in batch])
         sizes = [p.size for p in batch]
         try:
-            outputs = self._run_batch(inputs)
+            outputs = self._run_batch(merge([p.inputs for p in batch]))
             parts = split(outputs, sizes)
         except Exception as exc:  # the model's failure belongs to this batch only
-            error = ComputeError(f"model run failed: {exc}")
+            log.error("batch of %d request(s) failed", len(batch), exc_info=True)  # the trace stays here
+            error = ComputeError(f"model run failed: {public_message(exc)}")
             for pending in batch:
                 pending.future.set_exception(error)
             self._observer.batch_done(sum(sizes), [started - p.enqueued_at for p in batch],

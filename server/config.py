@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Mapping
 
 from latlab.server.errors import ConfigError
 
 PROVIDERS = ("cpu", "cuda")
+LOAD_FAILURE_POLICIES = ("fail", "skip")
+AUTH_TOKEN_ENV = "LATLAB_AUTH_TOKEN"
+MIN_TOKEN_LENGTH = 16
+# RFC 6750's b64token: what may follow "Bearer " in an Authorization header.
+_TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
 
 
 @dataclass(frozen=True)
@@ -51,6 +59,10 @@ class DeploymentConfig:
     cpu: CpuOptions = field(default_factory=CpuOptions)
     model: str = ""
     """The model's name (e.g. 'ffn') as opposed to the deployment's; label for metrics and reports."""
+    allow_non_finite: bool = False
+    """Whether floating-point inputs may hold NaN or ±Inf. Off by default: a model fed NaN answers NaN
+    (or garbage) with a 200, so such a request is refused with 400 naming the input. JSON cannot carry
+    them anyway (orjson refuses `NaN` and numbers beyond the datatype's range); this guards binary data."""
 
 
 @dataclass(frozen=True)
@@ -59,14 +71,28 @@ class ServerConfig:
 
     deployments: tuple[DeploymentConfig, ...]
     host: str = "127.0.0.1"
+    """Loopback by default; any other address is reachable from other machines (logged as a warning)."""
     port: int = 8000
     threads: int = 64
     """Request threads: bounds how many requests are decoded or waiting on a batch at once."""
     max_body_bytes: int = 64 * 1024 * 1024
+    """Longest request body; a longer one is answered 413 before it is read whole."""
+    auth_token: str = field(default="", repr=False)
+    """When set (or LATLAB_AUTH_TOKEN, which wins), infer and .../config need `Authorization: Bearer
+    <token>`; health, metadata, /metrics and the OpenAPI description stay open. At least 16 characters
+    of RFC 6750's token alphabet. Empty: no authentication."""
+    model_dir: Path | None = None
+    """When set, every deployment's model_path must resolve (symlinks followed) inside this folder,
+    or the config is refused. Relative to the config file's folder, like model paths."""
+    on_load_failure: str = "fail"
+    """What a deployment that cannot load does. "fail": the server stops at start, naming the file and the
+    cause, in one line. "skip": the others are served; the broken one answers 503 with its load error on every route and
+    /v2/health/ready says not ready (400). At least one deployment must load either way."""
 
 
-def load_config(path: str | Path) -> ServerConfig:
-    """Read and check a TOML server config; relative model paths are resolved against its folder."""
+def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> ServerConfig:
+    """Read and check a TOML server config; relative paths are resolved against its folder.
+    `environ` (default: the process's) may supply the auth token as LATLAB_AUTH_TOKEN."""
     path = Path(path)
     try:
         doc = tomllib.loads(path.read_text())
@@ -74,12 +100,16 @@ def load_config(path: str | Path) -> ServerConfig:
         raise ConfigError(f"config file {path} does not exist") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    token = (os.environ if environ is None else environ).get(AUTH_TOKEN_ENV)
+    if token:
+        doc["server"] = {**_table(doc.get("server", {}), "[server]"), "auth_token": token}
     return parse_config(doc, base_dir=path.parent)
 
 
 def parse_config(doc: dict, base_dir: Path = Path(".")) -> ServerConfig:
     """Build a ServerConfig from a parsed TOML document."""
     server = _table(doc.get("server", {}), "[server]")
+    model_dir = _model_dir(server.pop("model_dir", None), base_dir)
     raw_deployments = doc.get("deployments")
     if not isinstance(raw_deployments, list) or not raw_deployments:
         raise ConfigError("config needs at least one [[deployments]] table")
@@ -89,7 +119,44 @@ def parse_config(doc: dict, base_dir: Path = Path(".")) -> ServerConfig:
     names = [d.name for d in deployments]
     if len(set(names)) != len(names):
         raise ConfigError(f"deployment names must be unique, got {names}")
-    return _build(ServerConfig, server, "[server]", deployments=deployments)
+    if model_dir is not None:
+        for deployment in deployments:
+            _check_inside(model_dir, deployment)
+    config = _build(ServerConfig, server, "[server]", deployments=deployments, model_dir=model_dir)
+    _check_server(config)
+    return config
+
+
+def _model_dir(value: object, base_dir: Path) -> Path | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"[server]: model_dir must be a folder path, got {value!r}")
+    folder = (base_dir / value).resolve()
+    if not folder.is_dir():
+        raise ConfigError(f"[server]: model_dir {folder} is not a folder")
+    return folder
+
+
+def _check_inside(model_dir: Path, deployment: DeploymentConfig) -> None:
+    """Refuse a model file outside model_dir, however it gets there ('..', absolute path, symlink)."""
+    resolved = Path(deployment.model_path).resolve()
+    if not resolved.is_relative_to(model_dir):
+        raise ConfigError(f"deployment '{deployment.name}': model_path {deployment.model_path} resolves to "
+                          f"{resolved}, outside model_dir {model_dir}")
+
+
+def _check_server(config: ServerConfig) -> None:
+    if config.on_load_failure not in LOAD_FAILURE_POLICIES:
+        raise ConfigError(f"[server]: on_load_failure must be one of {LOAD_FAILURE_POLICIES}, "
+                          f"got {config.on_load_failure!r}")
+    if config.max_body_bytes < 1 or config.threads < 1:
+        raise ConfigError("[server]: max_body_bytes and threads must be >= 1")
+    token = config.auth_token
+    if token and (len(token) < MIN_TOKEN_LENGTH or not _TOKEN.fullmatch(token)):
+        # The token itself is never part of a message.
+        raise ConfigError(f"[server]: auth_token (or {AUTH_TOKEN_ENV}) must be at least {MIN_TOKEN_LENGTH} "
+                          "characters of letters, digits and -._~+/ (then optional '=')")
 
 
 def _deployment(raw: dict, base_dir: Path) -> DeploymentConfig:
@@ -144,4 +211,6 @@ def _build(cls, raw: dict, where: str, **given):
             raise ConfigError(f"{where}: {key} must be an integer, got {value!r}")
         elif isinstance(default, float) and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
+        elif isinstance(default, str) and not isinstance(value, str):
+            raise ConfigError(f"{where}: {key} must be a string, got {type(value).__name__}")
     return cls(**raw, **given)

@@ -56,6 +56,7 @@ class Deployment:
             "model_path": str(self.config.model_path),
             "batcher": dataclasses.asdict(self.config.batcher),
             "cpu": dataclasses.asdict(self.config.cpu),
+            "allow_non_finite": self.config.allow_non_finite,
         }
 
     def close(self) -> None:

@@ -11,6 +11,12 @@ import orjson
 from latlab.server.errors import BadRequest
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
+MAX_ID_LENGTH = 256
+"""Longest request `id` accepted (it is echoed in the response)."""
+MAX_RANK = 32
+"""Most dimensions a tensor may declare."""
+MAX_JSON_DEPTH = 1024
+"""orjson's nesting limit; deeper documents are refused as invalid JSON."""
 
 DATATYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
@@ -61,6 +67,8 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise BadRequest("'id' must be a string")
+    if request_id is not None and len(request_id) > MAX_ID_LENGTH:
+        raise BadRequest(f"'id' has {len(request_id)} characters; at most {MAX_ID_LENGTH} are allowed")
     parameters = _dict_field(doc, "parameters", "request")
     raw_inputs = doc.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
@@ -68,9 +76,9 @@ def decode_request(body: bytes, header_length: int | None = None) -> InferReques
     inputs: dict[str, np.ndarray] = {}
     offset = 0
     for raw in raw_inputs:
-        name, array, used = _decode_input(raw, binary, offset)
+        name, array, used = _decode_input(raw, binary, offset, len(body))
         if name in inputs:
-            raise BadRequest(f"input '{name}' is given twice")
+            raise BadRequest(f"input '{shown(name)}' is given twice")
         inputs[name] = array
         offset += used
     if offset != len(binary):
@@ -83,10 +91,21 @@ def _load_json(raw: bytes | memoryview) -> dict:
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"body is not valid JSON: {exc}") from None
+        raise BadRequest(f"body is not valid JSON: {_json_problem(raw, exc)}") from None
     if not isinstance(doc, dict):
         raise BadRequest("body must be a JSON object")
     return doc
+
+
+def _json_problem(raw: bytes | memoryview, exc: orjson.JSONDecodeError) -> str:
+    """Name what is wrong in words a client can act on (only on the error path: it may decode the body)."""
+    try:
+        bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as bad:
+        return f"not UTF-8 (byte 0x{bad.object[bad.start]:02x} at position {bad.start})"
+    if "depth" in str(exc):
+        return f"nested deeper than {MAX_JSON_DEPTH} levels ({exc})"
+    return str(exc)
 
 
 def _dict_field(doc: dict, key: str, where: str) -> dict:
@@ -96,28 +115,36 @@ def _dict_field(doc: dict, key: str, where: str) -> dict:
     return value
 
 
-def _decode_input(raw: object, binary: memoryview, offset: int) -> tuple[str, np.ndarray, int]:
+def _decode_input(raw: object, binary: memoryview, offset: int, body_size: int) -> tuple[str, np.ndarray, int]:
     """One input tensor; returns (name, array, bytes of the binary part it used)."""
     if not isinstance(raw, dict):
         raise BadRequest("each input must be an object with name, shape, datatype and data")
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise BadRequest("an input has no 'name'")
-    shape = _decode_shape(raw.get("shape"), name)
+    name = shown(name)
+    shape = _decode_shape(raw.get("shape"), name, body_size)
     datatype = raw.get("datatype")
     if datatype not in DATATYPES:
-        raise BadRequest(f"input '{name}': unsupported datatype {datatype!r}; one of {', '.join(DATATYPES)}")
+        raise BadRequest(f"input '{name}': unsupported datatype {shown(datatype)!r}; one of {', '.join(DATATYPES)}")
     count = math.prod(shape)
     parameters = _dict_field(raw, "parameters", f"input '{name}'")
     size = parameters.get("binary_data_size")
     if size is not None:
-        return name, _from_binary(name, shape, datatype, size, binary, offset), size
+        return raw["name"], _from_binary(name, shape, datatype, size, binary, offset), size
     if "data" not in raw:
         raise BadRequest(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
-    array = _from_json_data(name, raw["data"], datatype)
+    array = _from_json_data(name, raw["data"], datatype, shape)
     if array.size != count:
         raise BadRequest(f"input '{name}': shape {shape} needs {count} elements but data has {array.size}")
-    return name, array.reshape(shape), 0
+    return raw["name"], array.reshape(shape), 0
+
+
+def shown(value: object, limit: int = 64) -> object:
+    """A client's string as it may appear in an error message: cut to `limit` characters."""
+    if isinstance(value, str) and len(value) > limit:
+        return value[:limit] + "..."
+    return value
 
 
 # numpy's kinds of array that JSON data may arrive as, per datatype family: numbers are never
@@ -125,20 +152,41 @@ def _decode_input(raw: object, binary: memoryview, offset: int) -> tuple[str, np
 _ACCEPTED_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
 
 
-def _from_json_data(name: str, data: object, datatype: str) -> np.ndarray:
+def _from_json_data(name: str, data: object, datatype: str, shape: list[int]) -> np.ndarray:
     dtype = DATATYPES[datatype]
     try:
+        depth = _nesting_depth(data)
+        if depth > max(1, len(shape)):
+            raise ValueError(f"nested {depth} deep but shape {shape} has {len(shape)} dimension(s)")
         parsed = np.asarray(data)
         if parsed.dtype.kind in "fO" and dtype.kind == "u" and _all_ints(data):
             parsed = np.asarray(data, dtype=dtype)  # ints past INT64's range: numpy would pick float64
+        if parsed.ndim > 1 and list(parsed.shape) != shape:
+            raise ValueError(f"nested as {list(parsed.shape)} but shape is {shape}")
         if parsed.size:
             if parsed.dtype.kind not in _ACCEPTED_KINDS[dtype.kind]:
                 raise ValueError(f"got {_json_kind(parsed)} values")
             if dtype.kind in "iu" and (parsed.min() < np.iinfo(dtype).min or parsed.max() > np.iinfo(dtype).max):
                 raise ValueError(f"values outside {datatype}'s range")
-        return parsed.astype(dtype, copy=False)
+        with np.errstate(over="ignore"):
+            array = parsed.astype(dtype, copy=False)
+        # JSON carries no NaN or Inf (orjson refuses them), so a non-finite value here is an overflow.
+        if dtype.kind == "f" and array.size and not np.isfinite(array).all():
+            raise ValueError(f"values outside {datatype}'s range")
+        return array
     except (ValueError, TypeError, OverflowError) as exc:
         raise BadRequest(f"input '{name}': data is not a valid {datatype} array: {exc}") from None
+
+
+def _nesting_depth(data: object) -> int:
+    """How deep lists nest along the first elements (numpy checks the rest agree)."""
+    depth = 0
+    while isinstance(data, list):
+        depth += 1
+        if not data:
+            break
+        data = data[0]
+    return depth
 
 
 def _all_ints(data: object) -> bool:
@@ -152,9 +200,17 @@ def _json_kind(array: np.ndarray) -> str:
         array.dtype.kind, "null or mixed")
 
 
-def _decode_shape(shape: object, name: str) -> list[int]:
+def _decode_shape(shape: object, name: str, body_size: int) -> list[int]:
+    """The declared shape, refused before anything is allocated when no body of this size could fill it."""
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
         raise BadRequest(f"input '{name}': 'shape' must be a list of non-negative integers")
+    if len(shape) > MAX_RANK:
+        raise BadRequest(f"input '{name}': shape has {len(shape)} dimensions; at most {MAX_RANK} are allowed")
+    # Every element takes at least one byte of body, in JSON or binary; zero dimensions are skipped so that
+    # [0, 10**30] cannot pass as an empty tensor numpy could never shape.
+    if math.prod(d for d in shape if d) > max(body_size, 1):
+        raise BadRequest(f"input '{name}': shape {shown(str(shape))} has more elements than a body of "
+                         f"{body_size} bytes can carry")
     return shape
 
 
@@ -181,7 +237,7 @@ def _decode_requested_outputs(doc: dict, all_binary: bool) -> tuple[list[str] | 
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise BadRequest("each requested output must be an object with a 'name'")
         names.append(item["name"])
-        if all_binary or _dict_field(item, "parameters", f"output '{item['name']}'").get("binary_data"):
+        if all_binary or _dict_field(item, "parameters", f"output '{shown(item['name'])}'").get("binary_data"):
             binary.add(item["name"])
     return names, binary
 
@@ -209,6 +265,11 @@ def encode_response(model_name: str, model_version: str, request: InferRequest,
     return b"".join([header, *chunks]), len(header)
 
 
+MAX_ERROR_LENGTH = 1000
+
+
 def encode_error(message: str) -> bytes:
-    """The protocol's error body."""
+    """The protocol's error body, bounded in length whatever the client's names were."""
+    if len(message) > MAX_ERROR_LENGTH:
+        message = message[:MAX_ERROR_LENGTH] + "..."
     return orjson.dumps({"error": message})

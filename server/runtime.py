@@ -10,8 +10,8 @@ import numpy as np
 import onnxruntime as ort
 
 from latlab.server.config import DeploymentConfig
-from latlab.server.errors import BadRequest, ConfigError
-from latlab.server.protocol import datatype_of
+from latlab.server.errors import BadRequest, ConfigError, one_line
+from latlab.server.protocol import datatype_of, shown
 
 # ORT's type strings for the tensor element types we serve.
 _ORT_TYPES = {
@@ -79,10 +79,11 @@ class OnnxModel:
 
     def validate(self, inputs: dict[str, np.ndarray]) -> int:
         """Check a request's inputs against the signature before it is queued; returns its batch size.
-        A bad request fails here, alone, instead of failing the batch it would have joined."""
+        A bad request fails here, alone, instead of failing the batch it would have joined.
+        NaN and ±Inf in floating-point inputs are refused unless the deployment allows them."""
         expected = {spec.name for spec in self.inputs}
         if set(inputs) != expected:
-            missing, unknown = sorted(expected - set(inputs)), sorted(set(inputs) - expected)
+            missing, unknown = sorted(expected - set(inputs)), sorted(shown(n) for n in set(inputs) - expected)
             raise BadRequest(f"model '{self.deployment.name}' takes inputs {sorted(expected)}; "
                              f"missing {missing}, unknown {unknown}")
         batch = None
@@ -99,6 +100,9 @@ class OnnxModel:
             if batch is not None and array.shape[0] != batch:
                 raise BadRequest(f"inputs disagree on the batch dimension ({batch} vs {array.shape[0]})")
             batch = array.shape[0]
+            if spec.dtype.kind == "f" and not self.deployment.allow_non_finite and not np.isfinite(array).all():
+                raise BadRequest(f"input '{spec.name}' holds NaN or infinite values, which deployment "
+                                 f"'{self.deployment.name}' does not accept (allow_non_finite = false)")
         return batch
 
     def metadata(self) -> dict:
@@ -127,7 +131,7 @@ def _create_session(deployment: DeploymentConfig) -> ort.InferenceSession:
     try:
         session = ort.InferenceSession(str(path), options, providers=providers)
     except Exception as exc:  # ORT raises its own exception types for unreadable files
-        raise ConfigError(f"deployment '{deployment.name}': cannot load {path}: {exc}") from None
+        raise ConfigError(f"deployment '{deployment.name}': cannot load {path}: {one_line(exc)}") from None
     if session.get_providers()[0] != wanted:
         # ORT falls back to CPU silently when CUDA cannot load; we refuse to serve under a false name.
         reason = provider_load_error(wanted) or "see `latlab doctor`"

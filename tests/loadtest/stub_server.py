@@ -1,12 +1,21 @@
 """A real HTTP server speaking just enough of the Open Inference Protocol to load-test the load tester:
-it stalls on a schedule, or serves exactly K requests per second."""
+it stalls on a schedule, or serves exactly K requests per second. In a thread of the test (`stub_server`),
+or as its own process that can be killed and restarted on the same port (`StubProcess`):
+
+    python -m tests.loadtest.stub_server --port 8123 [--capacity 300]
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 import logging
@@ -80,3 +89,51 @@ def stub_server(model: StubModel) -> Iterator[str]:
     finally:
         server.shutdown()
         thread.join(timeout=5)
+
+
+class StubProcess:
+    """The stub as a child process on a fixed port of 127.0.0.1: `stop()` it mid-run (connections reset,
+    new ones refused) and `start()` it again on the same port, like a server restart."""
+
+    def __init__(self, port: int, capacity: float = 0.0, log_path: Path | None = None) -> None:
+        self.port, self.capacity, self.log_path = port, capacity, log_path
+        self.host = f"http://127.0.0.1:{port}"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        from latlab import procs
+
+        root = str(Path(__file__).resolve().parents[2])  # `tests` must import in the child, wherever it runs
+        path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+        self.process = procs.start([sys.executable, "-m", "tests.loadtest.stub_server", "--port", str(self.port),
+                                    "--capacity", str(self.capacity)], log_path=self.log_path, env={"PYTHONPATH": path})
+        procs.wait_ready(f"{self.host}/v2/models/m", self.process, timeout_s=30, log_path=self.log_path)
+
+    def stop(self) -> None:
+        from latlab import procs
+
+        if self.process is not None:
+            procs.stop(self.process)
+
+
+@contextmanager
+def stub_process(port: int, capacity: float = 0.0, log_path: Path | None = None) -> Iterator[StubProcess]:
+    """A started StubProcess, always stopped at the end."""
+    stub = StubProcess(port, capacity, log_path)
+    try:
+        stub.start()
+        yield stub
+    finally:
+        stub.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="the load tester's stub inference server, on 127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--capacity", type=float, default=0.0, help="requests/s served, one at a time (0: no limit)")
+    args = parser.parse_args(argv)
+    make_server("127.0.0.1", args.port, _app(StubModel(capacity=args.capacity)), threaded=True).serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -132,6 +132,7 @@ def test_config_route_describes_the_deployment(client, tiny_model: Path) -> None
             "batcher": {"max_batch_size": 4, "max_queue_delay_ms": 0.0, "max_queue_size": 256,
                         "instances": 1, "timeout_ms": 10_000.0, "preferred_batch_sizes": []},
             "cpu": {"intra_op_threads": 0, "allow_spinning": True},
+            "allow_non_finite": False,
         }
 
 

@@ -1,0 +1,214 @@
+"""Locust's environment and runner for the sweep: local, or a master with worker processes whose
+loss it notices, reports and compensates (the lost worker's open-loop rate goes to the others).
+
+Import this module before anything that uses sockets or threads: Locust monkey-patches them for gevent.
+"""
+
+from __future__ import annotations
+
+import locust  # first: gevent's monkey-patching must precede other imports
+
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import gevent
+import locust.runners
+import psutil
+from locust.env import Environment
+from locust.runners import STATE_MISSING
+
+from latlab import procs
+from latlab.loadtest import users
+from latlab.loadtest.prom import LoadGenMetrics
+
+if TYPE_CHECKING:
+    from latlab.loadtest.sweep import SweepPlan
+
+# A worker silent for HEARTBEAT_LIVENESS + 1 heartbeats (1 s each) is missing: 3 s instead of Locust's 4 s.
+locust.runners.HEARTBEAT_LIVENESS = 2
+WATCH_INTERVAL_S = 0.5  # how often the master checks its workers (processes and heartbeats)
+WORKER_LAG_S = 1.5      # workers ship samples every second: wait this long before closing a window
+
+
+class LoadDriver:
+    """Locust's environment and runner: local, or a master with worker processes (spawned or remote).
+
+    `events` lists what happened to the fleet (a worker lost or back), each with its time and reason."""
+
+    def __init__(self, plan: SweepPlan, metrics: LoadGenMetrics, progress: Callable[[str], None] = print) -> None:
+        self.plan = plan
+        self.metrics = metrics
+        self.progress = progress
+        user_class = users.OpenLoopUser if plan.mode == "open" else users.ClosedLoopUser
+        self.state = users.LoadState("", 0.0, poisson=plan.poisson)
+        self.env = Environment(user_classes=[user_class], host=plan.host, events=locust.events)
+        self.env.latlab = self.state
+        self.workers: list = []
+        self.events: list[dict] = []
+        self.lost: set[str] = set()
+        self.step_index = 0
+        self.load = 0.0
+        self.deployment = ""
+        self.distributed = bool(plan.workers or plan.expect_workers)
+        if self.distributed:
+            self.runner = self.env.create_master_runner(plan.master_bind_host, plan.master_port)
+        else:
+            self.runner = self.env.create_local_runner()
+        self.env.events.init.fire(environment=self.env, runner=self.runner, web_ui=None)
+        self.state.recorder.on_completed = lambda latencies, oks: metrics.observe(self.deployment, latencies, oks)
+        self.process = psutil.Process()
+        if self.distributed:
+            self._start_workers(user_class)
+            self._known = set(self.runner.clients.keys())
+            self._watcher = gevent.spawn(self._watch_workers)
+
+    @property
+    def live_workers(self) -> list[str]:
+        return [client_id for client_id in self._connected() if client_id not in self.lost]
+
+    def _connected(self) -> list[str]:
+        clients = self.runner.clients
+        return [c.id for c in clients.ready + clients.spawning + clients.running]
+
+    @property
+    def processes(self) -> int:
+        return len(self.live_workers) if self.distributed else 1
+
+    def _start_workers(self, user_class: type) -> None:
+        locustfile = Path(users.__file__).parent / ("locustfile.py" if user_class is users.OpenLoopUser
+                                                    else "locustfile_closed.py")
+        for i in range(self.plan.workers):
+            log = self.plan.log_dir / f"worker-{i}.log" if self.plan.log_dir else None
+            self.workers.append(procs.start(
+                [sys.executable, "-m", "locust", "-f", str(locustfile), "--worker", "--master-host", "127.0.0.1",
+                 "--master-port", str(self.plan.master_port)], log_path=log))
+        expected = self.plan.workers or self.plan.expect_workers
+        deadline = time.monotonic() + 60
+        while len(self.runner.clients.ready) < expected:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(self.runner.clients.ready)} of {expected} Locust workers connected")
+            gevent.sleep(0.2)
+
+    def set_load(self, deployment: str, load: float) -> None:
+        """Point the users at `deployment` with `load` (total arrivals/s, or total users)."""
+        if deployment != self.deployment and self.deployment:
+            self.runner.stop()
+            gevent.sleep(0.5)
+        if self.plan.mode == "open":
+            user_count = self.plan.users_per_process * max(self.processes, 1)
+        else:
+            user_count = int(load)
+        self.load = load
+        self._send_rate(deployment)
+        if deployment != self.deployment or self.plan.mode == "closed":
+            self.runner.start(user_count, spawn_rate=max(user_count, 1))
+        self.deployment = deployment
+
+    def _send_rate(self, deployment: str, load: float | None = None) -> None:
+        """Tell every process its share of the arrivals (open loop; closed loop sends rate 0)."""
+        load = self.load if load is None else load
+        rate = load / max(self.processes, 1) if self.plan.mode == "open" else 0.0
+        message = {"deployment": deployment, "rate": rate, "poisson": self.plan.poisson}
+        self.state.update(message)
+        if self.distributed:
+            for client_id in self.live_workers:
+                self.runner.send_message(users.LOAD_MESSAGE, message, client_id=client_id)
+
+    def drain(self, timeout_s: float = 30.0) -> None:
+        """Pause arrivals until every outstanding request has been answered (bounded)."""
+        if not self.deployment or self.plan.mode != "open":
+            return
+        self._send_rate(self.deployment, load=1e-3 * max(self.processes, 1))
+        deadline = time.monotonic() + timeout_s
+        gevent.sleep(WORKER_LAG_S if self.distributed else 0.05)
+        while self.state.recorder.outstanding and time.monotonic() < deadline:
+            gevent.sleep(0.1)
+
+    def generator_cpu(self) -> float:
+        """CPU % of the busiest generator process since the last call (workers report theirs)."""
+        if self.distributed:
+            live = set(self.live_workers)
+            return max((w.cpu_usage for w in self.runner.clients.values() if w.id in live), default=0.0)
+        return self.process.cpu_percent()
+
+    def lost_since(self, t: float) -> list[str]:
+        """Workers lost at or after wall-clock time t."""
+        return [e["worker"] for e in self.events if e["event"] == "worker_lost" and e["time"] >= t]
+
+    def _watch_workers(self) -> None:
+        while True:
+            gevent.sleep(WATCH_INTERVAL_S)
+            for client_id, reason in self._newly_lost():
+                self._lose(client_id, reason)
+            for client_id in [c for c in self._connected() if c in self.lost and self._exit_code(c) is None]:
+                self._rejoin(client_id)
+
+    def _newly_lost(self) -> list[tuple[str, str]]:
+        found = []
+        for client_id in sorted(self._known - self.lost):
+            client = self.runner.clients.get(client_id)
+            exit_code = self._exit_code(client_id)
+            if exit_code is not None:
+                found.append((client_id, f"its process exited ({_describe_exit(exit_code)})"))
+            elif client is None:
+                found.append((client_id, "it quit"))
+            elif client.state == STATE_MISSING:
+                found.append((client_id, f"no heartbeat for {locust.runners.HEARTBEAT_LIVENESS + 1} s"))
+        self._known |= set(self.runner.clients.keys())
+        return found
+
+    def _exit_code(self, client_id: str) -> int | None:
+        pid = self.state.worker_pids.get(client_id)
+        for worker in self.workers:
+            if worker.pid == pid:
+                return worker.poll()
+        return None
+
+    def _lose(self, client_id: str, reason: str) -> None:
+        self.lost.add(client_id)
+        # A silent (not dead) worker reads this when it wakes: it must not add its old share to the others'.
+        pause = {"deployment": self.deployment, "rate": 1e-3, "poisson": self.plan.poisson}
+        self.runner.send_message(users.LOAD_MESSAGE, pause, client_id=client_id)
+        in_flight = self.state.recorder.forget_source(client_id)
+        left = self.processes
+        event = {"event": "worker_lost", "time": time.time(), "worker": client_id,
+                 "pid": self.state.worker_pids.get(client_id), "reason": reason, "deployment": self.deployment,
+                 "step": self.step_index, "requests_in_flight_lost": in_flight, "workers_left": left}
+        if self.plan.mode == "open" and self.deployment and left:
+            self._send_rate(self.deployment)
+            event["load"] = f"its share of {self.load:g} req/s now goes to {left} worker(s): {self.load / left:g} each"
+        elif self.plan.mode == "closed":
+            event["load"] = "its users are not replaced: the remaining workers keep theirs"
+        else:
+            event["load"] = "no worker left"
+        self.events.append(event)
+        pid = f" (pid {event['pid']})" if event["pid"] else ""
+        self.progress(f"worker {client_id}{pid} LOST during step {self.step_index} of '{self.deployment}': "
+                      f"{reason}; {in_flight} requests in flight unaccounted; {event['load']}")
+
+    def _rejoin(self, client_id: str) -> None:
+        self.lost.discard(client_id)
+        self._send_rate(self.deployment)
+        self.events.append({"event": "worker_back", "time": time.time(), "worker": client_id,
+                            "deployment": self.deployment, "step": self.step_index, "workers_left": self.processes})
+        self.progress(f"worker {client_id} is back (heartbeat resumed); {self.processes} workers share the load")
+
+    def close(self) -> None:
+        if self.distributed:
+            self._watcher.kill(block=False)
+        self.runner.quit()
+        gevent.sleep(0.5)
+        for worker in self.workers:
+            procs.stop(worker)
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"status {code}"
