@@ -13,6 +13,8 @@ import pytest
     ("latlab.server.wsgi", ["torch"]),
     ("latlab.loadtest.sweep", ["torch", "onnxruntime", "latlab.server"]),
     ("latlab.loadtest.report", ["torch", "onnxruntime", "latlab.server"]),
+    ("latlab.loadtest.driver", ["torch", "onnxruntime", "latlab.server"]),
+    ("latlab.loadtest.overload", ["torch", "onnxruntime", "latlab.server"]),
 ])
 def test_module_does_not_import(module, forbidden):
     code = (f"import sys, {module}; "
