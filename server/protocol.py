@@ -170,8 +170,9 @@ def _from_json_data(name: str, data: object, datatype: str, shape: list[int]) ->
                 raise ValueError(f"values outside {datatype}'s range")
         with np.errstate(over="ignore"):
             array = parsed.astype(dtype, copy=False)
-        # JSON carries no NaN or Inf (orjson refuses them), so a non-finite value here is an overflow.
-        if dtype.kind == "f" and array.size and not np.isfinite(array).all():
+        # JSON carries no NaN or Inf (orjson refuses them), so a non-finite value here is an overflow,
+        # which only a cast to a narrower float can produce (FP64 holds every JSON number).
+        if dtype.kind == "f" and dtype.itemsize < 8 and array.size and not np.isfinite(array).all():
             raise ValueError(f"values outside {datatype}'s range")
         return array
     except (ValueError, TypeError, OverflowError) as exc:

@@ -93,7 +93,9 @@ def test_a_sigkilled_worker_is_reported_and_its_rate_goes_to_the_others(tmp_path
     assert f"workers lost: {event['worker']}" in html
 
 
-def test_a_server_restart_mid_step_is_counted_marked_and_the_sweep_goes_on(tmp_path):
+def sweep_through_an_outage(tmp_path: Path, restart: bool) -> tuple[str, dict]:
+    """Three 50 req/s steps against the stub, which stops inside step 1's windows (and, with
+    `restart`, comes back a second later); returns the sweep's stdout and its deployment results."""
     out = tmp_path / "run"
     with stub_process(procs.free_port(), log_path=tmp_path / "stub.log") as stub:
         run = start_loadtest(stub.host, out, "--rates", "50,50,50", *STEP)
@@ -102,15 +104,20 @@ def test_a_server_restart_mid_step_is_counted_marked_and_the_sweep_goes_on(tmp_p
             read_until(run, "offered", lines)
             time.sleep(1.8)  # inside step 1's measured windows
             stub.stop()
-            time.sleep(1.0)
-            stub.start()
+            if restart:
+                time.sleep(1.0)
+                stub.start()
             stdout, stderr = finish(run, lines)
         finally:
             if run.poll() is None:
                 procs.stop(run)
     assert run.returncode == 0, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
-    deployment = json.loads((out / "results.json").read_text())["deployments"][0]
+    return stdout, json.loads((out / "results.json").read_text())["deployments"][0]
+
+
+def test_a_server_restart_mid_step_is_counted_marked_and_the_sweep_goes_on(tmp_path):
+    stdout, deployment = sweep_through_an_outage(tmp_path, restart=True)
     steps = deployment["steps"]
     assert len(steps) == 3 and deployment["stop_reason"] == "all loads done"
     interrupted = steps[1]
@@ -124,21 +131,7 @@ def test_a_server_restart_mid_step_is_counted_marked_and_the_sweep_goes_on(tmp_p
 
 
 def test_a_server_that_does_not_come_back_stops_the_sweep_with_its_reason(tmp_path):
-    out = tmp_path / "run"
-    with stub_process(procs.free_port(), log_path=tmp_path / "stub.log") as stub:
-        run = start_loadtest(stub.host, out, "--rates", "50,50,50", *STEP)
-        lines: list[str] = []
-        try:
-            read_until(run, "offered", lines)
-            time.sleep(1.8)
-            stub.stop()
-            stdout, stderr = finish(run, lines)
-        finally:
-            if run.poll() is None:
-                procs.stop(run)
-    assert run.returncode == 0, stderr[-3000:]
-    assert "Traceback" not in stderr, stderr[-3000:]
-    deployment = json.loads((out / "results.json").read_text())["deployments"][0]
+    stdout, deployment = sweep_through_an_outage(tmp_path, restart=False)
     assert len(deployment["steps"]) == 2 and deployment["steps"][1]["server_interrupted"]
     reason = deployment["stop_reason"]
     assert reason.startswith("stopped at 50: the server stopped answering (") and "was not back within 10 s" in reason
