@@ -111,7 +111,8 @@ class LoadDriver:
         """Tell every process its share of the arrivals (open loop; closed loop sends rate 0)."""
         load = self.load if load is None else load
         rate = load / max(self.processes, 1) if self.plan.mode == "open" else 0.0
-        message = {"deployment": deployment, "rate": rate, "poisson": self.plan.poisson}
+        message = {"deployment": deployment, "rate": rate, "poisson": self.plan.poisson,
+                   "payload": {"binary": self.plan.binary, "seq_len": self.plan.seq_len}}
         self.state.update(message)
         if self.distributed:
             for client_id in self.live_workers:

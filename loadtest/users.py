@@ -17,12 +17,9 @@ from gevent.pool import Group
 from locust import FastHttpUser, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
-import numpy as np
-import orjson
-
+from latlab.loadtest.payloads import PayloadOptions, random_bodies
 from latlab.loadtest.recorder import Recorder
 
-BODIES_PER_USER = 32
 MAX_OUTSTANDING_PER_USER = 256
 LOAD_MESSAGE = "latlab_load"
 # Workers ship their samples with each report; once a second keeps the master's windows current.
@@ -37,6 +34,7 @@ class LoadState:
     deployment: str
     rate: float
     poisson: bool = True
+    payload: PayloadOptions = field(default_factory=PayloadOptions)
     recorder: Recorder = field(default_factory=Recorder)
     worker_pids: dict[str, int] = field(default_factory=dict)
     """Master: each worker's process id, as it reports it (to name a worker that dies)."""
@@ -47,6 +45,8 @@ class LoadState:
         self.deployment = message["deployment"]
         self.rate = message["rate"]
         self.poisson = message["poisson"]
+        if "payload" in message:
+            self.payload = PayloadOptions(**message["payload"])
         self.version += 1
 
 
@@ -55,6 +55,8 @@ def _add_arguments(parser) -> None:
     parser.add_argument("--latlab-deployment", default="", help="deployment (model name) to load")
     parser.add_argument("--latlab-rate", type=float, default=10.0, help="open loop: arrivals/s of this process")
     parser.add_argument("--latlab-constant", action="store_true", help="constant gaps instead of Poisson")
+    parser.add_argument("--latlab-binary", action="store_true", help="send tensors with the binary extension")
+    parser.add_argument("--latlab-seq-len", type=int, default=8, help="length of dynamic non-batch dimensions")
     parser.add_argument("--latlab-metrics-port", type=int, default=0,
                         help="master/standalone: serve client-side Prometheus metrics (whole fleet) on this port")
     parser.add_argument("--latlab-run", default="locust", help="run label of those metrics")
@@ -67,6 +69,8 @@ def _init_state(environment, **_kwargs) -> None:
         environment.latlab = LoadState(options.latlab_deployment if options else "",
                                        options.latlab_rate if options else 10.0,
                                        poisson=not (options and options.latlab_constant))
+        if options is not None:
+            environment.latlab.payload = PayloadOptions(options.latlab_binary, options.latlab_seq_len)
     state: LoadState = environment.latlab
     if isinstance(environment.runner, WorkerRunner):
         environment.runner.register_message(LOAD_MESSAGE, lambda environment, msg, **_: state.update(msg.data))
@@ -102,28 +106,6 @@ def _export_metrics(state: LoadState, port: int, run_id: str) -> None:
     gevent.spawn(trim)
 
 
-def random_bodies(metadata: dict, count: int, seed: int) -> list[bytes]:
-    """Valid JSON infer bodies of batch 1 with random data, from the model's metadata."""
-    rng = np.random.default_rng(seed)
-    bodies = []
-    for _ in range(count):
-        inputs = []
-        for spec in metadata["inputs"]:
-            shape = [1] + [d if d > 0 else 8 for d in spec["shape"][1:]]
-            inputs.append({"name": spec["name"], "shape": shape, "datatype": spec["datatype"],
-                           "data": _random_data(rng, spec["datatype"], shape)})
-        bodies.append(orjson.dumps({"inputs": inputs}, option=orjson.OPT_SERIALIZE_NUMPY))
-    return bodies
-
-
-def _random_data(rng: np.random.Generator, datatype: str, shape: list[int]) -> np.ndarray:
-    if datatype.startswith("FP"):
-        return rng.standard_normal(shape).astype(np.float32).reshape(-1)
-    if datatype == "BOOL":
-        return rng.integers(0, 2, shape).astype(bool).reshape(-1)
-    return rng.integers(0, 100, shape).reshape(-1)
-
-
 class _InferenceUser(FastHttpUser):
     """Fetches the deployment's signature once, then posts random valid inputs."""
 
@@ -136,7 +118,7 @@ class _InferenceUser(FastHttpUser):
         self.deployment = self.state.deployment
         self.path = f"/v2/models/{self.deployment}/infer"
         metadata = self.client.get(f"/v2/models/{self.deployment}", name="metadata").json()
-        self.bodies = random_bodies(metadata, BODIES_PER_USER, seed=random.randrange(2**32))
+        self.bodies = random_bodies(metadata, seed=random.randrange(2**32), options=self.state.payload)
         self.rng = random.Random()
 
     def _send(self, intended: float) -> None:
@@ -145,7 +127,7 @@ class _InferenceUser(FastHttpUser):
         body = self.bodies[self.rng.randrange(len(self.bodies))]
         ok, status, retry_after, error = False, 0, False, ""
         try:
-            with self.client.post(self.path, data=body, headers={"Content-Type": "application/json"},
+            with self.client.post(self.path, data=body.data, headers=body.headers,
                                   name=self.deployment, catch_response=True) as response:
                 status = response.status_code or 0  # 0: no HTTP answer (refused, reset, timed out)
                 ok = status == 200

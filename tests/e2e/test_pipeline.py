@@ -66,14 +66,17 @@ def test_server_process_answers_the_protocol_and_survives_bad_input(server):
     assert process.poll() is None
 
 
-def test_locust_sweep_against_the_real_server(server, tmp_path):
+@pytest.mark.parametrize("encoding", ["json", "binary"])
+def test_locust_sweep_against_the_real_server(server, tmp_path, encoding):
     host, _ = server
     out = tmp_path / "run"
+    binary = ["--binary"] if encoding == "binary" else []
     result = subprocess.run([*CLI, "loadtest", "--host", host, "--deployment", "tiny", "--rates", "40,120",
-                             "--step-seconds", "2", "--warmup-seconds", "0.5", "--out", str(out)],
+                             "--step-seconds", "2", "--warmup-seconds", "0.5", "--out", str(out), *binary],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     doc = json.loads((out / "results.json").read_text())
+    assert doc["payload"]["encoding"] == encoding  # every request below was answered 200 in it
     (deployment,) = doc["deployments"]
     assert deployment["name"] == "tiny" and deployment["batcher"]["max_batch_size"] == 8
     assert [s["target_rps"] for s in deployment["steps"]] == [40, 120]
