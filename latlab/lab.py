@@ -1,4 +1,4 @@
-"""`latlab lab`: the built-in CPU plan, end to end: export, serve, sweep, report; stops all it started."""
+"""`latlab lab`: a built-in plan end to end: export, bench, serve, sweep, report; stops all it started."""
 
 from __future__ import annotations
 
@@ -8,62 +8,50 @@ import time
 from pathlib import Path
 
 from latlab import procs
+from latlab.lab_plan import PLANS, LabPlan, ModelPlan
 
 GRAFANA_DIR = Path(__file__).resolve().parent.parent / "grafana"
-
-# Batching off (max batch 1) and on, for each model. One ORT thread without spinning leaves the
-# second core to HTTP handling and the load generator: measured on 2 cores, the batched ffn held
-# p99 <= 50 ms to ~1000 req/s this way, ~500 req/s with ORT's default (all cores, spinning).
-PLAN = {
-    "models": {"mlp": {}, "ffn": {"d_model": 128, "n_layers": 128}},
-    "batching": {"b1": {"max_batch_size": 1}, "batch": {"max_batch_size": 64, "max_queue_delay_ms": 2.0}},
-    "cpu": {"intra_op_threads": 1, "allow_spinning": False},
-    "rates": [100, 250, 500, 750, 1000, 1250, 1500, 1750, 2000, 2500, 3000],
-    "step_seconds": 3.0,       # three 1 s windows; an unstable step gets one more
-    "max_windows": 4,
-    "warmup_seconds": 1.0,
-    "slos": "25ms,50ms,100ms",
-}
 
 
 def _say(message: str) -> None:
     print(f"[lab {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def ensure_models(models_dir: Path) -> dict[str, Path]:
+def ensure_models(models_dir: Path, plan: LabPlan) -> dict[str, Path]:
     """Export the plan's models unless an export with the same settings is already there."""
     from latlab.export.onnx_export import export, load_metadata
     from latlab.export.zoo import BUILDERS
 
     paths = {}
-    for name, settings in PLAN["models"].items():
-        path = models_dir / name / "model.onnx"
+    for model in plan.models:
+        path = models_dir / model.name / "model.onnx"
         try:
-            current = load_metadata(models_dir / name).get("config", {})
+            current = load_metadata(models_dir / model.name).get("config", {})
         except FileNotFoundError:
             current = None
-        zoo = BUILDERS[name](**settings)
+        zoo = BUILDERS[model.name](**model.settings)
         if current == zoo.config and path.is_file():
-            _say(f"model {name} up to date: {path}")
+            _say(f"model {model.name} up to date: {path}")
         else:
             started = time.perf_counter()
-            meta = export(name, zoo, models_dir, source=f"latlab zoo: {name}({zoo.config})")
-            _say(f"exported {name} ({meta['params']:,} params, parity rel error "
+            meta = export(model.name, zoo, models_dir, source=f"latlab zoo: {model.name}({zoo.config})")
+            _say(f"exported {model.name} ({meta['params']:,} params, parity rel error "
                  f"{meta['parity']['max_rel_error']:.1e}) in {time.perf_counter() - started:.1f} s")
-        paths[name] = path.resolve()
+        paths[model.name] = path.resolve()
     return paths
 
 
-def write_config(run_dir: Path, models: dict[str, Path], port: int) -> Path:
-    """The lab's server config: every model twice, batching off and on."""
-    cpu = "".join(f"{k} = {str(v).lower()}\n" for k, v in PLAN["cpu"].items())
+def write_config(run_dir: Path, models: dict[str, Path], port: int, plan: LabPlan) -> Path:
+    """The lab's server config: every model on every provider of the plan, batching off and on."""
+    cpu = "".join(f"{k} = {str(v).lower()}\n" for k, v in plan.cpu.items())
     blocks = [f"[server]\nhost = \"127.0.0.1\"\nport = {port}\n"]
-    for model, path in models.items():
-        for mode, batcher in PLAN["batching"].items():
+    for model in plan.models:
+        for name, provider, batcher in plan.deployments(model):
             settings = "".join(f"{k} = {v}\n" for k, v in batcher.items())
-            blocks.append(f"[[deployments]]\nname = \"{model}-{mode}\"\nmodel = \"{model}\"\n"
-                          f"model_path = \"{path}\"\nprovider = \"cpu\"\n"
-                          f"[deployments.cpu]\n{cpu}[deployments.batcher]\n{settings}")
+            options = f"[deployments.cpu]\n{cpu}" if provider == "cpu" else ""
+            blocks.append(f"[[deployments]]\nname = \"{name}\"\nmodel = \"{model.name}\"\n"
+                          f"model_path = \"{models[model.name]}\"\nprovider = \"{provider}\"\n"
+                          f"{options}[deployments.batcher]\n{settings}")
     config = run_dir / "lab.toml"
     config.write_text("\n".join(blocks))
     return config
@@ -96,51 +84,72 @@ def start_prometheus(run_dir: Path, jobs: dict[str, list[str]]) -> subprocess.Po
     return process
 
 
-def deployments_of(models: dict[str, Path]) -> list[str]:
-    return [f"{model}-{mode}" for model in models for mode in PLAN["batching"]]
-
-
-def run_lab(runs_dir: Path, models_dir: Path, step_seconds: float | None = None,
-            rates: list[float] | None = None) -> Path:
+def run_lab(runs_dir: Path, models_dir: Path, plan: LabPlan | str = "cpu") -> Path:
     """Run the whole plan; returns the report's path. Every child is stopped, also on Ctrl-C."""
     from latlab.cli import new_run_id, parse_slos
     from latlab.loadtest.report import write_report
 
+    plan = PLANS[plan] if isinstance(plan, str) else plan
     started = time.perf_counter()
     run_dir = runs_dir / new_run_id()
     run_dir.mkdir(parents=True, exist_ok=True)
     _say(f"run folder {run_dir}")
-    _say("step 1/4: exporting models")
-    models = ensure_models(models_dir)
+    _say("step 1/5: exporting models")
+    models = ensure_models(models_dir, plan)
+    if plan.bench:
+        _say("step 2/5: in-process batch-time curves (latlab bench --quick; feeds the report's prediction)")
+        run_bench(run_dir, plan)
+    else:
+        _say("step 2/5: bench skipped by the plan")
     port = procs.free_port()
-    config = write_config(run_dir, models, port)
+    config = write_config(run_dir, models, port, plan)
     host = f"http://127.0.0.1:{port}"
-    _say(f"step 2/4: starting the server on {host} (log: {run_dir / 'server.log'})")
+    _say(f"step 3/5: starting the server on {host} (log: {run_dir / 'server.log'})")
     server = procs.start([sys.executable, "-m", "latlab.cli", "serve", "--config", str(config)],
                          log_path=run_dir / "server.log")
-    loadtest = prometheus_process = None
+    prometheus_process = None
     metrics_port = procs.free_port()
     try:
-        procs.wait_ready(f"{host}/v2/health/ready", server, log_path=run_dir / "server.log")
+        procs.wait_ready(f"{host}/v2/health/ready", server, timeout_s=300, log_path=run_dir / "server.log")
         prometheus_process = start_prometheus(run_dir, {"latlab-server": [f"127.0.0.1:{port}"],
                                                         "latlab-loadgen": [f"127.0.0.1:{metrics_port}"]})
-        _say("step 3/4: sweeping offered load per deployment (Locust, open loop)")
-        args = [sys.executable, "-m", "latlab.cli", "loadtest", "--host", host, "--out", str(run_dir),
-                "--rates", ",".join(f"{r:g}" for r in (rates or PLAN["rates"])),
-                "--step-seconds", str(step_seconds or PLAN["step_seconds"]),
-                "--max-windows", str(PLAN["max_windows"]),
-                "--warmup-seconds", str(PLAN["warmup_seconds"]), "--metrics-port", str(metrics_port)]
-        for deployment in deployments_of(models):
-            args += ["--deployment", deployment]
-        loadtest = procs.start(args)
-        if loadtest.wait() != 0:
-            raise RuntimeError(f"load test failed with status {loadtest.returncode}")
+        _say("step 4/5: sweeping offered load per deployment (Locust, open loop)")
+        for model in plan.models:
+            sweep_model(run_dir, plan, model, host, metrics_port)
     finally:
-        for child in (loadtest, server, prometheus_process):
+        for child in (server, prometheus_process):
             if child is not None:
                 procs.stop(child)
-    _say("step 4/4: writing the report")
-    report = write_report(run_dir, parse_slos(PLAN["slos"]))
+    _say("step 5/5: writing the report")
+    report = write_report(run_dir, parse_slos(plan.slos))
     _say(f"done in {time.perf_counter() - started:.0f} s")
     print(f"report: {report.resolve()}")
     return report
+
+
+def run_bench(run_dir: Path, plan: LabPlan) -> None:
+    """The quick bench of the plan's models, into run_dir/bench/ where the report finds it."""
+    args = [sys.executable, "-m", "latlab.cli", "bench", "--quick", "--models", ",".join(m.name for m in plan.models),
+            "--out", str(run_dir / "bench")]
+    _run_child(args, "bench")
+
+
+def sweep_model(run_dir: Path, plan: LabPlan, model: ModelPlan, host: str, metrics_port: int) -> None:
+    """One Locust sweep over the model's deployments, with the model's loads and request encoding."""
+    args = [sys.executable, "-m", "latlab.cli", "loadtest", "--host", host, "--out", str(run_dir / model.name),
+            "--run-id", run_dir.name, "--rates", ",".join(f"{r:g}" for r in model.rates),
+            "--step-seconds", str(plan.step_seconds), "--max-windows", str(plan.max_windows),
+            "--warmup-seconds", str(plan.warmup_seconds), "--metrics-port", str(metrics_port),
+            "--seq-len", str(model.seq_len), *(["--binary"] if model.binary else [])]
+    for name, _, _ in plan.deployments(model):
+        args += ["--deployment", name]
+    _run_child(args, "load test")
+
+
+def _run_child(args: list[str], what: str) -> None:
+    child = procs.start(args)
+    try:
+        if child.wait() != 0:
+            raise RuntimeError(f"{what} failed with status {child.returncode}")
+    finally:
+        procs.stop(child)

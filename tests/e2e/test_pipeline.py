@@ -90,13 +90,20 @@ def test_locust_sweep_against_the_real_server(server, tmp_path, encoding):
 
 def test_lab_runs_end_to_end_and_stops_everything(tmp_path):
     from latlab.lab import run_lab
+    from latlab.lab_plan import LabPlan, ModelPlan
 
+    plan = LabPlan(models=(ModelPlan("mlp", rates=(50, 150)),
+                           ModelPlan("ffn", {"d_model": 16, "n_layers": 2}, rates=(50, 150), binary=True)),
+                   step_seconds=0.5, warmup_seconds=0.3, max_windows=3, bench=False)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    report = run_lab(tmp_path / "runs", tmp_path / "models", step_seconds=0.5, rates=[50, 150])
+    report = run_lab(tmp_path / "runs", tmp_path / "models", plan)
     assert report.is_file() and "data:image/png;base64," in report.read_text()
-    doc = json.loads((report.parent / "results.json").read_text())
-    assert [d["name"] for d in doc["deployments"]] == ["mlp-b1", "mlp-batch", "ffn-b1", "ffn-batch"]
-    assert all(len(d["steps"]) == 2 for d in doc["deployments"])
+    for model in ("mlp", "ffn"):
+        doc = json.loads((report.parent / model / "results.json").read_text())
+        assert doc["run_id"] == report.parent.name  # one run label across the models' sweeps
+        assert [d["name"] for d in doc["deployments"]] == [f"{model}-b1", f"{model}-batch"]
+        assert all(len(d["steps"]) == 2 and not any(s["errors"] for s in d["steps"]) for d in doc["deployments"])
+        assert doc["payload"]["encoding"] == ("binary" if model == "ffn" else "json")
     left = {p.pid for p in psutil.Process().children(recursive=True)} - before
     assert not left, f"lab left processes running: {left}"
 
@@ -120,11 +127,15 @@ def test_ctrl_c_stops_the_lab_and_everything_it_started(tmp_path):
     import signal
     import time
 
-    lab = subprocess.Popen([*CLI, "lab", "--runs-dir", str(tmp_path / "runs"), "--models-dir", str(tmp_path / "models")],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # The CLI's own interrupt handling (exit 130) around a small plan, so the test need not export the zoo.
+    script = ("import sys; from latlab.cli import main; from latlab.lab_plan import PLANS, LabPlan, ModelPlan; "
+              "PLANS['cpu'] = LabPlan(models=(ModelPlan('mlp', rates=(50,) * 40),), bench=False); "
+              f"sys.exit(main(['lab', '--runs-dir', {str(tmp_path / 'runs')!r}, '--models-dir', "
+              f"{str(tmp_path / 'models')!r}]))")
+    lab = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         for line in lab.stdout:  # wait until the server and the load generator both run
-            if "step 3/4" in line:
+            if "step 4/5" in line:
                 break
         deadline = time.monotonic() + 30
         children: list[psutil.Process] = []

@@ -1,0 +1,78 @@
+"""The lab's built-in plans: which models, which deployments, which loads, how long each step lasts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """One zoo model in the lab: how to build it and how hard to load it."""
+
+    name: str
+    settings: dict = field(default_factory=dict)
+    """Keyword arguments of the zoo builder (export.zoo.BUILDERS[name])."""
+    rates: tuple[float, ...] = (100, 250, 500)
+    """Offered loads (req/s) of the sweep; it stops early when a deployment saturates."""
+    batching: dict = field(default_factory=lambda: {"max_batch_size": 64, "max_queue_delay_ms": 2.0})
+    """The batching-on deployment's [batcher] settings; the other deployment has max_batch_size = 1."""
+    binary: bool = False
+    """Load with the binary tensor extension (big inputs: JSON text would measure the parser)."""
+    seq_len: int = 8
+    """Tokens per request for models with a dynamic sequence axis."""
+
+
+@dataclass(frozen=True)
+class LabPlan:
+    """What `latlab lab` runs: models, providers, step timing, SLOs, and the in-process bench."""
+
+    models: tuple[ModelPlan, ...]
+    providers: tuple[str, ...] = ("cpu",)
+    step_seconds: float = 3.0
+    """Three windows of a third each; an unstable step gets more, up to max_windows."""
+    max_windows: int = 4
+    warmup_seconds: float = 1.0
+    slos: str = "10ms,25ms,50ms,100ms"
+    bench: bool = True
+    """Run `latlab bench --quick` on the plan's models first (batch-time curves for the prediction)."""
+    cpu: dict = field(default_factory=lambda: {"intra_op_threads": 1, "allow_spinning": False})
+    """One ORT thread without spinning leaves the second core to HTTP handling and the load generator:
+    on 2 cores the batched ffn held p99 <= 50 ms to ~1000 req/s this way, ~500 req/s with ORT's
+    defaults (all cores, spinning)."""
+
+    def scaled(self, step_seconds: float | None = None, rates: list[float] | None = None) -> LabPlan:
+        """The same plan with another step length, or one list of rates for every model (tests)."""
+        models = self.models if rates is None else tuple(replace(m, rates=tuple(rates)) for m in self.models)
+        return replace(self, models=models, step_seconds=step_seconds or self.step_seconds)
+
+    def deployments(self, model: ModelPlan) -> list[tuple[str, str, dict]]:
+        """(deployment name, provider, batcher settings) of one model: batching off and on per provider."""
+        off, on = {"max_batch_size": 1}, model.batching
+        if self.providers == ("cpu",):
+            return [(f"{model.name}-b1", "cpu", off), (f"{model.name}-batch", "cpu", on)]
+        return [(f"{model.name}-{provider}-{mode}", provider, settings)
+                for provider in self.providers for mode, settings in (("b1", off), ("batch", on))]
+
+
+MLP = ModelPlan("mlp", {}, rates=(100, 250, 500, 750, 1000, 1250, 1500, 1750, 2000, 2500, 3000))
+FFN = ModelPlan("ffn", {"d_model": 128, "n_layers": 128},
+                rates=(100, 250, 500, 750, 1000, 1250, 1500, 1750, 2000, 2500, 3000))
+# ResNet-18 at 224x224 takes tens of ms per image on one core: a few requests per second saturate it.
+CNN = ModelPlan("cnn", {}, rates=(2, 5, 10, 15, 20, 30, 40), binary=True,
+                batching={"max_batch_size": 8, "max_queue_delay_ms": 5.0})
+MINILM = ModelPlan("minilm", {}, rates=(10, 25, 50, 100, 150, 200, 300, 400), seq_len=16,
+                   batching={"max_batch_size": 32, "max_queue_delay_ms": 3.0})
+
+PLANS = {
+    # The main job: four models, batching off and on, on the CPU (about 8 minutes on 2 cores).
+    "cpu": LabPlan(models=(MLP, FFN, CNN, MINILM)),
+    # Same models, fewer and shorter steps (about 4 minutes).
+    "quick": LabPlan(models=(replace(MLP, rates=(250, 1000, 2000)), replace(FFN, rates=(250, 750, 1500, 2500)),
+                             replace(CNN, rates=(5, 15, 30)), replace(MINILM, rates=(25, 100, 250))),
+                     step_seconds=1.5, max_windows=3, warmup_seconds=0.5),
+    # For a GPU box: every model on CUDA and on the CPU, batching off and on; merge its run folder with
+    # a CPU box's in `latlab report`.
+    # Rates reach further: the sweep stops where each deployment saturates.
+    "gpu": LabPlan(models=(MLP, FFN, replace(CNN, rates=CNN.rates + (60, 100, 200, 400, 800)),
+                           replace(MINILM, rates=MINILM.rates + (600, 1000, 2000))), providers=("cpu", "cuda")),
+}
