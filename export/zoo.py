@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
@@ -16,6 +18,36 @@ class ZooModel:
     inputs: dict[str, torch.Tensor]
     output_names: list[str]
     config: dict = field(default_factory=dict)
+    # input name -> {axis: symbolic name}; None means "axis 0 of every input is `batch`"
+    dynamic_axes: dict[str, dict[int, str]] | None = None
+    # symbolic name -> largest size the export must accept (default 65536)
+    axis_limits: dict[str, int] = field(default_factory=dict)
+    # batch -> fresh random inputs for the parity check; None: like the examples (randn / randint)
+    make_inputs: Callable[[int], dict[str, torch.Tensor]] | None = None
+    # extra metadata, and files to copy into the model folder (relative destination -> source; a tokenizer)
+    extras: dict = field(default_factory=dict)
+    files: dict[str, Path] = field(default_factory=dict)
+
+    def axes(self) -> dict[str, dict[int, str]]:
+        """The dynamic axes of every input (batch-first by default)."""
+        return self.dynamic_axes if self.dynamic_axes is not None else {n: {0: "batch"} for n in self.inputs}
+
+    def random_inputs(self, batch: int) -> dict[str, torch.Tensor]:
+        """Fresh inputs at this batch size, never the examples the export traced."""
+        if self.make_inputs is not None:
+            return self.make_inputs(batch)
+        return {n: _like(t, batch) for n, t in self.inputs.items()}
+
+
+def _like(example: torch.Tensor, batch: int) -> torch.Tensor:
+    shape = (batch, *example.shape[1:])
+    if example.dtype.is_floating_point:
+        return torch.randn(shape, dtype=example.dtype)
+    if example.dtype == torch.bool:
+        return torch.rand(shape) < 0.5
+    # integers: stay inside the examples' range so embedding lookups remain valid
+    high = max(int(example.max().item()) + 1, 1) if example.numel() else 1
+    return torch.randint(0, high, shape, dtype=example.dtype)
 
 
 class MLP(nn.Module):
@@ -68,4 +100,50 @@ def build_ffn(d_model: int = 128, n_layers: int = 128, batch: int = 2) -> ZooMod
                     {"d_model": d_model, "n_layers": n_layers})
 
 
-BUILDERS = {"mlp": build_mlp, "ffn": build_ffn}
+class RNN(nn.Module):
+    """An LSTM or GRU over a sequence; the last step's top hidden state, projected."""
+
+    def __init__(self, cell: str, input_size: int, hidden: int, layers: int, out_features: int) -> None:
+        super().__init__()
+        kinds = {"lstm": nn.LSTM, "gru": nn.GRU}
+        if cell not in kinds:
+            raise ValueError(f"rnn cell must be one of {sorted(kinds)}, not {cell!r}")
+        self.rnn = kinds[cell](input_size, hidden, num_layers=layers, batch_first=True)
+        self.proj = nn.Linear(hidden, out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(x)
+        return self.proj(out[:, -1])
+
+
+def build_rnn(cell: str = "lstm", input_size: int = 32, hidden: int = 128, rnn_layers: int = 2,
+              seq_len: int = 32, out_features: int = 8, batch: int = 2) -> ZooModel:
+    module = RNN(cell, input_size, hidden, rnn_layers, out_features).eval()
+
+    def make_inputs(n: int) -> dict[str, torch.Tensor]:
+        # a sequence length the export never saw proves the seq axis is really dynamic
+        return {"x": torch.randn(n, seq_len + 3, input_size)}
+
+    return ZooModel(module, {"x": torch.randn(batch, seq_len, input_size)}, ["y"],
+                    {"cell": cell, "input_size": input_size, "hidden": hidden, "rnn_layers": rnn_layers,
+                     "seq_len": seq_len, "out_features": out_features},
+                    dynamic_axes={"x": {0: "batch", 1: "seq"}}, make_inputs=make_inputs,
+                    extras={"flops_at": {"seq": seq_len}})
+
+
+def build_cnn(image_size: int = 224, width: int = 64, classes: int = 1000, batch: int = 2) -> ZooModel:
+    from latlab.export.resnet import ResNet18
+
+    module = ResNet18(width, classes).eval()
+    return ZooModel(module, {"image": torch.randn(batch, 3, image_size, image_size)}, ["logits"],
+                    {"image_size": image_size, "width": width, "classes": classes})
+
+
+def build_minilm(seq_len: int = 16, batch: int = 2) -> ZooModel:
+    from latlab.export.minilm import build
+
+    return build(seq_len, batch)
+
+
+BUILDERS: dict[str, Callable[..., ZooModel]] = {
+    "mlp": build_mlp, "ffn": build_ffn, "rnn": build_rnn, "cnn": build_cnn, "minilm": build_minilm}
