@@ -1,56 +1,177 @@
-"""The run report: latency-vs-throughput curves, SLO table and verdict, as one self-contained HTML file."""
+"""The report: one self-contained HTML page (plus PNGs) over one or more runs, from one or more machines."""
 
 from __future__ import annotations
 
 import base64
 import html
-import io
+import json
+import re
 import time
 from collections import defaultdict
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")  # no display on servers and CI
-import matplotlib.pyplot as plt  # noqa: E402
-
-from latlab.loadtest.results import read_results  # noqa: E402
+from latlab.loadtest import sections
+from latlab.loadtest.figures import bench_png, curve_png
+from latlab.loadtest.predict import bench_fits
+from latlab.loadtest.results import read_results
+# max_rate_under and verdict are also imported from here by older callers.
+from latlab.loadtest.verdict import (DEFAULT_PRICES, GPU_HINT, crossover, is_gpu, max_rate_under,  # noqa: F401
+                                     size_crossover, verdict)
 
 REPORT_FILE = "report.html"
+BENCH_SCHEMA = "latlab.bench/1"
+REFERENCE_DIR = Path(__file__).parent / "reference"
+"""Measurements committed with the code (e.g. from a GPU machine), merged in with --with-reference."""
 
 
-def max_rate_under(steps: list[dict], slo_s: float) -> dict | None:
-    """The step with the highest achieved throughput whose p99 meets the SLO without errors."""
-    good = [s for s in steps if s.get("p99_s") is not None and s["p99_s"] <= slo_s and not s["errors"]]
-    return max(good, key=lambda s: s["achieved_rps"], default=None)
-
-
-def collect(run_dir: Path) -> list[dict]:
+def _curves(docs: list[dict]) -> list[dict]:
     """Every deployment curve of every results file, tagged with its run and machine."""
-    curves = []
-    for doc in read_results(run_dir):
-        for deployment in doc["deployments"]:
-            curves.append({**deployment, "run_id": doc["run_id"], "machine": doc["machine"]})
-    return curves
+    return [{**deployment, "run_id": doc["run_id"], "machine": doc["machine"],
+             "reference": doc.get("_reference", False)}
+            for doc in docs for deployment in doc["deployments"]]
 
 
-def write_report(run_dir: Path, slos_s: list[float]) -> Path:
-    """Write report.html (and one PNG per model) into the run folder; return the HTML's path."""
-    run_dir = Path(run_dir)
-    curves = collect(run_dir)
+def read_bench(folder: Path) -> list[dict]:
+    """Every bench*.json (schema latlab.bench/1) under a folder."""
+    docs = []
+    for file in sorted(Path(folder).glob("**/bench*.json")):
+        doc = json.loads(file.read_text())
+        if doc.get("schema") == BENCH_SCHEMA:
+            docs.append({**doc, "_path": str(file)})
+    return docs
+
+
+def load_inputs(run_dirs: list[Path], reference_dir: Path | None) -> tuple[list[dict], list[dict]]:
+    """Results and bench documents of every folder (and the reference folder, marked as such)."""
+    results, bench = [], []
+    folders = [(Path(d), False) for d in run_dirs] + ([(Path(reference_dir), True)] if reference_dir else [])
+    for folder, reference in folders:
+        if not folder.exists():
+            raise FileNotFoundError(f"no such run folder: {folder}")
+        found = bool(list(folder.glob("**/results*.json"))) if folder.is_dir() else folder.is_file()
+        docs = read_results(folder) if found else []
+        bench_docs = read_bench(folder) if folder.is_dir() else []
+        results += [{**doc, "_reference": reference} for doc in docs]
+        bench += [{**doc, "_reference": reference} for doc in bench_docs]
+    if not results:
+        raise FileNotFoundError(f"no results*.json under {', '.join(str(d) for d in run_dirs)}")
+    return results, bench
+
+
+def write_report(run_dirs: Path | list[Path], slos_s: list[float], prices: dict[str, float] | None = None,
+                 out: Path | None = None, with_reference: bool = False, reference_dir: Path | None = None) -> Path:
+    """Write report.html and its PNGs into `out` (default: the first run folder); return the HTML's path.
+
+    With `with_reference`, the measurements under `reference_dir` (default: loadtest/reference/) are merged in.
+    """
+    reference_dir = Path(reference_dir) if reference_dir else REFERENCE_DIR
+    run_dirs = [Path(run_dirs)] if isinstance(run_dirs, (str, Path)) else [Path(d) for d in run_dirs]
+    out = Path(out) if out else (run_dirs[0] if run_dirs[0].is_dir() else run_dirs[0].parent)
+    out.mkdir(parents=True, exist_ok=True)
+    results, bench = load_inputs(run_dirs, reference_dir if with_reference else None)
+    example_prices = prices is None
+    prices = dict(DEFAULT_PRICES) if prices is None else prices
+    curves = _curves(results)
+    fits = bench_fits(bench)
     by_model: dict[str, list[dict]] = defaultdict(list)
     for curve in curves:
         by_model[curve.get("model") or curve["name"]].append(curve)
-    sections = []
+    body = [sections.environment_section(results, bench), _gpu_notice(curves, bench, with_reference, reference_dir),
+            _prices_line(prices, example_prices)]
     for model, model_curves in by_model.items():
-        png = _plot(model, model_curves, slos_s)
-        (run_dir / f"curve-{model}.png").write_bytes(png)
-        sections.append(_model_section(model, model_curves, slos_s, png))
-    machines = {c["machine"].get("hostname", "?"): c["machine"] for c in curves}
-    events = [(doc["run_id"], event) for doc in read_results(run_dir) for event in doc.get("events", [])]
-    out = run_dir / REPORT_FILE
-    out.write_text(_page(run_dir.name, sections, machines, slos_s, _events_section(events)))
-    return out
+        png = curve_png(model, model_curves, slos_s)
+        (out / f"curve-{_slug(model)}.png").write_bytes(png)
+        body.append(_model_section(model, model_curves, slos_s, prices, fits, png))
+    body.append(f"<h2>How the predictions are made</h2>{sections.assumptions_list()}")
+    body.append(_bench_section(bench, out))
+    events = [(doc["run_id"], event) for doc in results for event in doc.get("events", [])]
+    body.append(_events_section(events))
+    title = " + ".join(d.name for d in run_dirs)
+    page = out / REPORT_FILE
+    page.write_text(_page(title, body, slos_s))
+    return page
+
+
+def _gpu_notice(curves: list[dict], bench: list[dict], with_reference: bool, reference_dir: Path) -> str:
+    hosts = sorted({str(c["machine"].get("hostname", "?")) for c in curves})
+    gpu_hosts = sorted({str(c["machine"].get("hostname", "?")) for c in curves if is_gpu(c)})
+    bench_gpu = any(p.get("backend", "").endswith("cuda") for d in bench for e in d.get("experiments", [])
+                    for p in e.get("points", []))
+    text = f"<p>Served measurements come from: {html.escape(', '.join(hosts))}."
+    if gpu_hosts:
+        text += f" GPU deployments were measured on: {html.escape(', '.join(gpu_hosts))}."
+    text += "</p>"
+    if not gpu_hosts and not bench_gpu:
+        text += (f"<p class='warning'><strong>No GPU measurements</strong>: every figure in this report comes from the "
+                 f"CPU of {html.escape(', '.join(hosts))}; no number here says how a GPU would do. To answer that, "
+                 f"{html.escape(GPU_HINT)}.</p>")
+    committed = reference_dir.is_dir() and any(reference_dir.glob("*.json"))
+    if with_reference and not committed:
+        text += f"<p>--with-reference: no reference data are committed under {html.escape(str(reference_dir))}.</p>"
+    elif not with_reference and committed:
+        text += ("<p>Reference measurements are committed under loadtest/reference/; "
+                 "add --with-reference to merge them.</p>")
+    return text
+
+
+def _prices_line(prices: dict[str, float], example: bool) -> str:
+    listed = ", ".join(f"{provider} ${price:.2f}/h" for provider, price in sorted(prices.items()))
+    origin = ("<strong>example prices</strong>, not quotes: give yours with --price cpu=…,cuda=…" if example
+              else "as given with --price")
+    return (f"<p>Hourly prices per machine: {html.escape(listed)} ({origin}). Cost per million inferences = "
+            "price per hour / (max rate under the SLO × 3600) × 10⁶, for a machine kept busy at that rate.</p>")
+
+
+def _model_section(model: str, curves: list[dict], slos_s: list[float], prices: dict[str, float],
+                   fits: list[dict], png: bytes) -> str:
+    verdicts = "".join(f"<li>{html.escape(crossover(model, curves, s, prices))}</li>" for s in slos_s)
+    verdicts += "".join(f"<li>{html.escape(verdict(model, curves, s))}</li>" for s in slos_s)
+    verdicts += "".join(f"<li>SLO search, {html.escape(c['name'])}: {html.escape(_search_line(c['search']))}</li>"
+                        for c in curves if c.get("search"))
+    verdicts += "".join(f"<li>{html.escape(c['name'])}: {html.escape(c['overload']['summary'])}</li>"
+                        for c in curves if c.get("overload"))
+    bound = [f"{c['name']} on {sections.machine_name(c)} at {s['offered_rps']:.0f} req/s offered"
+             for c in curves for s in c["steps"] if s.get("generator_bound")]
+    flagged = (f"<p class='warning'>Generator-bound steps (the load generator's CPU was saturated; these numbers "
+               f"describe it as much as the server): {html.escape('; '.join(bound))}.</p>" if bound else "")
+    image = base64.b64encode(png).decode()
+    return (f"<h2>{html.escape(model)}</h2><img alt='latency vs throughput for {html.escape(model)}' "
+            f"src='data:image/png;base64,{image}'>{flagged}"
+            f"<h3>Max throughput under each SLO</h3>{sections.slo_table(curves, slos_s)}"
+            f"<h3>Best settings per provider and cost</h3>{sections.provider_table(curves, slos_s, prices)}"
+            f"<h3>Verdict</h3><ul class='verdict'>{verdicts}</ul>"
+            f"{sections.prediction_section(model, curves, slos_s, fits)}"
+            f"{''.join(sections.steps_table(c) for c in curves)}")
+
+
+def _bench_section(bench: list[dict], out: Path) -> str:
+    text = "<h2>Bench (in-process, no server)</h2>"
+    if not bench:
+        return text + ("<p>No bench*.json in the input folders: run `latlab bench` and put its file beside "
+                       "the results.</p>")
+    crossovers = size_crossover(bench) or ["no bench file holds batch-1 points of both ort-cpu and ort-cuda: "
+                                           "no model-size crossover can be given."]
+    text += "<ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in crossovers) + "</ul>"
+    for doc in bench:
+        host = str(doc.get("machine", {}).get("hostname", "?"))
+        text += f"<h3>bench on {html.escape(host)}{' (reference data)' if doc.get('_reference') else ''}</h3>"
+        for name, png in _bench_figures(doc, host).items():
+            (out / f"bench-{_slug(host)}-{_slug(name)}").write_bytes(png)
+            image = base64.b64encode(png).decode()
+            text += f"<img alt='bench {html.escape(name)}' src='data:image/png;base64,{image}'>"
+        text += sections.bench_table(doc)
+    return text
+
+
+def _bench_figures(doc: dict, host: str) -> dict[str, bytes]:
+    """`latlab bench`'s own figures when its plotting module is installed (it needs no torch), else ours."""
+    try:
+        from latlab.bench_plot import plot_bench
+    except ImportError:
+        plot_bench = None
+    if plot_bench is not None:
+        return plot_bench(doc)
+    return {f"{e.get('name', 'x')}.png": bench_png(e, host) for e in doc.get("experiments", []) if e.get("points")}
 
 
 def event_line(event: dict) -> str:
@@ -71,34 +192,6 @@ def _events_section(events: list[tuple[str, dict]]) -> str:
     return f"<h2>Load generator events</h2><ul>{items}</ul>"
 
 
-def verdict(model: str, curves: list[dict], slo_s: float) -> str:
-    """One sentence: which deployment sustains the most load under the SLO, and by how much."""
-    best = sorted(((max_rate_under(c["steps"], slo_s), c) for c in curves),
-                  key=lambda pair: pair[0]["achieved_rps"] if pair[0] else -1, reverse=True)
-    bound = f"p99 ≤ {slo_s * 1e3:g} ms"
-    if not best or best[0][0] is None:
-        return f"{model}: no deployment met {bound} at any measured load."
-    (top_step, top), rest = best[0], best[1:]
-    sentence = f"{model} at {bound}: {_label(top)} sustains {top_step['achieved_rps']:.0f} req/s"
-    for step, curve in rest:
-        if step is None or step["achieved_rps"] <= 0:
-            sentence += f"; {_label(curve)} never meets it"
-        else:
-            sentence += (f"; {_label(curve)} {step['achieved_rps']:.0f} req/s "
-                         f"({top_step['achieved_rps'] / step['achieved_rps']:.1f}× less)")
-    return sentence + "."
-
-
-def _label(curve: dict) -> str:
-    batcher = curve.get("batcher") or {}
-    size = batcher.get("max_batch_size")
-    if size is None:
-        mode = "batcher settings unknown"
-    else:
-        mode = "batching off" if size == 1 else f"batch ≤ {size}, wait ≤ {batcher.get('max_queue_delay_ms', 0):g} ms"
-    return f"{curve['name']} ({curve.get('provider', '?')}, {mode})"
-
-
 def _search_line(search: dict) -> str:
     rate = f"{search['rate']:.0f} req/s" if search.get("rate") else "no rate"
     why = f" ({'; '.join(search['reasons'])})" if search.get("reasons") else ""
@@ -107,93 +200,22 @@ def _search_line(search: dict) -> str:
             f"resolution {search['resolution']:.0%}")
 
 
-def _plot(model: str, curves: list[dict], slos_s: list[float]) -> bytes:
-    fig, ax = plt.subplots(figsize=(8, 4.8), dpi=110)
-    for i, curve in enumerate(curves):
-        # A step the server's restart interrupted says nothing about the load: left off the curve.
-        steps = [s for s in curve["steps"] if s.get("p99_s") is not None and not s.get("server_interrupted")]
-        x = [s["achieved_rps"] for s in steps]
-        color = f"C{i}"
-        ax.plot(x, [s["p99_s"] * 1e3 for s in steps], "o-", color=color, label=f"{curve['name']} p99")
-        ax.plot(x, [s["p50_s"] * 1e3 for s in steps], "s--", color=color, alpha=0.6, label=f"{curve['name']} p50")
-    for slo in slos_s:
-        ax.axhline(slo * 1e3, color="grey", linestyle=":", linewidth=1)
-        ax.annotate(f"SLO {slo * 1e3:g} ms", (0, slo * 1e3), xycoords=("axes fraction", "data"),
-                    fontsize=8, color="grey", va="bottom")
-    ax.set_yscale("log")
-    ax.set_xlabel("achieved throughput (requests/s)")
-    ax.set_ylabel("latency from intended send (ms)")
-    ax.set_title(f"{model}: latency vs throughput")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    buffer = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buffer, format="png")
-    plt.close(fig)
-    return buffer.getvalue()
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(text)) or "x"
 
 
-def _model_section(model: str, curves: list[dict], slos_s: list[float], png: bytes) -> str:
-    head = "".join(f"<th>max req/s at p99 ≤ {s * 1e3:g} ms</th>" for s in slos_s)
-    rows = []
-    for curve in curves:
-        cells = []
-        for slo in slos_s:
-            step = max_rate_under(curve["steps"], slo)
-            cells.append(f"<td>{step['achieved_rps']:.0f}</td>" if step else "<td>–</td>")
-        rows.append(f"<tr><td>{html.escape(_label(curve))}</td><td>{html.escape(curve['run_id'])}</td>"
-                    f"{''.join(cells)}</tr>")
-    verdicts = "".join(f"<li>{html.escape(verdict(model, curves, s))}</li>" for s in slos_s)
-    verdicts += "".join(f"<li>SLO search, {html.escape(c['name'])}: {html.escape(_search_line(c['search']))}</li>"
-                        for c in curves if c.get("search"))
-    verdicts += "".join(f"<li>{html.escape(c['name'])}: {html.escape(c['overload']['summary'])}</li>"
-                        for c in curves if c.get("overload"))
-    image = base64.b64encode(png).decode()
-    details = "".join(_steps_table(c) for c in curves)
-    return (f"<h2>{html.escape(model)}</h2><img alt='latency vs throughput for {html.escape(model)}' "
-            f"src='data:image/png;base64,{image}'>"
-            f"<table><tr><th>deployment</th><th>run</th>{head}</tr>{''.join(rows)}</table>"
-            f"<ul>{verdicts}</ul>{details}")
-
-
-def _steps_table(curve: dict) -> str:
-    rows = []
-    for s in curve["steps"]:
-        p = {k: (f"{s[k] * 1e3:.2f}" if s.get(k) is not None else "–") for k in ("p50_s", "p90_s", "p99_s", "max_s")}
-        batch = f"{s['avg_batch_size']:.1f}" if s.get("avg_batch_size") else "–"
-        flags = (" (generator-bound)" if s.get("generator_bound") else "") + \
-                ("" if s.get("stable", True) else " (unstable)")
-        if s.get("server_interrupted"):
-            flags += f" (server interrupted: {s.get('interruption')})"
-        if s.get("workers_lost"):
-            flags += f" (workers lost: {', '.join(s['workers_lost'])})"
-        cpu = f"{s['generator_cpu_percent']:.0f}%" if s.get("generator_cpu_percent") is not None else "–"
-        dropped = s.get("dropped") if s.get("dropped") is not None else "–"
-        rows.append(f"<tr><td>{s['offered_rps']:.0f}</td><td>{s['achieved_rps']:.0f}</td><td>{p['p50_s']}</td>"
-                    f"<td>{p['p90_s']}</td><td>{p['p99_s']}</td><td>{p['max_s']}</td><td>{s['errors']}</td>"
-                    f"<td>{dropped}</td><td>{batch}</td><td>{cpu}{html.escape(flags)}</td></tr>")
-    return (f"<details><summary>{html.escape(curve['name'])}: {len(curve['steps'])} steps — "
-            f"{html.escape(curve.get('stop_reason', ''))}</summary><table><tr><th>offered/s</th><th>achieved/s</th>"
-            f"<th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>max ms</th><th>errors</th><th>dropped</th>"
-            f"<th>avg batch</th><th>generator CPU, flags</th></tr>{''.join(rows)}</table></details>")
-
-
-def _page(title: str, sections: list[str], machines: dict[str, dict], slos_s: list[float], events: str = "") -> str:
-    machine_rows = "".join(
-        f"<li>{html.escape(name)}: {html.escape(str(m.get('cpu')))}, {m.get('cores')} cores, "
-        f"{m.get('memory_gib')} GiB</li>" for name, m in machines.items())
+def _page(title: str, body: list[str], slos_s: list[float]) -> str:
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>latlab report {html.escape(title)}</title>
-<style>body{{font-family:sans-serif;max-width:1000px;margin:2em auto;color:#222}}
+<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}}
 table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}
-td:first-child{{text-align:left}}img{{max-width:100%}}</style></head><body>
+td:first-child{{text-align:left}}img{{max-width:100%}}.warning{{background:#fff4e0;padding:.5em}}</style></head><body>
 <h1>latlab report: {html.escape(title)}</h1>
 <p>Latency is measured by an open-loop load generator from each request's <em>intended</em> send time
 (Poisson arrivals), so queueing inside the server and the client both count. Percentiles are exact.
 Curves end where the deployment saturated (achieved &lt; 90% of offered) or failed.
-SLOs: p99 ≤ {", ".join(f"{s * 1e3:g} ms" for s in slos_s)}.</p>
-<p>Machines:</p><ul>{machine_rows}</ul>
-{"".join(sections)}
-{events}
+SLOs: p99 ≤ {", ".join(f"{s * 1e3:g} ms" for s in slos_s)}.
+Every row and curve names the machine it was measured on.</p>
+{"".join(body)}
 </body></html>
 """

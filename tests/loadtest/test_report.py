@@ -6,12 +6,14 @@ import base64
 import json
 import math
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
 from latlab import cli
 from latlab.cli import UserError, parse_rates, parse_slos
+from latlab.loadtest import report as report_module
 from latlab.loadtest.report import REPORT_FILE, max_rate_under, verdict, write_report
 from latlab.loadtest.results import RESULTS_FILE, SCHEMA, read_results, write_results
 
@@ -205,3 +207,151 @@ def test_parse_rates_refuses_non_positive_or_non_finite(text):
 def test_parse_slos_refuses_empty_negative_or_unreadable(text):
     with pytest.raises(UserError):
         parse_slos(text)
+
+
+# --- merged runs, costs, bench, prediction, reference ----------------------------------------------
+
+
+def gpu_run(tmp_path: Path) -> Path:
+    """A second machine's run: the same model on CUDA, with a bench file holding batch sweeps and batch-1 sizes."""
+    run = tmp_path / "gpu-run"
+    gpu = {**deployment("ffn-gpu", 64, 2.0, [step(1000, 1000, 0.004), step(4000, 3990, 0.008),
+                                             step(8000, 7900, 0.022), step(16000, 9000, 0.300)]),
+           "provider": "cuda", "environment": {"ort_version": "9.9.9", "gpu": "Test GPU 80GB"}}
+    bound = {**step(100, 100, 0.002), "generator_bound": True}
+    gpu["steps"] = [bound, *gpu["steps"]]
+    write_results(run / "results.json", {"run_id": "gpu-run", "machine": {"hostname": "gpubox", "cpu": "Big CPU",
+                                                                           "cores": 32}, "deployments": [gpu]})
+
+    def timing(median_ms: float) -> dict:  # plot_bench draws min-max bars
+        return {"median_s": median_ms * 1e-3, "min_s": 0.9 * median_ms * 1e-3, "max_s": 1.1 * median_ms * 1e-3,
+                "repeats": 5}
+
+    points = [{"backend": b, "batch_size": n, "d_model": 128, "n_layers": 128, "params": 2_100_000,
+               **timing(a + k * n)}
+              for b, a, k in (("ort-cpu", 0.3, 0.02), ("ort-cuda", 0.5, 0.001)) for n in (1, 8, 64)]
+    points += [{"backend": b, "batch_size": 1, "params": p, "d_model": d, "n_layers": 128, **timing(t)}
+               for p, d, c, g in ((1000, 8, 0.05, 0.4), (10_000_000, 256, 5.0, 0.6))
+               for b, t in (("ort-cpu", c), ("ort-cuda", g))]
+    (run / "bench.json").write_text(json.dumps({
+        "schema": "latlab.bench/1", "machine": {"hostname": "gpubox", "gpu": "Test GPU 80GB", "ort_version": "9.9.9"},
+        "experiments": [{"name": "batch_size", "model": "ffn", "vary": "batch_size", "points": points[:6],
+                         "fixed": {"d_model": 128, "n_layers": 128}, "skipped": []},
+                        {"name": "d_model", "model": "ffn", "vary": "d_model", "points": points[6:],
+                         "fixed": {"batch_size": 1, "n_layers": 128}, "skipped": []}]}))
+    return run
+
+
+def test_report_merges_two_machines_with_costs_verdict_bench_and_prediction(run_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "merged"
+    page = write_report([run_dir, gpu_run(tmp_path)], [0.025], prices={"cpu": 0.2, "cuda": 2.0}, out=out).read_text()
+    assert (out / REPORT_FILE).is_file() and (out / "curve-ffn.png").read_bytes().startswith(PNG_HEADER)
+    assert "<td>20250101-120000 on labbox</td>" in page and "<td>gpu-run on gpubox</td>" in page
+    assert "Test GPU 80GB" in page and "ort_version: 9.9.9" in page and "Big CPU" in page
+    assert ("below 398 req/s the CPU meets it at lower cost ($0.20/h against $2.00/h); above it only the GPU does, "
+            "up to 7900 req/s, at 19.8× the throughput") in page
+    assert ("<td>p99 ≤ 25 ms</td><td>cuda</td><td>ffn-gpu (cuda, batch ≤ 64, wait ≤ 2 ms)</td>"
+            "<td>gpubox</td>") in page
+    assert f"<td>${2.0 / (7900 * 3600) * 1e6:.3f}</td>" in page and "as given with --price" in page
+    assert "from about 10M parameters the GPU wins at batch 1" in page
+    assert page.count("data:image/png;base64,") == 3 and len(list(out.glob("bench-gpubox-*.png"))) == 2
+    prediction = re.search(r"<table class='prediction'>.*?</table>", page).group(0)
+    assert ("ffn-gpu (cuda, batch ≤ 64, wait ≤ 2 ms)</td><td>gpubox</td><td>p99 ≤ 25 ms</td>"
+            "<td>0.500 + 0.0010·n (bench d_model=128, n_layers=128)</td>") in prediction
+    assert "No prediction for ffn-b1 (cpu, batching off) on labbox" in page  # no bench from labbox
+    assert "bench ran ORT with threads" not in page  # a CUDA fit: CPU threads do not matter
+    assert "Generator-bound steps" in page and "ffn-gpu on gpubox at 100 req/s offered" in page
+    assert "No GPU measurements" not in page and "How the predictions are made" in page
+
+
+def test_report_prediction_error_is_relative_to_measurement(tmp_path: Path) -> None:
+    run = gpu_run(tmp_path)
+    page = write_report(run, [0.025]).read_text()
+    row = re.search(r"<td>p99 ≤ 25 ms</td><td>0\.500 \+ 0\.0010·n[^<]*</td>"
+                    r"<td>(\d+)</td><td>(\d+)</td><td>([^<]+)</td>", page)
+    predicted, measured, error = float(row.group(1)), float(row.group(2)), row.group(3)
+    assert measured == 7900 and error == f"{(predicted - measured) / measured:+.0%}"
+
+
+def test_prediction_flags_a_bench_with_other_cpu_threads_than_the_server(tmp_path: Path) -> None:
+    run = tmp_path / "cpu-run"
+    served = {**deployment("ffn-b1", 1, 0.0, B1_STEPS), "cpu": {"intra_op_threads": 1}}
+    write_results(run / "results.json",
+                  {"run_id": "cpu-run", "machine": {"hostname": "labbox"}, "deployments": [served]})
+    points = [{"backend": "ort-cpu", "batch_size": n, "median_s": n * 1e-4, "min_s": n * 1e-4, "max_s": n * 1e-4}
+              for n in (1, 2)]
+    (run / "bench.json").write_text(json.dumps({
+        "schema": "latlab.bench/1", "machine": {"hostname": "labbox", "threads": 0},
+        "experiments": [{"name": "batch_size", "model": "ffn", "vary": "batch_size", "fixed": {}, "points": points}]}))
+    page = write_report(run, [0.025]).read_text()
+    assert "bench ran ORT with threads=0, the server with intra_op_threads=1 (0 = every core)" in page
+
+
+def test_report_cpu_only_says_no_gpu_measurements_and_example_prices(run_dir: Path) -> None:
+    page = write_report(run_dir, [0.025]).read_text()
+    assert "No GPU measurements</strong>: every figure in this report comes from the CPU of labbox" in page
+    assert "No GPU measurements for ffn" in page and "example prices" in page
+    assert "No bench*.json in the input folders" in page and "No prediction for ffn-batch" in page
+
+
+def test_report_with_reference_merges_committed_data_marked_as_such(run_dir: Path, tmp_path: Path) -> None:
+    reference = tmp_path / "reference"
+    gpu = gpu_run(tmp_path)
+    reference.mkdir()
+    for name in ("results.json", "bench.json"):
+        (reference / name.replace(".json", "-gpubox.json")).write_text((gpu / name).read_text())
+    page = write_report(run_dir, [0.025], with_reference=True, reference_dir=reference).read_text()
+    assert "run gpu-run (reference data)" in page and "bench (reference data)" in page and "only the GPU does" in page
+    page = write_report(run_dir, [0.025], reference_dir=reference).read_text()
+    assert "only the GPU does" not in page and "add --with-reference" in page
+
+
+def test_cli_report_merges_runs_with_prices_and_out(run_dir: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "both"
+    assert cli.main(["report", str(run_dir), str(gpu_run(tmp_path)), "--out", str(out), "--slo", "25ms",
+                     "--price", "cpu=0.2,cuda=2"]) == 0
+    assert str(out / REPORT_FILE) in capsys.readouterr().out
+    assert "$0.20/h against $2.00/h" in (out / REPORT_FILE).read_text()
+
+
+@pytest.mark.parametrize("price", ["cpu", "cpu=abc", "cpu=-1", ""])
+def test_cli_report_refuses_bad_prices(run_dir: Path, price: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["report", str(run_dir), "--price", price]) == 2
+    assert "--price" in capsys.readouterr().err
+    assert not (run_dir / REPORT_FILE).exists()
+
+
+def test_cli_report_on_missing_folder_is_a_user_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["report", str(tmp_path / "nope")]) == 2
+    assert "no such run folder" in capsys.readouterr().err
+
+
+def test_bench_figures_fall_back_to_our_own_plot_without_bench_plot(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    run = gpu_run(tmp_path)
+    monkeypatch.setitem(sys.modules, "latlab.bench_plot", None)  # as if latlab.bench_plot were not installed
+    page = write_report(run, [0.025], out=tmp_path / "fallback").read_text()
+    figures = sorted(p.name for p in (tmp_path / "fallback").glob("bench-*.png"))
+    assert figures == ["bench-gpubox-batch_size.png", "bench-gpubox-d_model.png"]
+    assert all((tmp_path / "fallback" / f).read_bytes().startswith(PNG_HEADER) for f in figures)
+    assert page.count("data:image/png;base64,") == 3
+
+
+def test_cli_with_reference_merges_the_reference_folder(run_dir: Path, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    (reference / "results-gpubox.json").write_text((gpu_run(tmp_path) / "results.json").read_text())
+    monkeypatch.setattr(report_module, "REFERENCE_DIR", reference)
+    assert cli.main(["report", str(run_dir), "--slo", "25ms"]) == 0
+    assert "gpubox" not in (run_dir / REPORT_FILE).read_text()
+    assert cli.main(["report", str(run_dir), "--slo", "25ms", "--with-reference"]) == 0
+    page = (run_dir / REPORT_FILE).read_text()
+    assert "run gpu-run (reference data)" in page and "<td>gpu-run on gpubox</td>" in page
+
+
+def test_cli_from_prometheus_takes_exactly_one_folder(run_dir: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["report", str(run_dir), str(tmp_path), "--from-prometheus", "http://127.0.0.1:9"]) == 2
+    assert "give exactly one RUN folder" in capsys.readouterr().err

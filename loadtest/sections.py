@@ -1,0 +1,166 @@
+"""HTML pieces of the report: environment, SLO and cost tables, prediction vs measurement, step details."""
+
+from __future__ import annotations
+
+import html
+
+from latlab.loadtest.predict import ASSUMPTIONS, predict_deployment
+from latlab.loadtest.verdict import best_per_provider, label, machine_name, max_rate_under, sustained_rate
+
+MACHINE_KEYS = ("cpu", "cores", "memory_gib", "os", "gpu", "ort_version", "torch_version", "threads", "python")
+
+
+def esc(value: object) -> str:
+    return html.escape(str(value))
+
+
+def environment_section(results_docs: list[dict], bench_docs: list[dict]) -> str:
+    """Where every number came from: each run's load generator and server, each bench's machine."""
+    rows = []
+    for doc in results_docs:
+        servers = []
+        for deployment in doc.get("deployments", []):
+            server = _details(deployment.get("environment") or {})
+            if deployment.get("environment") and server not in servers:
+                servers.append(server)
+        details = f"load generator: {_details(doc.get('machine', {}))}"
+        details += "".join(f" | server: {server}" for server in servers) or " | server: environment not recorded"
+        rows.append(_machine_row(f"run {doc.get('run_id', '?')}", doc, doc.get("machine", {}), details))
+    for doc in bench_docs:
+        rows.append(_machine_row("bench", doc, doc.get("machine", {}), _details(doc.get("machine", {}))))
+    return ("<h2>Environment</h2><table><tr><th>source</th><th>machine</th><th>details</th></tr>"
+            f"{''.join(rows)}</table>")
+
+
+def _machine_row(kind: str, doc: dict, machine: dict, details: str) -> str:
+    origin = " (reference data)" if doc.get("_reference") else ""
+    return (f"<tr><td>{esc(kind + origin)}</td><td>{esc(machine.get('hostname', '?'))}</td>"
+            f"<td>{esc(details)}</td></tr>")
+
+
+def _details(machine: dict) -> str:
+    keys = [k for k in MACHINE_KEYS if machine.get(k) not in (None, "")]
+    keys += sorted(k for k in machine if k not in MACHINE_KEYS and k != "hostname" and machine[k] not in (None, ""))
+    return "; ".join(f"{k}: {machine[k]}" for k in keys) or "not recorded"
+
+
+def slo_table(curves: list[dict], slos_s: list[float]) -> str:
+    """Highest measured rate under each SLO per deployment, labelled with its run and machine."""
+    head = "".join(f"<th>max req/s at p99 ≤ {s * 1e3:g} ms</th>" for s in slos_s)
+    rows = []
+    for curve in curves:
+        cells = []
+        for slo in slos_s:
+            step = max_rate_under(curve["steps"], slo)
+            cells.append(f"<td>{step['achieved_rps']:.0f}</td>" if step else "<td>–</td>")
+        rows.append(f"<tr><td>{esc(label(curve))}</td><td>{esc(curve['run_id'])} on {esc(machine_name(curve))}</td>"
+                    f"{''.join(cells)}</tr>")
+    return f"<table><tr><th>deployment</th><th>run on machine</th>{head}</tr>{''.join(rows)}</table>"
+
+
+def provider_table(curves: list[dict], slos_s: list[float], prices: dict[str, float]) -> str:
+    """Per SLO and provider: the best batcher settings found, their rate and cost per million inferences."""
+    rows = []
+    for slo in slos_s:
+        for row in best_per_provider(curves, slo, prices):
+            rate = f"{row['rate']:.0f}" if row["rate"] > 0 else "–"
+            best = label(row["curve"]) if row["rate"] > 0 else "none meets it"
+            price = f"${row['price']:.2f}" if row["price"] is not None else "no price"
+            cost = f"${row['cost']:.3f}" if row["cost"] is not None else "–"
+            rows.append(f"<tr><td>p99 ≤ {slo * 1e3:g} ms</td><td>{esc(row['provider'])}</td><td>{esc(best)}</td>"
+                        f"<td>{esc(machine_name(row['curve']))}</td><td>{rate}</td><td>{price}</td>"
+                        f"<td>{cost}</td></tr>")
+    return ("<table class='cost'><tr><th>SLO</th><th>provider</th><th>best settings found</th><th>machine</th>"
+            "<th>max req/s</th><th>price per hour</th><th>cost per 1M inferences</th></tr>"
+            f"{''.join(rows)}</table>")
+
+
+def prediction_section(model: str, curves: list[dict], slos_s: list[float], fits: list[dict]) -> str:
+    """Predicted beside measured SLO-bounded max rate, with the relative error, where a bench fit exists."""
+    rows, missing = [], []
+    for curve in curves:
+        for slo in slos_s:
+            predicted = predict_deployment(curve, fits, slo)
+            if predicted is None:
+                missing.append(curve)
+                break
+            measured = sustained_rate(curve, slo)
+            error = f"{(predicted['rate'] - measured) / measured:+.0%}" if measured > 0 else "–"
+            fit = predicted["fit"]
+            rows.append(f"<tr><td>{esc(label(curve))}</td><td>{esc(machine_name(curve))}</td>"
+                        f"<td>p99 ≤ {slo * 1e3:g} ms</td>"
+                        f"<td>{fit.a_s * 1e3:.3f} + {fit.b_s * 1e3:.4f}·n{esc(_fixed(predicted))}</td>"
+                        f"<td>{predicted['rate']:.0f}</td><td>{measured:.0f}</td><td>{error}</td>"
+                        f"<td>{esc(_prediction_caveats(curve, predicted))}</td></tr>")
+    text = f"<h3>{esc(model)}: predicted vs measured</h3>"
+    if rows:
+        text += ("<table class='prediction'><tr><th>deployment</th><th>machine</th><th>SLO</th>"
+                 "<th>batch time t(n), ms</th><th>predicted max req/s</th><th>measured max req/s</th>"
+                 f"<th>relative error</th><th>caveats</th></tr>{''.join(rows)}</table>")
+    for curve in missing:
+        text += (f"<p>No prediction for {esc(label(curve))} on {esc(machine_name(curve))}: no bench batch-size sweep "
+                 f"of model '{esc(curve.get('model'))}' on the {esc(curve.get('provider', '?'))} backend from that "
+                 "machine (run `latlab bench` there and put its bench.json beside the results).</p>")
+    return text
+
+
+def _fixed(predicted: dict) -> str:
+    fixed = predicted.get("fixed") or {}
+    return f" (bench {', '.join(f'{k}={v}' for k, v in sorted(fixed.items()))})" if fixed else ""
+
+
+def _prediction_caveats(curve: dict, predicted: dict) -> str:
+    """Why a prediction and a measurement may not be comparable."""
+    caveats = []
+    top = max((s["achieved_rps"] for s in curve["steps"]), default=0.0)
+    if predicted["rate"] > top:
+        caveats.append(f"beyond the highest rate measured ({top:.0f} req/s)")
+    if predicted["batch"] > predicted["fit"].max_batch:
+        caveats.append(f"batch {predicted['batch']:.0f} extrapolates the fit past batch {predicted['fit'].max_batch}")
+    server_threads = (curve.get("cpu") or {}).get("intra_op_threads")
+    bench_threads = predicted.get("bench_threads")
+    if predicted["backend"] == "ort-cpu" and None not in (server_threads, bench_threads) \
+            and server_threads != bench_threads:
+        caveats.append(f"bench ran ORT with threads={bench_threads}, the server with "
+                       f"intra_op_threads={server_threads} (0 = every core)")
+    return "; ".join(caveats) or "–"
+
+
+def assumptions_list() -> str:
+    return ("<p>The predictive model's assumptions:</p><ul>"
+            + "".join(f"<li>{esc(a)}</li>" for a in ASSUMPTIONS) + "</ul>")
+
+
+def bench_table(doc: dict) -> str:
+    """Every bench point as numbers, folded (the figures show the same)."""
+    rows = []
+    for experiment in doc.get("experiments", []):
+        for p in experiment.get("points", []):
+            median = f"{p['median_s'] * 1e3:.3f}" if p.get("median_s") is not None else "–"
+            rows.append(f"<tr><td>{esc(experiment.get('name', '?'))}</td><td>{esc(p.get('backend'))}</td>"
+                        f"<td>{esc(p.get('batch_size', '–'))}</td><td>{esc(p.get('params', '–'))}</td>"
+                        f"<td>{median}</td></tr>")
+    return ("<details><summary>bench numbers</summary><table><tr><th>experiment</th><th>backend</th><th>batch</th>"
+            f"<th>params</th><th>median ms</th></tr>{''.join(rows)}</table></details>")
+
+
+def steps_table(curve: dict) -> str:
+    rows = []
+    for s in curve["steps"]:
+        p = {k: (f"{s[k] * 1e3:.2f}" if s.get(k) is not None else "–") for k in ("p50_s", "p90_s", "p99_s", "max_s")}
+        batch = f"{s['avg_batch_size']:.1f}" if s.get("avg_batch_size") else "–"
+        flags = (" (generator-bound)" if s.get("generator_bound") else "") + \
+                ("" if s.get("stable", True) else " (unstable)")
+        if s.get("server_interrupted"):
+            flags += f" (server interrupted: {s.get('interruption')})"
+        if s.get("workers_lost"):
+            flags += f" (workers lost: {', '.join(s['workers_lost'])})"
+        cpu = f"{s['generator_cpu_percent']:.0f}%" if s.get("generator_cpu_percent") is not None else "–"
+        dropped = s.get("dropped") if s.get("dropped") is not None else "–"
+        rows.append(f"<tr><td>{s['offered_rps']:.0f}</td><td>{s['achieved_rps']:.0f}</td><td>{p['p50_s']}</td>"
+                    f"<td>{p['p90_s']}</td><td>{p['p99_s']}</td><td>{p['max_s']}</td><td>{s['errors']}</td>"
+                    f"<td>{dropped}</td><td>{batch}</td><td>{cpu}{esc(flags)}</td></tr>")
+    return (f"<details><summary>{esc(curve['name'])} on {esc(machine_name(curve))}: {len(curve['steps'])} steps — "
+            f"{esc(curve.get('stop_reason', ''))}</summary><table><tr><th>offered/s</th><th>achieved/s</th>"
+            f"<th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>max ms</th><th>errors</th><th>dropped</th>"
+            f"<th>avg batch</th><th>generator CPU, flags</th></tr>{''.join(rows)}</table></details>")

@@ -1,0 +1,216 @@
+"""The report's words and numbers: max rate under each SLO, cost per million inferences, CPU-vs-GPU verdicts."""
+
+from __future__ import annotations
+
+import math
+
+DEFAULT_PRICES = {"cpu": 0.10, "cuda": 2.50}
+"""Example hourly prices (USD) per provider, used when the user gives none; the report says so."""
+GPU_HINT = ("run `latlab bench` and the lab on a GPU box and merge with `latlab report CPU_RUN GPU_RUN` "
+            "(or add `--with-reference` when GPU reference data are committed under loadtest/reference/)")
+
+
+class PriceError(ValueError):
+    """An unreadable --price argument."""
+
+
+def parse_prices(text: str) -> dict[str, float]:
+    """'cpu=0.10,cuda=2.50' -> {'cpu': 0.1, 'cuda': 2.5} (USD per hour per provider)."""
+    prices = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        provider, sep, value = part.partition("=")
+        try:
+            price = float(value)
+        except ValueError:
+            price = math.nan
+        if not sep or not provider.strip() or not 0 < price < math.inf:
+            raise PriceError(f"--price: cannot read {part!r}; write provider=USD per hour, e.g. cpu=0.10,cuda=2.50")
+        prices[provider.strip().lower()] = price
+    if not prices:
+        raise PriceError("--price needs at least one provider=price, e.g. cpu=0.10,cuda=2.50")
+    return prices
+
+
+def max_rate_under(steps: list[dict], slo_s: float) -> dict | None:
+    """The step with the highest achieved throughput whose p99 meets the SLO without errors."""
+    good = [s for s in steps if s.get("p99_s") is not None and s["p99_s"] <= slo_s and not s["errors"]]
+    return max(good, key=lambda s: s["achieved_rps"], default=None)
+
+
+def sustained_rate(curve: dict, slo_s: float) -> float:
+    """The curve's highest measured rate under the SLO; 0 when it never met it."""
+    step = max_rate_under(curve["steps"], slo_s)
+    return step["achieved_rps"] if step else 0.0
+
+
+def cost_per_million(price_per_hour: float | None, rate_rps: float) -> float | None:
+    """USD per million inferences for a machine kept busy at `rate_rps`; None without a price or a rate."""
+    if price_per_hour is None or rate_rps <= 0:
+        return None
+    return price_per_hour / (rate_rps * 3600) * 1e6
+
+
+def is_gpu(curve: dict) -> bool:
+    return str(curve.get("provider", "cpu")).lower() != "cpu"
+
+
+def label(curve: dict) -> str:
+    """A deployment in words: name, provider and batcher settings."""
+    batcher = curve.get("batcher") or {}
+    size = batcher.get("max_batch_size")
+    if size is None:
+        mode = "batcher settings unknown"
+    else:
+        delay = batcher.get("max_queue_delay_ms", 0)
+        mode = "batching off" if size == 1 else f"batch ≤ {size}, wait ≤ {delay:g} ms"
+    return f"{curve['name']} ({curve.get('provider', '?')}, {mode})"
+
+
+def machine_name(curve: dict) -> str:
+    return str((curve.get("machine") or {}).get("hostname", "?"))
+
+
+def verdict(model: str, curves: list[dict], slo_s: float) -> str:
+    """One sentence: which deployment sustains the most load under the SLO, and by how much."""
+    best = sorted(((max_rate_under(c["steps"], slo_s), c) for c in curves),
+                  key=lambda pair: pair[0]["achieved_rps"] if pair[0] else -1, reverse=True)
+    bound = f"p99 ≤ {slo_s * 1e3:g} ms"
+    if not best or best[0][0] is None:
+        return f"{model}: no deployment met {bound} at any measured load."
+    merged = len({machine_name(c) for c in curves}) > 1  # same deployment names may come from two machines
+
+    def name(curve: dict) -> str:
+        return f"{label(curve)} on {machine_name(curve)}" if merged else label(curve)
+
+    (top_step, top), rest = best[0], best[1:]
+    sentence = f"{model} at {bound}: {name(top)} sustains {top_step['achieved_rps']:.0f} req/s"
+    for step, curve in rest:
+        if step is None or step["achieved_rps"] <= 0:
+            sentence += f"; {name(curve)} never meets it"
+        else:
+            sentence += (f"; {name(curve)} {step['achieved_rps']:.0f} req/s "
+                         f"({top_step['achieved_rps'] / step['achieved_rps']:.1f}× less)")
+    return sentence + "."
+
+
+def best_per_provider(curves: list[dict], slo_s: float, prices: dict[str, float]) -> list[dict]:
+    """Per provider, the deployment (batcher settings) with the highest rate under the SLO, and its cost."""
+    best: dict[str, dict] = {}
+    for curve in curves:
+        provider = str(curve.get("provider", "?")).lower()
+        rate = sustained_rate(curve, slo_s)
+        # TensorRT runs on the CUDA machine: without a price of its own it costs what that machine costs.
+        price = prices.get(provider, prices.get("cuda") if provider == "tensorrt" else None)
+        if provider not in best or rate > best[provider]["rate"]:
+            best[provider] = {"provider": provider, "curve": curve, "rate": rate, "price": price,
+                              "cost": cost_per_million(price, rate)}
+    return [best[p] for p in sorted(best)]
+
+
+def crossover(model: str, curves: list[dict], slo_s: float, prices: dict[str, float]) -> str:
+    """The CPU-vs-GPU verdict in plain words for one model and one SLO."""
+    bound = f"p99 ≤ {slo_s * 1e3:g} ms"
+    rows = best_per_provider(curves, slo_s, prices)
+    cpu = _best([r for r in rows if r["provider"] == "cpu"])
+    gpu = _best([r for r in rows if r["provider"] != "cpu"])
+    if not any(is_gpu(c) for c in curves):
+        known = (f"the CPU sustains up to {cpu['rate']:.0f} req/s ({_where(cpu)}{_cost(cpu)})" if cpu
+                 else "no CPU deployment met it at any measured load")
+        return (f"{model}, {bound}: {known}. No GPU measurements for {model}, so whether a GPU pays off is "
+                f"unknown: {GPU_HINT}.")
+    if cpu is None and gpu is None:
+        return f"{model}, {bound}: neither the CPU nor the GPU met it at any measured load."
+    if cpu is None:
+        return (f"{model}, {bound}: only the GPU meets it, up to {gpu['rate']:.0f} req/s ({_where(gpu)}{_cost(gpu)}); "
+                f"no CPU deployment met it at any measured load.")
+    if gpu is None:
+        return (f"{model}, {bound}: only the CPU meets it, up to {cpu['rate']:.0f} req/s ({_where(cpu)}{_cost(cpu)}); "
+                f"no GPU deployment met it at any measured load.")
+    if gpu["rate"] <= cpu["rate"]:
+        return (f"{model}, {bound}: the CPU meets it up to {cpu['rate']:.0f} req/s ({_where(cpu)}{_cost(cpu)}), "
+                f"the GPU only up to {gpu['rate']:.0f} req/s ({_where(gpu)}{_cost(gpu)}): "
+                "the GPU does not pay off here.")
+    return _gpu_wins(model, bound, cpu, gpu)
+
+
+def _gpu_wins(model: str, bound: str, cpu: dict, gpu: dict) -> str:
+    ratio = gpu["rate"] / cpu["rate"]
+    if cpu["price"] is None or gpu["price"] is None:
+        cheaper = " (no price for one of them: cost not compared)"
+    elif cpu["price"] < gpu["price"]:
+        cheaper = f" at lower cost (${cpu['price']:.2f}/h against ${gpu['price']:.2f}/h)"
+    else:
+        cheaper = f" but not at lower cost (${cpu['price']:.2f}/h against ${gpu['price']:.2f}/h)"
+    sentence = (f"{model}, {bound}: below {cpu['rate']:.0f} req/s the CPU meets it{cheaper}; above it only the GPU "
+                f"does, up to {gpu['rate']:.0f} req/s, at {ratio:.1f}× the throughput ({_where(gpu)}{_cost(gpu)}).")
+    if cpu["price"] is not None and gpu["price"] is not None:
+        replicas = math.ceil(gpu["rate"] / cpu["rate"])
+        cpu_bill = replicas * cpu["price"]
+        advice = "scale out on CPUs" if cpu_bill < gpu["price"] else "the GPU pays off"
+        sentence += (f" {replicas} CPU machines would match that rate for ${cpu_bill:.2f}/h against the GPU's "
+                     f"${gpu['price']:.2f}/h: {advice}.")
+    return sentence
+
+
+def _best(rows: list[dict]) -> dict | None:
+    met = [r for r in rows if r["rate"] > 0]
+    return max(met, key=lambda r: r["rate"], default=None)
+
+
+def _where(row: dict) -> str:
+    return f"{label(row['curve'])} on {machine_name(row['curve'])}"
+
+
+def _cost(row: dict) -> str:
+    return f", ${row['cost']:.3f} per 1M inferences" if row["cost"] is not None else ""
+
+
+def size_crossover(bench_docs: list[dict]) -> list[str]:
+    """Per bench machine with both ort-cpu and ort-cuda batch-1 points: from what size the GPU wins."""
+    sentences = []
+    for doc in bench_docs:
+        pairs = _batch1_pairs(doc)
+        if not pairs:
+            continue
+        host = (doc.get("machine") or {}).get("hostname", "?")
+        wins = [params for params, cpu_s, gpu_s in pairs if gpu_s < cpu_s]
+        sizes = f"{len(pairs)} sizes, {human(pairs[0][0])} to {human(pairs[-1][0])} parameters"
+        if not wins:
+            sentences.append(f"bench on {host}: at batch 1 the CPU was as fast or faster at every measured size "
+                             f"({sizes}).")
+            continue
+        threshold = None
+        for params, cpu_s, gpu_s in reversed(pairs):  # the GPU must win at this size and every larger one
+            if gpu_s >= cpu_s:
+                break
+            threshold = params
+        if threshold is None:
+            sentences.append(f"bench on {host}: at batch 1 the GPU won at {len(wins)} of {sizes}, but not at the "
+                             f"largest: no size crossover.")
+        else:
+            sentences.append(f"bench on {host}: from about {human(threshold)} parameters the GPU wins at batch 1 "
+                             f"({len(wins)} of {sizes}).")
+    return sentences
+
+
+def _batch1_pairs(doc: dict) -> list[tuple[float, float, float]]:
+    """(params, CPU seconds, GPU seconds) for every batch-1 point measured on both ORT backends."""
+    cells: dict[tuple, dict[str, float]] = {}
+    for experiment in doc.get("experiments", []):
+        for point in experiment.get("points", []):
+            if point.get("batch_size") != 1 or not point.get("params") or point.get("median_s") is None:
+                continue
+            if point.get("backend") in ("ort-cpu", "ort-cuda"):
+                varied = point.get(experiment.get("vary"))
+                key = (experiment.get("name"), experiment.get("model"), point["params"], varied)
+                cells.setdefault(key, {})[point["backend"]] = point["median_s"]
+    pairs = [(key[2], c["ort-cpu"], c["ort-cuda"]) for key, c in cells.items() if len(c) == 2]
+    return sorted(pairs)
+
+
+def human(count: float) -> str:
+    """2100000 -> '2.1M'."""
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if count >= scale:
+            return f"{count / scale:.3g}{suffix}"
+    return f"{count:.3g}"

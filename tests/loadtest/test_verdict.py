@@ -1,0 +1,159 @@
+"""latlab.loadtest.verdict: costs, best settings per provider and the CPU-vs-GPU verdict in words."""
+
+from __future__ import annotations
+
+import pytest
+
+from latlab.loadtest.verdict import (DEFAULT_PRICES, PriceError, best_per_provider, cost_per_million, crossover,
+                                     human, parse_prices, size_crossover, verdict)
+
+PRICES = {"cpu": 0.10, "cuda": 2.50}
+
+
+def steps(*points: tuple[float, float]) -> list[dict]:
+    """(achieved req/s, p99 ms) pairs as result steps."""
+    return [{"offered_rps": rps, "achieved_rps": rps, "p99_s": p99_ms / 1e3, "p50_s": p99_ms / 4e3, "errors": 0}
+            for rps, p99_ms in points]
+
+
+def curve(name: str, provider: str, batch: int, points: list[dict], host: str = "cpubox") -> dict:
+    return {"name": name, "model": "ffn", "provider": provider, "machine": {"hostname": host},
+            "batcher": {"max_batch_size": batch, "max_queue_delay_ms": 2.0}, "steps": points}
+
+
+CPU_B1 = curve("ffn-b1", "cpu", 1, steps((100, 5), (400, 12), (800, 40)))
+CPU_BATCH = curve("ffn-batch", "cpu", 64, steps((100, 6), (400, 9), (800, 20), (1600, 90)))
+GPU_BATCH = curve("ffn-gpu", "cuda", 64, steps((1000, 4), (4000, 8), (8000, 22), (16000, 60)), host="gpubox")
+
+
+# --- prices and costs ------------------------------------------------------------------------------
+
+
+def test_cost_per_million_arithmetic() -> None:
+    # $0.36/h at 100 req/s: 360 000 inferences per hour -> $1 per million
+    assert cost_per_million(0.36, 100) == pytest.approx(1.0)
+    assert cost_per_million(2.50, 8000) == pytest.approx(2.50 / (8000 * 3600) * 1e6)
+    assert cost_per_million(None, 100) is None
+    assert cost_per_million(0.10, 0) is None
+
+
+def test_parse_prices() -> None:
+    assert parse_prices("cpu=0.10,cuda=2.50") == {"cpu": 0.10, "cuda": 2.50}
+    assert parse_prices(" CPU = 1 , ") == {"cpu": 1.0}
+    assert DEFAULT_PRICES == {"cpu": 0.10, "cuda": 2.50}
+
+
+@pytest.mark.parametrize("text", ["", ",", "cpu", "cpu=", "=2", "cpu=abc", "cpu=-1", "cpu=0", "cpu=nan", "cpu=inf"])
+def test_parse_prices_refuses_unreadable_prices(text: str) -> None:
+    with pytest.raises(PriceError, match="--price"):
+        parse_prices(text)
+
+
+def test_best_per_provider_picks_the_batcher_settings_with_the_highest_rate() -> None:
+    rows = {r["provider"]: r for r in best_per_provider([CPU_B1, CPU_BATCH, GPU_BATCH], 0.025, PRICES)}
+    assert rows["cpu"]["curve"]["name"] == "ffn-batch" and rows["cpu"]["rate"] == 800
+    assert rows["cpu"]["cost"] == pytest.approx(0.10 / (800 * 3600) * 1e6)
+    assert rows["cuda"]["rate"] == 8000 and rows["cuda"]["price"] == 2.50
+
+
+def test_tensorrt_without_its_own_price_costs_what_the_cuda_machine_costs() -> None:
+    trt = {**GPU_BATCH, "provider": "tensorrt"}
+    (row,) = best_per_provider([trt], 0.025, PRICES)
+    assert row["price"] == 2.50 and row["cost"] == pytest.approx(2.50 / (8000 * 3600) * 1e6)
+    assert best_per_provider([trt], 0.025, {**PRICES, "tensorrt": 3.0})[0]["price"] == 3.0
+
+
+def test_best_per_provider_without_a_price_has_no_cost() -> None:
+    (row,) = best_per_provider([CPU_BATCH], 0.025, {"cuda": 1.0})
+    assert row["price"] is None and row["cost"] is None and row["rate"] == 800
+
+
+# --- verdict sentences -----------------------------------------------------------------------------
+
+
+def test_cpu_only_says_what_is_known_and_that_gpu_data_are_missing() -> None:
+    sentence = crossover("ffn", [CPU_B1, CPU_BATCH], 0.025, PRICES)
+    assert sentence.startswith("ffn, p99 ≤ 25 ms: the CPU sustains up to 800 req/s (ffn-batch (cpu, batch ≤ 64, "
+                               "wait ≤ 2 ms) on cpubox, $0.035 per 1M inferences).")
+    assert "No GPU measurements for ffn" in sentence and "latlab bench" in sentence and "latlab report" in sentence
+
+
+def test_cpu_and_gpu_with_a_crossover() -> None:
+    sentence = crossover("ffn", [CPU_B1, CPU_BATCH, GPU_BATCH], 0.025, PRICES)
+    assert ("ffn, p99 ≤ 25 ms: below 800 req/s the CPU meets it at lower cost ($0.10/h against $2.50/h); "
+            "above it only the GPU does, up to 8000 req/s, at 10.0× the throughput") in sentence
+    assert "on gpubox" in sentence
+    # ten CPU machines at $0.10/h undercut one GPU at $2.50/h
+    assert "10 CPU machines would match that rate for $1.00/h against the GPU's $2.50/h: scale out on CPUs" in sentence
+
+
+def test_crossover_when_the_gpu_is_cheap_enough_to_pay_off() -> None:
+    sentence = crossover("ffn", [CPU_BATCH, GPU_BATCH], 0.025, {"cpu": 0.50, "cuda": 2.50})
+    assert "10 CPU machines would match that rate for $5.00/h against the GPU's $2.50/h: the GPU pays off" in sentence
+
+
+def test_crossover_without_a_gpu_price_does_not_compare_cost() -> None:
+    sentence = crossover("ffn", [CPU_BATCH, GPU_BATCH], 0.025, {"cpu": 0.10})
+    assert "cost not compared" in sentence and "CPU machines would" not in sentence
+
+
+def test_gpu_slower_than_cpu_does_not_pay_off() -> None:
+    slow_gpu = curve("ffn-gpu", "cuda", 1, steps((100, 8), (300, 20), (600, 80)), host="gpubox")
+    sentence = crossover("ffn", [CPU_BATCH, slow_gpu], 0.025, PRICES)
+    assert "the CPU meets it up to 800 req/s" in sentence and "only up to 300 req/s" in sentence
+    assert sentence.endswith("the GPU does not pay off here.")
+
+
+def test_only_the_gpu_meets_a_tight_slo() -> None:
+    sentence = crossover("ffn", [CPU_B1, CPU_BATCH, GPU_BATCH], 0.004, PRICES)
+    assert sentence.startswith("ffn, p99 ≤ 4 ms: only the GPU meets it, up to 1000 req/s")
+    assert "no CPU deployment met it" in sentence
+
+
+def test_none_meets_the_slo() -> None:
+    assert crossover("ffn", [CPU_B1, GPU_BATCH], 0.001, PRICES) == \
+        "ffn, p99 ≤ 1 ms: neither the CPU nor the GPU met it at any measured load."
+    cpu_only = crossover("ffn", [CPU_B1], 0.001, PRICES)
+    assert "no CPU deployment met it at any measured load" in cpu_only and "No GPU measurements" in cpu_only
+
+
+def test_ranking_names_machines_when_runs_are_merged() -> None:
+    merged = verdict("ffn", [CPU_BATCH, GPU_BATCH], 0.025)
+    assert merged.startswith("ffn at p99 ≤ 25 ms: ffn-gpu (cuda, batch ≤ 64, wait ≤ 2 ms) on gpubox "
+                             "sustains 8000")
+    assert "ffn-batch (cpu, batch ≤ 64, wait ≤ 2 ms) on cpubox 800 req/s (10.0× less)" in merged
+    assert " on cpubox" not in verdict("ffn", [CPU_B1, CPU_BATCH], 0.025)
+
+
+# --- model-size crossover from bench ---------------------------------------------------------------
+
+
+def bench(pairs: list[tuple[int, float, float]], host: str = "gpubox") -> dict:
+    """(params, CPU ms, GPU ms) at batch 1 as a bench document of one width sweep."""
+    points = [{"backend": backend, "batch_size": 1, "params": params, "d_model": params, "median_s": ms / 1e3}
+              for params, cpu, gpu in pairs for backend, ms in (("ort-cpu", cpu), ("ort-cuda", gpu))]
+    return {"schema": "latlab.bench/1", "machine": {"hostname": host},
+            "experiments": [{"name": "width", "model": "ffn", "vary": "d_model", "points": points}]}
+
+
+def test_size_crossover_names_the_size_from_which_the_gpu_wins() -> None:
+    doc = bench([(10_000, 0.1, 0.5), (1_000_000, 1.0, 0.6), (100_000, 0.3, 0.5), (10_000_000, 9.0, 0.8)])
+    assert size_crossover([doc]) == ["bench on gpubox: from about 1M parameters the GPU wins at batch 1 "
+                                     "(2 of 4 sizes, 10k to 10M parameters)."]
+
+
+def test_size_crossover_when_cpu_always_wins_or_results_are_mixed() -> None:
+    cpu_wins = bench([(1000, 0.1, 0.5), (2000, 0.2, 0.5)])
+    assert "the CPU was as fast or faster at every measured size" in size_crossover([cpu_wins])[0]
+    mixed = bench([(1000, 0.5, 0.1), (2000, 0.2, 0.5)])
+    assert "no size crossover" in size_crossover([mixed])[0]
+
+
+def test_size_crossover_needs_both_backends() -> None:
+    doc = bench([(1000, 0.1, 0.5)])
+    doc["experiments"][0]["points"] = [p for p in doc["experiments"][0]["points"] if p["backend"] == "ort-cpu"]
+    assert size_crossover([doc]) == []
+
+
+def test_human_counts() -> None:
+    assert [human(n) for n in (950, 2_100_000, 16_512, 2**31)] == ["950", "2.1M", "16.5k", "2.15G"]
