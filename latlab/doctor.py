@@ -9,6 +9,12 @@ from pathlib import Path
 
 from latlab import machine
 
+PROVIDERS = ("CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider")
+"""Checked on every machine, whether or not this onnxruntime build lists them."""
+# What ORT runs beneath each provider for the nodes it cannot take (the same chains the server asks for).
+_CHAINS = {"CPUExecutionProvider": [], "CUDAExecutionProvider": ["CPUExecutionProvider"],
+           "TensorrtExecutionProvider": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
+
 
 def tiny_model(path: Path) -> Path:
     """An ONNX model of one Add, enough to find out whether a provider loads."""
@@ -25,24 +31,41 @@ def tiny_model(path: Path) -> Path:
 
 
 def provider_check(model: Path, provider: str) -> str:
-    """'loads' when a session really runs on the provider, otherwise what ORT did instead."""
+    """'loads' when a session really runs on the provider, otherwise why not or what ORT did instead."""
     import onnxruntime as ort
 
-    from latlab.server.runtime import provider_load_error
+    from latlab.server.providers import provider_load_error
 
+    if provider not in ort.get_available_providers():
+        return f"does not load: this onnxruntime build ({ort.get_device()}) has no {provider}"
     reason = provider_load_error(provider)
     if reason:
         return f"does not load: {reason}"
-    providers = [provider] if provider == "CPUExecutionProvider" else [provider, "CPUExecutionProvider"]
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # the fallback is reported below, not as ORT's banner
     try:
-        session = ort.InferenceSession(str(model), providers=providers)
+        session = ort.InferenceSession(str(model), options, providers=[provider, *_CHAINS[provider]])
     except Exception as exc:  # a provider that cannot even be requested
-        return f"fails: {str(exc).splitlines()[0][:160]}"
+        return f"fails: {' '.join(str(exc).split())[:160]}"
     got = session.get_providers()
-    return "loads" if got[0] == provider else f"falls back to {got[0]}"
+    return "loads" if got[0] == provider else f"does not load: ONNX Runtime fell back to {got[0]}"
 
 
-def gpus() -> list[str]:
+def gpu_lines() -> list[str]:
+    """One line per GPU: NVML first, nvidia-smi where NVML cannot answer; one line saying so without any."""
+    from latlab.server.gpu import nvml_gpus
+
+    gpus = nvml_gpus()
+    if gpus:
+        return [f"{g.name}, {g.memory_total_bytes / 2**30:.1f} GiB (GPU {g.index}, NVML)" for g in gpus]
+    smi = nvidia_smi_gpus()
+    if smi:
+        return [f"{line} (nvidia-smi)" for line in smi]
+    nvml = "no GPU" if gpus == [] else "no driver or library"
+    return [f"none (NVML: {nvml}; nvidia-smi: {'no GPU' if shutil.which('nvidia-smi') else 'not installed'})"]
+
+
+def nvidia_smi_gpus() -> list[str]:
     """GPU names and memory from nvidia-smi, when there is one."""
     if not shutil.which("nvidia-smi"):
         return []
@@ -55,15 +78,19 @@ def gpus() -> list[str]:
 
 
 def report() -> str:
+    """The doctor's report: one line per fact."""
     import onnxruntime as ort
 
     info = machine.describe()
-    lines = [f"CPU:        {info['cpu']} ({info['cores']} logical cores), {info['memory_gib']} GiB RAM",
-             f"OS:         {info['os']}, Python {info['python']}",
-             f"GPU:        {', '.join(gpus()) or 'none found (no nvidia-smi or no device)'}",
-             f"ORT:        onnxruntime {ort.__version__}, device {ort.get_device()}"]
+    lines = [f"cpu:          {info['cpu']}",
+             f"cores:        {info['cores']} logical",
+             f"memory:       {info['memory_gib']} GiB",
+             f"os:           {info['os']}, Python {info['python']}"]
+    lines += [f"gpu:          {line}" for line in gpu_lines()]
+    lines.append(f"onnxruntime:  {ort.__version__} ({ort.get_device()} build; lists "
+                 f"{', '.join(ort.get_available_providers())})")
     with tempfile.TemporaryDirectory() as tmp:
         model = tiny_model(Path(tmp) / "tiny.onnx")
-        for provider in ort.get_available_providers():
-            lines.append(f"provider:   {provider:<28} {provider_check(model, provider)}")
+        for provider in PROVIDERS:
+            lines.append(f"provider:     {provider:<26} {provider_check(model, provider)}")
     return "\n".join(lines)

@@ -1,6 +1,7 @@
-"""Dynamic request batcher: a bounded queue, Triton's dispatch rule, worker threads and futures.
+"""Dynamic request batcher: a bounded priority queue, Triton's dispatch rule, worker threads and futures.
 
 It knows nothing of Flask or ONNX Runtime: it is given a `run_batch` callable, plain settings and a clock.
+Adaptive waiting lives in latency_model.py, merging, splitting and padding tensors in tensors.py.
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from itertools import chain
+from typing import Callable, Iterator, Protocol, Sequence
 
-import numpy as np
-
-from latlab.server.config import BatcherSettings
+from latlab.server.config import BatcherSettings, PaddingSettings
 from latlab.server.errors import BadRequest, ComputeError, ModelNotReady, QueueFull, RequestTimeout, public_message
+from latlab.server.latency_model import ArrivalRate, LatencyModel, adaptive_wait
+from latlab.server.tensors import Tensors, merge, request_length, shape_key, split
 
-Tensors = dict[str, np.ndarray]
+__all__ = ["BatchQueue", "DynamicBatcher", "Pending", "batch_to_send", "merge", "split"]
 log = logging.getLogger("latlab.server.batcher")
 
 
@@ -33,13 +35,17 @@ class Pending:
     future: Future = field(default_factory=Future)
     shape_key: tuple = ()
     """Every input's trailing dimensions: only requests with the same key are batched together."""
+    priority: int = 0
+    """Triton's request priority: 1 is the highest level; 0 means the deployment's default level."""
+    length: int = 0
+    """The request's length on the padded axis (0 without padding); outputs are cut back to it."""
 
 
 def batch_to_send(now: float, sizes: Sequence[int], oldest_enqueued_at: float, max_batch_size: int,
                   max_queue_delay_s: float, preferred: Sequence[int] = ()) -> int | float | None:
     """Triton's rule. Returns how many queued requests to send now (int), when to look again (float),
     or None when the queue is empty. `sizes` are the batch dimensions of the queued requests that may
-    join one batch, oldest first. Send at once when the batch is full, the next request does not fit,
+    join one batch, in queue order (priority, then arrival). Send at once when the batch is full, the next request does not fit,
     a preferred size is reached, or the oldest request has waited the delay."""
     if not sizes:
         return None
@@ -61,55 +67,93 @@ def batch_to_send(now: float, sizes: Sequence[int], oldest_enqueued_at: float, m
 
 
 class BatchQueue:
-    """The batcher's state without threads: bounded FIFO, expiry and batch formation at a given time."""
+    """The batcher's state without threads: bounded queue per priority level, expiry, batch formation at a
+    given time and, in adaptive mode, the latency model and arrival rate the wait decision uses."""
 
     def __init__(self, settings: BatcherSettings) -> None:
         self.settings = settings
-        self._queue: deque[Pending] = deque()
+        self._levels: list[deque[Pending]] = [deque() for _ in range(settings.priority_levels)]
+        self._count = 0
         self._delay_s = settings.max_queue_delay_ms / 1000.0
+        self.latency = LatencyModel()
+        self.arrivals = ArrivalRate()
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return self._count
+
+    def _ordered(self) -> Iterator[Pending]:
+        """Highest priority first, arrival order within a level."""
+        return chain.from_iterable(self._levels)
+
+    def level_of(self, priority: int) -> int:
+        """The queue level (1-based) of a request's `priority`; BadRequest names a value out of range."""
+        levels = self.settings.priority_levels
+        if type(priority) is not int or not 0 <= priority <= levels:
+            raise BadRequest(f"parameters.priority must be an integer in 0..{levels} (1 = highest, 0 = default), "
+                             f"got {priority!r}")
+        return priority or self.settings.default_priority_level
 
     def put(self, pending: Pending) -> None:
+        level = self.level_of(pending.priority)
         if pending.size > self.settings.max_batch_size:
             raise BadRequest(f"batch of {pending.size} exceeds this deployment's max_batch_size "
                              f"{self.settings.max_batch_size}")
-        if len(self._queue) >= self.settings.max_queue_size:
+        if self._count >= self.settings.max_queue_size:
             raise QueueFull(f"queue is full ({self.settings.max_queue_size} requests waiting)")
-        self._queue.append(pending)
+        self._levels[level - 1].append(pending)
+        self._count += 1
+        self.arrivals.arrived(pending.enqueued_at)
 
     def expire(self, now: float) -> list[Pending]:
         """Remove and return the requests whose deadline has passed; they must never be computed."""
-        expired = [p for p in self._queue if p.deadline <= now]
+        expired = [p for p in self._ordered() if p.deadline <= now]
         if expired:
-            self._queue = deque(p for p in self._queue if p.deadline > now)
+            self._remove(expired)
         return expired
 
-    def take(self, now: float, flush: bool = False) -> list[Pending] | float | None:
+    def record_batch(self, samples: int, compute_s: float) -> None:
+        """Feed one finished batch's run time to the latency model (adaptive mode's a*n + b)."""
+        self.latency.record(samples, compute_s)
+
+    def take(self, now: float, flush: bool = False, free_instances: int = 1) -> list[Pending] | float | None:
         """The batch to run now, or the time to look again, or None when empty.
-        `flush` sends whatever is queued without waiting (used while draining)."""
-        if not self._queue:
+        `flush` sends whatever is queued without waiting (used while draining). `free_instances` counts
+        the idle workers, the caller included (adaptive mode sends at once when another one is idle)."""
+        if not self._count:
             return None
         limit = self.settings.max_batch_size
-        oldest = self._queue[0]
-        # Requests of other trailing shapes cannot share a tensor: group the oldest's shape (from
-        # anywhere in the queue, in arrival order); the others form the next batches.
-        group = [p for p in self._queue if p.shape_key == oldest.shape_key][:limit]
-        decision = batch_to_send(now, [p.size for p in group], oldest.enqueued_at, limit,
+        ordered = list(self._ordered())
+        # Requests of other trailing shapes cannot share a tensor: group the first's shape (from anywhere
+        # in the queue, in priority then arrival order); the others form the next batches.
+        key = ordered[0].shape_key
+        group = [p for p in ordered if p.shape_key == key][:limit]
+        oldest = min(p.enqueued_at for p in group)  # the delay counts from the batch's oldest request
+        decision = batch_to_send(now, [p.size for p in group], oldest, limit,
                                  0.0 if flush else self._delay_s, self.settings.preferred_batch_sizes)
+        if isinstance(decision, float) and self.settings.adaptive:
+            decision = self._adaptive(now, group, oldest, free_instances)
         if isinstance(decision, float):
             # Wake for the first deadline too, so an expired request is answered at its deadline.
-            return min(decision, min(p.deadline for p in self._queue))
+            return min(decision, min(p.deadline for p in ordered))
         chosen = group[:decision]
-        if all(a is b for a, b in zip(chosen, self._queue)):
-            for _ in chosen:
-                self._queue.popleft()
-        else:
-            taken = {id(p) for p in chosen}
-            self._queue = deque(p for p in self._queue if id(p) not in taken)
+        self._remove(chosen)
         return chosen
 
+    def _adaptive(self, now: float, group: list[Pending], oldest: float, free_instances: int) -> int | float:
+        last = self.arrivals.last_arrival
+        until = adaptive_wait(now, [p.size for p in group], oldest, self.latency.fit(),
+                              self.arrivals.expected_gap(now), now if last is None else last, free_instances,
+                              self._delay_s, min(p.deadline for p in group))
+        return len(group) if until is None else until
+
+    def _remove(self, items: list[Pending]) -> None:
+        gone = {id(p) for p in items}
+        for i, level in enumerate(self._levels):
+            while level and id(level[0]) in gone:  # the usual case: the front of a level
+                gone.discard(id(level.popleft()))
+            if gone and any(id(p) in gone for p in level):
+                self._levels[i] = deque(p for p in level if id(p) not in gone)
+        self._count -= len(items)
 
 class BatchObserver(Protocol):
     """What the batcher reports (metrics implement it)."""
@@ -128,31 +172,36 @@ class _NoObserver:
 class DynamicBatcher:
     """Runs batches from a BatchQueue on `settings.instances` worker threads; callers get futures.
 
-    Workers sleep on a condition variable until a request arrives or the oldest one's delay runs out:
-    no polling, so an idle deployment costs no CPU."""
+    Workers sleep on a condition variable until a request arrives, a batch finishes (adaptive mode) or
+    the computed send time comes: no polling, so an idle deployment costs no CPU. With `padding`,
+    requests of different lengths on the padded axis share a batch (see server/tensors.py)."""
 
     def __init__(self, run_batch: Callable[[Tensors], Tensors], settings: BatcherSettings,
                  observer: BatchObserver | None = None, clock: Callable[[], float] = time.monotonic,
-                 name: str = "batcher") -> None:
+                 name: str = "batcher", padding: PaddingSettings | None = None) -> None:
         self._run_batch = run_batch
+        self._settings = settings
+        self._padding = padding if padding and padding.values else None
         self._queue = BatchQueue(settings)
         self._observer = observer or _NoObserver()
         self._clock = clock
         self._timeout_s = settings.timeout_ms / 1000.0
         self._cond = threading.Condition()
         self._closing = False
+        self._busy = 0
         self._workers = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
                          for i in range(settings.instances)]
         for worker in self._workers:
             worker.start()
 
-    def submit(self, inputs: Tensors, size: int, timeout_s: float | None = None) -> Future:
-        """Queue one request of `size` samples; raises QueueFull/ModelNotReady at once instead of waiting.
-        `timeout_s` may only shorten the deployment's timeout."""
+    def submit(self, inputs: Tensors, size: int, timeout_s: float | None = None, priority: int = 0) -> Future:
+        """Queue one request of `size` samples; raises QueueFull/ModelNotReady/BadRequest at once instead of
+        waiting. `timeout_s` may only shorten the deployment's timeout; `priority` 1 is the highest level,
+        0 the deployment's default."""
         now = self._clock()
         timeout_s = self._timeout_s if timeout_s is None else min(timeout_s, self._timeout_s)
-        shape_key = tuple((name, array.shape[1:]) for name, array in sorted(inputs.items()))
-        pending = Pending(inputs, size, now, now + timeout_s, shape_key=shape_key)
+        pending = Pending(inputs, size, now, now + timeout_s, shape_key=shape_key(inputs, self._padding),
+                          priority=priority, length=request_length(inputs, self._padding))
         with self._cond:
             if self._closing:
                 raise ModelNotReady("deployment is shutting down")
@@ -165,15 +214,22 @@ class DynamicBatcher:
             self._cond.notify()
         return pending.future
 
-    def infer(self, inputs: Tensors, size: int, timeout_s: float | None = None) -> Tensors:
+    def infer(self, inputs: Tensors, size: int, timeout_s: float | None = None, priority: int = 0) -> Tensors:
         """Submit and wait for the result (the request thread's call)."""
-        future = self.submit(inputs, size, timeout_s)
+        future = self.submit(inputs, size, timeout_s, priority)
         try:
             # The worker expires the request at its deadline; the margin only guards a stuck model run.
             return future.result(timeout=self._timeout_s + 5.0)
         except TimeoutError:
             future.cancel()
             raise RequestTimeout(f"no result within {self._timeout_s:.3f} s") from None
+
+    def adaptive_state(self) -> dict[str, float | None]:
+        """What adaptive mode currently believes: a (s/sample), b (s/batch), the arrival rate (1/s)."""
+        with self._cond:
+            fit = self._queue.latency.fit()
+            gap = self._queue.arrivals.mean_gap
+        return {"a_s": fit and fit[0], "b_s": fit and fit[1], "arrival_rate": 1.0 / gap if gap else None}
 
     def close(self, timeout: float | None = None) -> None:
         """Stop taking requests, finish everything queued and in flight, then stop the workers."""
@@ -188,7 +244,16 @@ class DynamicBatcher:
             batch = self._next_batch()
             if batch is None:
                 return
-            self._run(batch)
+            run_s = None
+            try:
+                run_s = self._run(batch)
+            finally:
+                with self._cond:
+                    self._busy -= 1
+                    if run_s is not None:
+                        self._queue.record_batch(sum(p.size for p in batch), run_s)
+                    if self._settings.adaptive:
+                        self._cond.notify()  # one more free instance can change a waiting worker's decision
 
     def _next_batch(self) -> list[Pending] | None:
         with self._cond:
@@ -199,8 +264,10 @@ class DynamicBatcher:
                     self._fail(pending, RequestTimeout(f"expired after {now - pending.enqueued_at:.3f} s in the queue"))
                 if expired:
                     self._observer.queue_depth(len(self._queue))
-                decision = self._queue.take(now, flush=self._closing)
+                free = self._settings.instances - self._busy
+                decision = self._queue.take(now, flush=self._closing, free_instances=free)
                 if isinstance(decision, list):
+                    self._busy += 1
                     self._observer.queue_depth(len(self._queue))
                     if self._queue:
                         self._cond.notify()  # another worker may start the next batch
@@ -214,15 +281,19 @@ class DynamicBatcher:
             pending.future.set_exception(error)
         self._observer.rejected("timeout")
 
-    def _run(self, batch: list[Pending]) -> None:
+    def _run(self, batch: list[Pending]) -> float | None:
+        """Run one batch and answer its futures; returns the model's run time (None when not run or failed)."""
         started = self._clock()
         batch = [p for p in batch if p.future.set_running_or_notify_cancel()]  # callers that gave up
         if not batch:
-            return
+            return None
         sizes = [p.size for p in batch]
         try:
-            outputs = self._run_batch(merge([p.inputs for p in batch]))
-            parts = split(outputs, sizes)
+            inputs = merge([p.inputs for p in batch], self._padding)
+            run_started = self._clock()
+            outputs = self._run_batch(inputs)
+            run_s = self._clock() - run_started
+            parts = split(outputs, sizes, [p.length for p in batch], self._padding)
         except Exception as exc:  # the model's failure belongs to this batch only
             log.error("batch of %d request(s) failed", len(batch), exc_info=True)  # the trace stays here
             error = ComputeError(f"model run failed: {public_message(exc)}")
@@ -230,24 +301,9 @@ class DynamicBatcher:
                 pending.future.set_exception(error)
             self._observer.batch_done(sum(sizes), [started - p.enqueued_at for p in batch],
                                       self._clock() - started, ok=False)
-            return
+            return None
         compute_s = self._clock() - started
         for pending, part in zip(batch, parts):
             pending.future.set_result(part)
         self._observer.batch_done(sum(sizes), [started - p.enqueued_at for p in batch], compute_s, ok=True)
-
-
-def merge(requests: list[Tensors]) -> Tensors:
-    """Concatenate the requests' inputs along the batch axis (no copy for a single request)."""
-    if len(requests) == 1:
-        return requests[0]
-    return {name: np.concatenate([r[name] for r in requests]) for name in requests[0]}
-
-
-def split(outputs: Tensors, sizes: list[int]) -> list[Tensors]:
-    """Cut each batched output back into the requests' parts, in order."""
-    if len(sizes) == 1:
-        return [outputs]
-    cuts = np.cumsum(sizes)[:-1]
-    per_output = {name: np.split(array, cuts) for name, array in outputs.items()}
-    return [{name: parts[i] for name, parts in per_output.items()} for i in range(len(sizes))]
+        return run_s

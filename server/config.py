@@ -11,7 +11,11 @@ from typing import Mapping
 
 from latlab.server.errors import ConfigError
 
-PROVIDERS = ("cpu", "cuda")
+PROVIDERS = ("cpu", "cuda", "tensorrt")
+GRAPH_OPTIMIZATION_LEVELS = ("disable", "basic", "extended", "all")
+EXECUTION_MODES = ("sequential", "parallel")
+CONV_ALGO_SEARCHES = ("exhaustive", "heuristic", "default")
+ARENA_EXTEND_STRATEGIES = ("next_power_of_two", "same_as_requested")
 LOAD_FAILURE_POLICIES = ("fail", "skip")
 AUTH_TOKEN_ENV = "LATLAB_AUTH_TOKEN"
 MIN_TOKEN_LENGTH = 16
@@ -36,16 +40,77 @@ class BatcherSettings:
     A request's `parameters.timeout` (µs) may shorten it, never lengthen it."""
     preferred_batch_sizes: tuple[int, ...] = ()
     """Batch sizes worth sending at once, without waiting out the delay (Triton's preferred_batch_size)."""
+    adaptive: bool = False
+    """Wait for a batch to fill only while waiting is predicted to pay (see server/latency_model.py): a lone
+    request at low load is sent at once; max_queue_delay_ms stays the upper bound on any wait."""
+    priority_levels: int = 1
+    """Priority levels (Triton's): a request's `parameters.priority` 1 (highest) .. priority_levels is served
+    before lower levels, FIFO within a level; max_queue_size counts all levels together."""
+    default_priority_level: int = 1
+    """The level of a request whose `parameters.priority` is 0 or absent; in 1..priority_levels."""
+
+
+@dataclass(frozen=True)
+class PaddingSettings:
+    """Variable-length inputs: requests whose length on `axis` differs share a batch, padded to its longest."""
+
+    axis: int = 1
+    """The padded axis (0 is the batch axis, so >= 1), e.g. 1 for a sequence's tokens."""
+    values: dict = field(default_factory=dict)
+    """Pad value per input name, e.g. {input_ids = 0, attention_mask = 0}. Inputs not named are never padded
+    and must agree in shape to share a batch. Empty: padding off, requests grouped by trailing shape."""
+    bucket: int = 0
+    """Lengths 1..bucket, bucket+1..2*bucket, ... form separate batches, so a short request pads to at most
+    bucket-1 extra positions (less wasted compute); 0: any lengths share a batch."""
 
 
 @dataclass(frozen=True)
 class CpuOptions:
-    """ONNX Runtime CPU provider options."""
+    """ONNX Runtime session options that shape CPU execution (they apply on every provider's session)."""
 
     intra_op_threads: int = 0
     """Threads for one operator; 0 lets ONNX Runtime use every core."""
+    inter_op_threads: int = 0
+    """Threads running independent operators at once (only with execution_mode = "parallel"); 0: ORT's choice."""
     allow_spinning: bool = True
     """Whether idle ORT threads spin; spinning cuts latency but steals CPU from HTTP threads."""
+    graph_optimization_level: str = "all"
+    """ORT graph rewrites before the first run: "disable", "basic", "extended" or "all"."""
+    execution_mode: str = "sequential"
+    """"sequential" runs one operator at a time; "parallel" runs independent branches at once."""
+
+
+@dataclass(frozen=True)
+class CudaOptions:
+    """ONNX Runtime CUDA provider options (provider = "cuda" or "tensorrt")."""
+
+    device_id: int = 0
+    """Which GPU (CUDA's numbering) runs the session and holds the bound inputs and outputs."""
+    cudnn_conv_algo_search: str = "exhaustive"
+    """How cuDNN picks convolution kernels per shape: "exhaustive" (benchmarks all, best but slow first
+    run per shape: warm-up pays it), "heuristic" or "default"."""
+    enable_cuda_graph: bool = False
+    """Capture the model once as a CUDA graph and replay it: cuts kernel-launch overhead on small models.
+    Needs fixed shapes, so only with max_batch_size = 1 and a model without other dynamic dimensions
+    (refused otherwise); inputs and outputs then live in fixed device buffers."""
+    gpu_mem_limit: int = 0
+    """Most bytes ORT's device arena may hold; 0: no limit."""
+    arena_extend_strategy: str = "next_power_of_two"
+    """How the arena grows: "next_power_of_two" (fewer, larger allocations) or "same_as_requested"."""
+    copy_in_default_stream: bool = True
+    """Copy between host and device on the compute stream (safe); false uses a separate copy stream."""
+
+
+@dataclass(frozen=True)
+class TensorrtOptions:
+    """ONNX Runtime TensorRT provider options (provider = "tensorrt"; CUDA then CPU run what TensorRT cannot)."""
+
+    fp16: bool = False
+    """Let TensorRT build FP16 kernels (faster, less precise)."""
+    engine_cache_dir: str = ""
+    """Folder to keep built engines in, so a restart skips the minutes-long build; empty: no cache."""
+    max_workspace_bytes: int = 0
+    """Scratch memory TensorRT may use while building; 0: TensorRT's default."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +122,11 @@ class DeploymentConfig:
     provider: str = "cpu"
     batcher: BatcherSettings = field(default_factory=BatcherSettings)
     cpu: CpuOptions = field(default_factory=CpuOptions)
+    cuda: CudaOptions = field(default_factory=CudaOptions)
+    tensorrt: TensorrtOptions = field(default_factory=TensorrtOptions)
+    warmup: bool = True
+    """Run every batch size the batcher can form once, with zeros, before the deployment reports ready."""
+    padding: PaddingSettings = field(default_factory=PaddingSettings)
     model: str = ""
     """The model's name (e.g. 'ffn') as opposed to the deployment's; label for metrics and reports."""
     allow_non_finite: bool = False
@@ -185,9 +255,56 @@ def _deployment(raw: dict, base_dir: Path) -> DeploymentConfig:
         raise ConfigError(f"deployment '{name}': preferred_batch_sizes must be integers in 1..max_batch_size")
     if batcher.max_queue_delay_ms < 0 or batcher.timeout_ms <= 0:
         raise ConfigError(f"deployment '{name}': max_queue_delay_ms must be >= 0 and timeout_ms > 0")
-    cpu = _build(CpuOptions, _table(raw.pop("cpu", {}), f"deployment '{name}' cpu"), f"deployment '{name}' [cpu]")
+    if batcher.priority_levels < 1 or not 1 <= batcher.default_priority_level <= batcher.priority_levels:
+        raise ConfigError(f"deployment '{name}': priority_levels must be >= 1 and default_priority_level in "
+                          f"1..priority_levels, got {batcher.priority_levels} and {batcher.default_priority_level}")
+    padding = _padding(_table(raw.pop("padding", {}), f"deployment '{name}' padding"), name)
+    cpu, cuda, tensorrt = _provider_options(raw, name, batcher)
     raw.setdefault("model", model_path.parent.name)
-    return _build(DeploymentConfig, raw, f"deployment '{name}'", model_path=model_path, batcher=batcher, cpu=cpu)
+    return _build(DeploymentConfig, raw, f"deployment '{name}'", model_path=model_path, batcher=batcher, cpu=cpu,
+                  cuda=cuda, tensorrt=tensorrt, padding=padding)
+
+
+def _padding(table: dict, name: str) -> PaddingSettings:
+    values = table.get("values", {})
+    if not isinstance(values, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in values.values()):
+        raise ConfigError(f"deployment '{name}' [padding]: values must be a table of input name = number, got {values!r}")
+    padding = _build(PaddingSettings, table, f"deployment '{name}' [padding]")
+    if padding.axis < 1 or padding.bucket < 0:
+        raise ConfigError(f"deployment '{name}' [padding]: axis must be >= 1 (0 is the batch axis) and bucket >= 0, "
+                          f"got axis {padding.axis} and bucket {padding.bucket}")
+    return padding
+
+
+def _provider_options(raw: dict, name: str, batcher: BatcherSettings
+                      ) -> tuple[CpuOptions, CudaOptions, TensorrtOptions]:
+    """The [cpu], [cuda] and [tensorrt] tables of a deployment, each value checked against its choices."""
+    tables = {key: _table(raw.pop(key, {}), f"deployment '{name}' {key}") for key in ("cpu", "cuda", "tensorrt")}
+    cpu = _build(CpuOptions, tables["cpu"], f"deployment '{name}' [cpu]")
+    cuda = _build(CudaOptions, tables["cuda"], f"deployment '{name}' [cuda]")
+    tensorrt = _build(TensorrtOptions, tables["tensorrt"], f"deployment '{name}' [tensorrt]")
+    for where, value, choices in (("[cpu] graph_optimization_level", cpu.graph_optimization_level,
+                                   GRAPH_OPTIMIZATION_LEVELS),
+                                  ("[cpu] execution_mode", cpu.execution_mode, EXECUTION_MODES),
+                                  ("[cuda] cudnn_conv_algo_search", cuda.cudnn_conv_algo_search, CONV_ALGO_SEARCHES),
+                                  ("[cuda] arena_extend_strategy", cuda.arena_extend_strategy, ARENA_EXTEND_STRATEGIES)):
+        if value not in choices:
+            raise ConfigError(f"deployment '{name}': {where} must be one of {choices}, got {value!r}")
+    counts = {"[cpu] intra_op_threads": cpu.intra_op_threads, "[cpu] inter_op_threads": cpu.inter_op_threads,
+              "[cuda] device_id": cuda.device_id, "[cuda] gpu_mem_limit": cuda.gpu_mem_limit,
+              "[tensorrt] max_workspace_bytes": tensorrt.max_workspace_bytes}
+    for where, value in counts.items():
+        if value < 0:
+            raise ConfigError(f"deployment '{name}': {where} must be >= 0, got {value}")
+    if cuda.enable_cuda_graph and raw.get("provider") == "tensorrt":
+        raise ConfigError(f"deployment '{name}': [cuda] enable_cuda_graph is for provider \"cuda\" only (TensorRT "
+                          "builds its own engines)")
+    if cuda.enable_cuda_graph and batcher.max_batch_size != 1:
+        # A CUDA graph replays fixed shapes; the batcher's batches vary in size (see CudaOptions).
+        raise ConfigError(f"deployment '{name}': [cuda] enable_cuda_graph needs max_batch_size = 1 (a captured graph "
+                          f"has fixed shapes), got {batcher.max_batch_size}")
+    return cpu, cuda, tensorrt
 
 
 def _table(value: object, where: str) -> dict:

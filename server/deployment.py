@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
+import threading
 import time
 
 import numpy as np
+from prometheus_client import Gauge
 
 from latlab.server.batcher import DynamicBatcher
 from latlab.server.config import DeploymentConfig
-from latlab.server.errors import BadRequest
+from latlab.server.errors import BadRequest, ConfigError
 from latlab.server.metrics import DeploymentObserver, ServerMetrics
 from latlab.server.protocol import InferRequest
 from latlab.server.runtime import OnnxModel
+
+log = logging.getLogger("latlab.server.deployment")
+WARMUP_WAIT_S = 2.0
+"""How long the constructor waits for warm-up; a longer one goes on in the background (the server then
+answers /v2/health/live, while ready stays false until it ends). A small model is ready when built."""
+SELECTION_INPUT = "\x00latlab.requested_outputs"
+"""Carries each request's output selection through the batcher: a (samples, outputs) bool column per
+request, so a batch knows whether all its requests asked for the same outputs. Its name cannot be an
+input's (NUL never appears in an ONNX name), it is never padded, and its width is the same for all."""
 
 
 class Deployment:
@@ -28,12 +41,70 @@ class Deployment:
         metrics.model_load.labels(**labels).set(time.perf_counter() - started)
         metrics.queue_capacity.labels(**labels).set(config.batcher.max_queue_size)
         self.observer: DeploymentObserver = metrics.for_deployment(labels)
-        self.batcher = DynamicBatcher(self.model.run, config.batcher, self.observer, name=config.name)
+        _check_padding(config, {spec.name for spec in self.model.inputs})
+        self.batcher = DynamicBatcher(self._run_batch, config.batcher, self.observer, name=config.name,
+                                      padding=config.padding)
         self._output_names = {o.name for o in self.model.outputs}
+        self._output_order = [o.name for o in self.model.outputs]
+        self._all_outputs = np.ones((1, len(self._output_order)), dtype=bool)
+        self._all_outputs.flags.writeable = False
+        self.environment = environment(self.model)
+        self._warmed, self._closing = threading.Event(), threading.Event()
+        self._warmup = threading.Thread(target=self._warm_up, args=(metrics.model_warmup, labels),
+                                        name=f"{config.name}-warmup", daemon=True)
+        if config.warmup:
+            self._warmup.start()
+            self._warmed.wait(WARMUP_WAIT_S)
+        else:
+            self._warmed.set()
 
     @property
     def ready(self) -> bool:
-        return True
+        """False until warm-up has run every batch size (requests are served meanwhile, only slower)."""
+        return self._warmed.is_set()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Block until warm-up is done (or `timeout` passes); returns whether it is."""
+        return self._warmed.wait(timeout)
+
+    def _warm_up(self, gauge: Gauge, labels: dict[str, str]) -> None:
+        """Run every batch size the batcher can form once, with zeros: the first run at each new shape is
+        the slow one (ORT allocates, cuDNN searches kernels), and a client should not pay it."""
+        started = time.perf_counter()
+        for inputs in self.model.warmup_batches(self.config.batcher.max_batch_size):
+            if self._closing.is_set():
+                return
+            try:
+                self.model.run(inputs)
+            except Exception as exc:  # zeros may be invalid for some models: log it, serve anyway
+                log.warning("deployment '%s': warm-up run failed (%s); skipping the rest of warm-up",
+                            self.config.name, exc)
+                break
+        gauge.labels(**labels).set(time.perf_counter() - started)  # no sample before: absent means not warmed
+        self._warmed.set()
+
+    def _run_batch(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The batcher's model run: the outputs the whole batch asked for (all when they differ), and on a
+        device the transfer times reported apart."""
+        inputs = dict(inputs)
+        selection = inputs.pop(SELECTION_INPUT, None)
+        names = None
+        if selection is not None and selection is not self._all_outputs and not selection[0].all() and (
+                selection[0].any()) and (
+                len(selection) == 1 or (selection == selection[0]).all()):
+            names = [name for name, wanted in zip(self._output_order, selection[0]) if wanted]
+        outputs, timings = self.model.run_timed(inputs, names)
+        if timings is not None:
+            self.observer.transfer_done(timings.input_s, timings.output_s)
+        return outputs
+
+    def with_selection(self, inputs: dict[str, np.ndarray], size: int, outputs: list[str] | None
+                       ) -> dict[str, np.ndarray]:
+        """The request's inputs plus its output selection (see SELECTION_INPUT) for the batcher."""
+        if outputs is None and size == 1:
+            return {**inputs, SELECTION_INPUT: self._all_outputs}  # the common case, prebuilt
+        wanted = np.array([outputs is None or name in outputs for name in self._output_order])
+        return {**inputs, SELECTION_INPUT: np.broadcast_to(wanted, (size, len(wanted)))}
 
     def infer(self, request: InferRequest) -> dict[str, np.ndarray]:
         if request.outputs is not None:
@@ -42,7 +113,9 @@ class Deployment:
                 raise BadRequest(f"model '{self.config.name}' has no output(s) {unknown}; "
                                  f"it has {sorted(self._output_names)}")
         size = self.model.validate(request.inputs)
-        outputs = self.batcher.infer(request.inputs, size, request_timeout_s(request.parameters))
+        inputs = self.with_selection(request.inputs, size, request.outputs)
+        outputs = self.batcher.infer(inputs, size, request_timeout_s(request.parameters),
+                                     request_priority(request.parameters))
         if request.outputs is None:
             return outputs
         return {name: outputs[name] for name in request.outputs}
@@ -56,11 +129,33 @@ class Deployment:
             "model_path": str(self.config.model_path),
             "batcher": dataclasses.asdict(self.config.batcher),
             "cpu": dataclasses.asdict(self.config.cpu),
+            **({"cuda": dataclasses.asdict(self.config.cuda)} if self.config.provider != "cpu" else {}),
+            **({"tensorrt": dataclasses.asdict(self.config.tensorrt)} if self.config.provider == "tensorrt" else {}),
+            "io_binding": self.model.bound,
+            "warmup": self.config.warmup,
             "allow_non_finite": self.config.allow_non_finite,
+            "environment": self.environment,
         }
 
     def close(self) -> None:
+        self._closing.set()
+        if self._warmup.is_alive():
+            self._warmup.join()
         self.batcher.close()
+
+
+def environment(model: OnnxModel) -> dict:
+    """What served this deployment: ORT version, the providers the session really got, CPU and GPU."""
+    import onnxruntime as ort
+
+    from latlab.machine import cpu_model
+    from latlab.server.gpu import nvml_gpus
+
+    gpus = nvml_gpus() or []
+    device = model.deployment.cuda.device_id if model.deployment.provider != "cpu" else 0
+    gpu = next((g.name for g in gpus if g.index == device), None)
+    return {"onnxruntime": ort.__version__, "providers": model.session.get_providers(),
+            "cpu": cpu_model(), "cores": os.cpu_count(), "gpu": gpu}
 
 
 def request_timeout_s(parameters: dict) -> float | None:
@@ -71,3 +166,19 @@ def request_timeout_s(parameters: dict) -> float | None:
     if type(timeout) is not int or timeout < 0:
         raise BadRequest(f"parameters.timeout must be a non-negative integer of microseconds, got {timeout!r}")
     return timeout / 1e6
+
+
+def request_priority(parameters: dict) -> int:
+    """Triton's per-request `priority` parameter: 1 is the highest level; 0 or absent: the default level.
+    The range is checked against the deployment's priority_levels by the batcher."""
+    priority = parameters.get("priority", 0)
+    if type(priority) is not int:
+        raise BadRequest(f"parameters.priority must be an integer (1 = highest, 0 = default), got {priority!r}")
+    return priority
+
+
+def _check_padding(config: DeploymentConfig, inputs: set[str]) -> None:
+    unknown = sorted(set(config.padding.values) - inputs)
+    if unknown:
+        raise ConfigError(f"deployment '{config.name}' [padding]: values name input(s) {unknown} the model does "
+                          f"not have; it has {sorted(inputs)}")

@@ -3,12 +3,46 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Iterator
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 log = logging.getLogger("latlab.server.gpu")
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU as NVML names it."""
+
+    index: int
+    name: str
+    memory_total_bytes: int
+
+
+def nvml_gpus() -> list[GpuInfo] | None:
+    """Every GPU NVML sees; None when NVML cannot answer at all (no library, no driver)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as exc:  # no library, no driver: the caller may try nvidia-smi
+        log.debug("NVML unavailable: %s", exc)
+        return None
+    try:
+        found = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            name = pynvml.nvmlDeviceGetName(handle)
+            name = name.decode() if isinstance(name, bytes) else name  # older bindings return bytes
+            found.append(GpuInfo(index, name, int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)))
+        return found
+    except Exception as exc:  # a device that fails mid-query: report what NVML could not do
+        log.warning("NVML query failed: %s", exc)
+        return None
+    finally:
+        pynvml.nvmlShutdown()  # nvmlInit counts references: this does not disturb GpuCollector's handle
 
 
 class GpuCollector(Collector):

@@ -51,6 +51,17 @@ class ServerMetrics:
         self.model_load = Gauge(
             "latlab_server_model_load_seconds", "Time to create the deployment's ONNX Runtime session.",
             LABELS, registry=registry)
+        self.model_warmup = Gauge(
+            "latlab_server_model_warmup_seconds", "Time the deployment's warm-up took (every batch size once); "
+            "absent while it runs.", LABELS, registry=registry)
+        # Only device providers observe these: on CPU ORT reads the request's arrays in place, no transfer.
+        self.input_transfer_duration = Histogram(
+            "latlab_batcher_input_transfer_duration_seconds", "Time copying one batch's inputs to the device.",
+            LABELS, registry=registry, buckets=LATENCY_BUCKETS)
+        self.output_transfer_duration = Histogram(
+            "latlab_batcher_output_transfer_duration_seconds",
+            "Time copying one batch's requested outputs from the device to the host.",
+            LABELS, registry=registry, buckets=LATENCY_BUCKETS)
         self.batches = Counter(
             "latlab_batcher_batches", "Model runs, by outcome.",
             (*LABELS, "outcome"), registry=registry)
@@ -84,6 +95,11 @@ class DeploymentObserver:
         self._compute.observe(compute_s)
         self._batch_size.observe(size)
         self._metrics.batches.labels(**self.labels, outcome="ok" if ok else "error").inc()
+
+    def transfer_done(self, input_s: float, output_s: float) -> None:
+        """A device run's host-to-device and device-to-host copy times (never called on CPU)."""
+        self._metrics.input_transfer_duration.labels(**self.labels).observe(input_s)
+        self._metrics.output_transfer_duration.labels(**self.labels).observe(output_s)
 
     def answered(self, outcome: str, seconds: float) -> None:
         self.request_duration.observe(seconds)

@@ -105,6 +105,8 @@ def _schemas() -> dict:
             "id": {"type": "string", "maxLength": MAX_ID_LENGTH},
             "parameters": {"type": "object", "properties": {
                 "timeout": {"type": "integer", "minimum": 0, "description": "µs; may only shorten the server's"},
+                "priority": {"type": "integer", "minimum": 0,
+                             "description": "1 = highest .. the deployment's priority_levels; 0 or absent: its default"},
                 "binary_data_output": {"type": "boolean"}}},
             "inputs": {"type": "array", "minItems": 1, "items": {"$ref": _REF + "RequestInput"}},
             "outputs": {"type": "array", "items": {"$ref": _REF + "RequestOutput"}}}},

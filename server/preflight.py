@@ -14,7 +14,8 @@ from latlab.server.config import DeploymentConfig, ServerConfig
 from latlab.server.errors import ConfigError
 
 log = logging.getLogger("latlab.server.preflight")
-_PROVIDER = {"cuda": "CUDAExecutionProvider"}
+_PROVIDER = {"cuda": ["CUDAExecutionProvider"], "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider"]}
+"""The libraries each device provider needs (TensorRT runs what it cannot on CUDA)."""
 
 
 def deployment_problem(deployment: DeploymentConfig) -> str | None:
@@ -26,10 +27,10 @@ def deployment_problem(deployment: DeploymentConfig) -> str | None:
     problem = _onnx_problem(path)
     if problem:
         return f"{where} {problem}"
-    if deployment.provider in _PROVIDER:
-        from latlab.server.runtime import provider_load_error  # imports onnxruntime: only when needed
+    for provider in _PROVIDER.get(deployment.provider, []):
+        from latlab.server.providers import provider_load_error  # imports onnxruntime: only when needed
 
-        reason = provider_load_error(_PROVIDER[deployment.provider])
+        reason = provider_load_error(provider)
         if reason:
             return f"{where} needs provider {deployment.provider}, which cannot load: {reason}"
     return None

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
+from latlab.server.bytes_tensors import bytes_from_binary, bytes_from_json, bytes_to_binary, bytes_to_json
 from latlab.server.errors import BadRequest
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -31,10 +32,13 @@ DATATYPES: dict[str, np.dtype] = {
     "FP16": np.dtype(np.float16),
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(np.object_),
 }
+"""BYTES tensors are numpy object arrays of `bytes` (what the requests carry); str elements (what ONNX
+Runtime returns for tensor(string)) are sent as their UTF-8 bytes."""
 _DATATYPE_OF = {dtype: name for name, dtype in DATATYPES.items()}
 # Little-endian on the wire whatever the host's byte order.
-_WIRE = {name: dtype.newbyteorder("<") for name, dtype in DATATYPES.items()}
+_WIRE = {name: dtype.newbyteorder("<") for name, dtype in DATATYPES.items() if name != "BYTES"}
 
 
 def datatype_of(dtype: np.dtype) -> str:
@@ -131,10 +135,12 @@ def _decode_input(raw: object, binary: memoryview, offset: int, body_size: int) 
     parameters = _dict_field(raw, "parameters", f"input '{name}'")
     size = parameters.get("binary_data_size")
     if size is not None:
-        return raw["name"], _from_binary(name, shape, datatype, size, binary, offset), size
+        decode = bytes_from_binary if datatype == "BYTES" else _from_binary
+        return raw["name"], decode(name, shape, datatype, size, binary, offset), size
     if "data" not in raw:
         raise BadRequest(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
-    array = _from_json_data(name, raw["data"], datatype, shape)
+    decode = bytes_from_json if datatype == "BYTES" else _from_json_data
+    array = decode(name, raw["data"], datatype, shape)
     if array.size != count:
         raise BadRequest(f"input '{name}': shape {shape} needs {count} elements but data has {array.size}")
     return raw["name"], array.reshape(shape), 0
@@ -250,10 +256,16 @@ def encode_response(model_name: str, model_version: str, request: InferRequest,
     tensors, chunks = [], []
     for name, array in outputs.items():
         tensor = {"name": name, "datatype": datatype_of(array.dtype), "shape": list(array.shape)}
-        if "*" in wanted or name in wanted:
+        if ("*" in wanted or name in wanted) and array.dtype == object:
+            raw = bytes_to_binary(array)
+            tensor["parameters"] = {"binary_data_size": len(raw)}
+            chunks.append(raw)
+        elif "*" in wanted or name in wanted:
             raw = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
             tensor["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
+        elif array.dtype == object:
+            tensor["data"] = bytes_to_json(name, array)
         else:
             tensor["data"] = np.ascontiguousarray(array).reshape(-1)
         tensors.append(tensor)

@@ -203,11 +203,11 @@ def test_duplicate_names_are_refused() -> None:
     assert "deployment names must be unique, got ['a', 'b', 'a']" in str(caught.value)
 
 
-@pytest.mark.parametrize("provider", ["gpu", "CUDA", "tensorrt", 1])
+@pytest.mark.parametrize("provider", ["gpu", "CUDA", "TensorRT", 1])
 def test_bad_provider_is_refused(provider: object) -> None:
     with pytest.raises(ConfigError) as caught:
         parse_config(deployment(provider=provider))
-    assert f"deployment 'a': provider must be one of ('cpu', 'cuda'), got {provider!r}" in str(caught.value)
+    assert f"deployment 'a': provider must be one of ('cpu', 'cuda', 'tensorrt'), got {provider!r}" in str(caught.value)
 
 
 @pytest.mark.parametrize("name", [None, "", "a/b", 3])

@@ -10,10 +10,27 @@ from latlab.server.errors import BadRequest
 from latlab.server.protocol import (DATATYPES, HEADER_LENGTH, InferRequest, datatype_of, decode_request,
                                     encode_error, encode_response)
 
+# BYTES elements: empty, ASCII, multi-byte UTF-8, a NUL inside, and long enough for a multi-byte length.
+BYTES_EDGES = [b"", b"a", "h\u00e9llo \u2603".encode(), b"nul\x00inside", b"x" * 300]
+
+
+def bytes_array(values: list[bytes], shape: tuple[int, ...]) -> np.ndarray:
+    array = np.empty(len(values), dtype=object)
+    array[:] = values
+    return array.reshape(shape)
+
+
+def bytes_wire(array: np.ndarray) -> bytes:
+    """BYTES the way a client writes them: per element a 4-byte little-endian length, then the bytes."""
+    return b"".join(len(item).to_bytes(4, "little") + item for item in array.flat)
+
+
 # Values at each datatype's edges, so a narrowing or sign slip shows.
 def sample(datatype: str, shape: tuple[int, ...]) -> np.ndarray:
     dtype = DATATYPES[datatype]
     count = int(np.prod(shape))
+    if datatype == "BYTES":
+        return bytes_array([BYTES_EDGES[i % len(BYTES_EDGES)] for i in range(count)], shape)
     if dtype.kind == "b":
         values = [i % 3 == 0 for i in range(count)]
     elif dtype.kind in "iu":
@@ -32,12 +49,14 @@ def json_body(*inputs: dict, **extra: object) -> bytes:
 
 
 def json_tensor(name: str, array: np.ndarray, nested: bool = False) -> dict:
+    if array.dtype == object:
+        array = np.vectorize(bytes.decode, otypes=[object])(array)
     data = array.tolist() if nested else array.reshape(-1).tolist()
     return {"name": name, "shape": list(array.shape), "datatype": datatype_of(array.dtype), "data": data}
 
 
 def binary_tensor(name: str, array: np.ndarray) -> tuple[dict, bytes]:
-    raw = array.astype(array.dtype.newbyteorder("<")).tobytes()
+    raw = bytes_wire(array) if array.dtype == object else array.astype(array.dtype.newbyteorder("<")).tobytes()
     return ({"name": name, "shape": list(array.shape), "datatype": datatype_of(array.dtype),
              "parameters": {"binary_data_size": len(raw)}}, raw)
 
@@ -53,7 +72,9 @@ def decode_response(body: bytes, header_length: int | None) -> tuple[dict, dict[
     arrays, offset = {}, header_length or 0
     for tensor in doc["outputs"]:
         dtype = DATATYPES[tensor["datatype"]]
-        if "data" in tensor:
+        if tensor["datatype"] == "BYTES":
+            arrays[tensor["name"]], offset = client_bytes(tensor, body, offset)
+        elif "data" in tensor:
             arrays[tensor["name"]] = np.array(tensor["data"], dtype=dtype).reshape(tensor["shape"])
         else:
             size = tensor["parameters"]["binary_data_size"]
@@ -62,6 +83,18 @@ def decode_response(body: bytes, header_length: int | None) -> tuple[dict, dict[
             offset += size
     assert offset == len(body) or header_length is None
     return doc, arrays
+
+
+def client_bytes(tensor: dict, body: bytes, offset: int) -> tuple[np.ndarray, int]:
+    """A BYTES output as a client reads it: JSON strings, or length-prefixed elements in the binary part."""
+    if "data" in tensor:
+        return bytes_array([text.encode() for text in tensor["data"]], tuple(tensor["shape"])), offset
+    end, values = offset + tensor["parameters"]["binary_data_size"], []
+    while offset < end:
+        length = int.from_bytes(body[offset:offset + 4], "little")
+        values.append(body[offset + 4:offset + 4 + length])
+        offset += 4 + length
+    return bytes_array(values, tuple(tensor["shape"])), offset
 
 
 def assert_same(actual: np.ndarray, expected: np.ndarray) -> None:
@@ -81,7 +114,7 @@ def test_datatype_of_names_every_dtype(datatype: str) -> None:
     assert datatype_of(DATATYPES[datatype]) == datatype
 
 
-@pytest.mark.parametrize("datatype", [d for d in ALL if DATATYPES[d].itemsize > 1])
+@pytest.mark.parametrize("datatype", [d for d in ALL if DATATYPES[d].itemsize > 1 and d != "BYTES"])
 def test_datatype_of_ignores_byte_order(datatype: str) -> None:
     assert datatype_of(DATATYPES[datatype].newbyteorder(">")) == datatype
     assert datatype_of(DATATYPES[datatype].newbyteorder("<")) == datatype
@@ -92,15 +125,16 @@ def test_datatype_of_accepts_scalar_types() -> None:
     assert datatype_of(np.int64) == "INT64"
 
 
-@pytest.mark.parametrize("dtype", [np.complex64, np.dtype("U3"), np.dtype(object), np.dtype("datetime64[s]")])
+@pytest.mark.parametrize("dtype", [np.complex64, np.dtype("U3"), np.dtype("S3"), np.dtype("datetime64[s]")])
 def test_datatype_of_refuses_dtypes_without_protocol_name(dtype: object) -> None:
     with pytest.raises(BadRequest, match="no Open Inference Protocol datatype"):
         datatype_of(dtype)
 
 
-def test_datatypes_cover_the_protocol_numeric_types() -> None:
+def test_datatypes_cover_every_protocol_type() -> None:
     assert set(DATATYPES) == {"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
-                              "INT64", "FP16", "FP32", "FP64"}
+                              "INT64", "FP16", "FP32", "FP64", "BYTES"}
+    assert datatype_of(np.dtype(object)) == "BYTES"
 
 
 # --- JSON round trips ------------------------------------------------------------------------------
@@ -326,7 +360,7 @@ def with_(**changes: object) -> dict:
     (json_body(with_(shape=[2.0])), "'shape' must be a list of non-negative integers"),
     (json_body(with_(shape=[True, 2])), "'shape' must be a list of non-negative integers"),
     (json_body(with_(datatype="FLOAT32")), "unsupported datatype 'FLOAT32'"),
-    (json_body(with_(datatype="BYTES")), "unsupported datatype 'BYTES'"),
+    (json_body(with_(datatype="BYTES")), "input 'a': data is not a valid BYTES array: BYTES elements must be strings"),
     (json_body(with_(datatype=None)), "unsupported datatype None"),
     (json_body(with_(data=None)), "input 'a' has neither 'data' nor parameters.binary_data_size"),
     (json_body(with_(data=[1.0, 2.0, 3.0])), "shape [2] needs 2 elements but data has 3"),
@@ -423,3 +457,79 @@ def test_json_data_of_the_wrong_kind_is_refused(datatype: str, data: list) -> No
     """Data whose JSON type does not match the datatype must be a 400, never silently coerced."""
     with pytest.raises(BadRequest, match=f"input 'a': data is not a valid {datatype} array"):
         decode_request(json_body({"name": "a", "shape": [2], "datatype": datatype, "data": data}))
+
+
+# --- BYTES -----------------------------------------------------------------------------------------
+
+
+def test_bytes_json_strings_become_utf8_bytes_in_an_object_array() -> None:
+    request = decode_request(json_body({"name": "s", "shape": [2, 2], "datatype": "BYTES",
+                                        "data": [["a", "h\u00e9"], ["", "\u2603"]]}))
+    array = request.inputs["s"]
+    assert array.dtype == object and array.shape == (2, 2)
+    assert array.tolist() == [[b"a", "h\u00e9".encode()], [b"", "\u2603".encode()]]
+
+
+def test_bytes_binary_keeps_bytes_that_are_not_utf8() -> None:
+    array = bytes_array([b"\xff\xfe", b"", b"\x00"], (3,))
+    tensor, raw = binary_tensor("s", array)
+    assert raw == b"\x02\x00\x00\x00\xff\xfe" + b"\x00\x00\x00\x00" + b"\x01\x00\x00\x00\x00"
+    body, header_length = binary_body({"inputs": [tensor]}, raw)
+    assert_same(decode_request(body, header_length).inputs["s"], array)
+
+
+def test_bytes_and_numeric_binary_inputs_are_read_in_order() -> None:
+    (ts, rs), (tx, rx) = binary_tensor("s", sample("BYTES", (2,))), binary_tensor("x", sample("FP32", (2,)))
+    body, header_length = binary_body({"inputs": [ts, tx]}, rs, rx)
+    request = decode_request(body, header_length)
+    assert_same(request.inputs["s"], sample("BYTES", (2,)))
+    assert_same(request.inputs["x"], sample("FP32", (2,)))
+
+
+def test_bytes_outputs_from_onnx_runtime_strings_are_sent_as_utf8() -> None:
+    strings = np.array(["caf\u00e9", ""], dtype=object)  # ORT returns tensor(string) as str elements
+    as_json, _ = encode_response("m", "1", InferRequest({}), {"t": strings})
+    assert orjson.loads(as_json)["outputs"][0]["data"] == ["caf\u00e9", ""]
+    as_binary, header = encode_response("m", "1", InferRequest({}, binary_outputs={"*"}), {"t": strings})
+    assert as_binary[header:] == b"\x05\x00\x00\x00caf\xc3\xa9" + b"\x00\x00\x00\x00"
+    _, outputs = decode_response(as_binary, header)
+    assert outputs["t"].tolist() == ["caf\u00e9".encode(), b""]
+
+
+def test_bytes_output_that_is_not_utf8_cannot_go_as_json() -> None:
+    with pytest.raises(BadRequest, match="output 't' holds bytes that are not UTF-8.*binary_data = true"):
+        encode_response("m", "1", InferRequest({}), {"t": bytes_array([b"\xff"], (1,))})
+
+
+@pytest.mark.parametrize("size, raw, message", [
+    (3, b"\x01\x00\x00", "BYTES element 0 has no complete 4-byte length prefix"),
+    (7, b"\x01\x00\x00\x00a\x01\x00", "BYTES element 1 has no complete 4-byte length prefix"),
+    (9, b"\x09\x00\x00\x00abcde", "BYTES element 0 claims 9 bytes, past the end of its binary_data_size 9"),
+    (10, b"\x01\x00\x00\x00a\x01\x00\x00\x00", "binary_data_size 10 runs past the end of the body"),
+    (11, b"\x01\x00\x00\x00a\x01\x00\x00\x00bc", "binary_data_size is 11 but its 2 BYTES element(s) use 10"),
+    (-1, b"", "binary_data_size must be a non-negative integer, got -1"),
+    ("10", b"\x01\x00\x00\x00a\x01\x00\x00\x00b", "binary_data_size must be a non-negative integer, got '10'"),
+    (True, b"\x01\x00\x00\x00a", "got True"),
+], ids=["truncated-prefix", "truncated-second-prefix", "length-past-end", "size-past-body", "leftover",
+        "negative-size", "string-size", "bool-size"])
+def test_malformed_binary_bytes_name_the_problem(size: object, raw: bytes, message: str) -> None:
+    body, header_length = binary_request(size, raw, shape=[2] if size not in (9, True) else [1], datatype="BYTES")
+    with pytest.raises(BadRequest) as caught:
+        decode_request(body, header_length)
+    assert message in str(caught.value)
+
+
+@pytest.mark.parametrize("data, shape, message", [
+    ([1, 2], [2], "BYTES elements must be strings"),
+    (["a", None], [2], "BYTES elements must be strings"),
+    ([["a"], ["b", "c"]], [2, 2], "nested lists of different lengths"),
+    ([["a", "b"], ["c", "d"]], [4], "nested more than 1 deep, the shape's dimensions"),
+    ([[[["a"]]]] * 2, [2, 1], "nested more than 2 deep"),
+    ([["a", "b"]], [2, 1], "nested as [1, 2] but shape is [2, 1]"),
+    (["a", "b", "c"], [2], "shape [2] needs 2 elements but data has 3"),
+    ("ab", [2], "shape [2] needs 2 elements but data has 1"),
+])
+def test_malformed_json_bytes_name_the_problem(data: object, shape: list[int], message: str) -> None:
+    with pytest.raises(BadRequest) as caught:
+        decode_request(json_body({"name": "a", "shape": shape, "datatype": "BYTES", "data": data}))
+    assert message in str(caught.value)
