@@ -51,15 +51,32 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="latlab", description="ONNX Runtime inference serving latency lab")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    export = sub.add_parser("export", help="export a zoo model to models/<name>/model.onnx")
-    export.add_argument("model", choices=["mlp", "ffn"])
+    export = sub.add_parser("export", help="export a zoo model (or your own) to models/<name>/model.onnx",
+                            epilog="Your own model: --module package.module:factory --name NAME (the factory returns "
+                                   "(nn.Module, {input name: example tensor, batch first}[, output names])), or "
+                                   "--onnx FILE --name NAME to adopt an existing ONNX file.")
+    export.add_argument("model", nargs="?", choices=["mlp", "ffn", "rnn", "cnn", "minilm"])
     export.add_argument("--name", help="folder name under --models-dir (default: the model's)")
     export.add_argument("--models-dir", type=Path, default=Path("models"))
+    export.add_argument("--module", metavar="PKG.MOD:FACTORY", help="export your own PyTorch module")
+    export.add_argument("--onnx", type=Path, metavar="FILE", help="adopt an existing ONNX file")
+    export.add_argument("--allow-fixed-batch", action="store_true",
+                        help="--onnx: adopt a model whose first axis is fixed (serve it with max_batch_size 1)")
+    export.add_argument("--fp16", action="store_true", help="also write an fp16 variant to models/<name>-fp16/ (GPU)")
+    export.add_argument("--external-data-threshold", type=int, default=2 * 1024 ** 3, metavar="BYTES",
+                        help="weights above this size go to model.onnx.data (default 2 GiB, protobuf's limit)")
     export.add_argument("--d-model", type=int, default=128, help="ffn: width")
     export.add_argument("--n-layers", type=int, default=128, help="ffn: residual blocks")
-    export.add_argument("--in-features", type=int, default=4, help="mlp: input features")
-    export.add_argument("--hidden", type=int, default=100, help="mlp: hidden units")
-    export.add_argument("--out-features", type=int, default=1, help="mlp: outputs")
+    export.add_argument("--in-features", type=int, help="mlp: input features (4)")
+    export.add_argument("--hidden", type=int, help="mlp: hidden units (100); rnn: hidden size (128)")
+    export.add_argument("--out-features", type=int, help="mlp: outputs (1); rnn: projected outputs (8)")
+    export.add_argument("--cell", choices=["lstm", "gru"], help="rnn: cell (lstm)")
+    export.add_argument("--input-size", type=int, help="rnn: features per step (32)")
+    export.add_argument("--rnn-layers", type=int, help="rnn: stacked layers (2)")
+    export.add_argument("--seq-len", type=int, help="rnn, minilm: the example's sequence length (32, 16); the axis is dynamic")
+    export.add_argument("--image-size", type=int, help="cnn: image height and width (224)")
+    export.add_argument("--width", type=int, help="cnn: first stage's channels (64)")
+    export.add_argument("--classes", type=int, help="cnn: classes (1000)")
     export.set_defaults(func=cmd_export)
 
     serve = sub.add_parser("serve", help="serve the deployments of a TOML config over HTTP")
@@ -82,6 +99,10 @@ def _parser() -> argparse.ArgumentParser:
     load.add_argument("--max-windows", type=int, default=6, help="extend an unstable step up to this many windows")
     load.add_argument("--warmup-seconds", type=float, default=2.0, help="load before each measurement")
     load.add_argument("--constant", action="store_true", help="constant arrival gaps instead of Poisson")
+    load.add_argument("--binary", action="store_true",
+                      help="send tensors with the binary tensor extension (and ask for binary outputs)")
+    load.add_argument("--seq-len", type=int, default=8,
+                      help="length of the model's dynamic non-batch dimensions, e.g. tokens per sequence")
     load.add_argument("--no-stop", action="store_true", help="keep going past saturation")
     load.add_argument("--slo", help="p99 bound, e.g. p99=50ms: search the highest rate that meets it")
     load.add_argument("--sweep", action="store_true", help="with --slo: sweep --rates, stop when p99 > 2x the SLO")
@@ -99,20 +120,38 @@ def _parser() -> argparse.ArgumentParser:
                       help="--overload: the capacity (default: measured, doubling from --rates' first value "
                            "until the server saturates)")
     load.add_argument("--out", type=Path, help="run folder (default: runs/<timestamp>)")
+    load.add_argument("--run-id", help="run label in results and metrics (default: the run folder's name)")
     load.set_defaults(func=cmd_loadtest)
 
-    report = sub.add_parser("report", help="write the HTML report of a run folder (or rebuild it from Prometheus)")
-    report.add_argument("run_dir", type=Path, help="run folder (with --from-prometheus: where to write)")
+    report = sub.add_parser("report", help="write the HTML report of run folders, merged (or rebuild one from Prometheus)")
+    report.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN",
+                        help="run folders (results*.json, bench*.json), e.g. one from a CPU box and one from a GPU box; "
+                             "with --from-prometheus: the one folder to write to")
+    report.add_argument("--out", type=Path, help="where report.html and its PNGs go (default: the first RUN)")
+    report.add_argument("--price", metavar="PROVIDER=USD", help="hourly price per provider, e.g. cpu=0.10,cuda=2.50 "
+                        "(default: example prices, labelled as such in the report)")
+    report.add_argument("--with-reference", action="store_true",
+                        help="also merge the reference measurements committed under loadtest/reference/ (off by "
+                             "default: the report then shows only your machines)")
     report.add_argument("--from-prometheus", metavar="URL", help="rebuild the curves from this Prometheus alone")
     report.add_argument("--run", help="with --from-prometheus: the run id (default: the run folder's name)")
-    report.add_argument("--slo", default="25ms,50ms,100ms", help="p99 bounds, e.g. 25ms,50ms,0.1s")
+    report.add_argument("--slo", default="10ms,25ms,50ms,100ms", help="p99 bounds, e.g. 25ms,50ms,0.1s")
     report.set_defaults(func=cmd_report)
 
     lab = sub.add_parser("lab", help="the main job: export, serve, sweep and report on the built-in CPU plan")
     lab.add_argument("--runs-dir", type=Path, default=Path("runs"))
     lab.add_argument("--models-dir", type=Path, default=Path("models"))
-    lab.add_argument("--step-seconds", type=float, default=None, help="override the plan's window")
+    lab.add_argument("--plan", choices=["cpu", "quick", "gpu"], default="cpu",
+                     help="cpu: the main job (mlp, ffn, cnn, minilm; ~8 min on 2 cores); quick: fewer, shorter "
+                          "steps (~4 min); gpu: the same models on CUDA and CPU, for a GPU box")
+    lab.add_argument("--quick", action="store_const", const="quick", dest="plan", help="same as --plan quick")
+    lab.add_argument("--step-seconds", type=float, default=None, help="override the plan's step length")
     lab.set_defaults(func=cmd_lab)
+
+    bench = sub.add_parser("bench", help="in-process microbenchmarks of seed 003: batch, width, depth, fixed params")
+    from latlab.bench_cli import add_arguments as add_bench_arguments  # light: no torch at parse time
+    add_bench_arguments(bench)
+    bench.set_defaults(func=cmd_bench)
 
     doctor = sub.add_parser("doctor", help="what this machine offers: CPU, GPU, ONNX Runtime providers")
     doctor.set_defaults(func=cmd_doctor)
@@ -202,22 +241,13 @@ def parse_slos(text: str) -> list[float]:
 
 
 def cmd_export(args: argparse.Namespace) -> None:
-    from latlab.export.onnx_export import export
-    from latlab.export.zoo import build_ffn, build_mlp
+    from latlab.export.command import run_export
+    from latlab.export.onnx_export import ExportError
 
-    if args.model == "ffn":
-        zoo = build_ffn(args.d_model, args.n_layers)
-    else:
-        zoo = build_mlp(args.in_features, args.hidden, args.out_features)
-    name = args.name or args.model
-    started = time.perf_counter()
-    meta = export(name, zoo, args.models_dir, source=f"latlab zoo: {args.model}({zoo.config})")
-    parity = meta["parity"]
-    print(f"exported {name}: {args.models_dir / name / 'model.onnx'}  params {meta['params']:,}  "
-          f"FLOPs/sample {meta['flops_per_sample']:,}  opset {meta['opset']}  "
-          f"({time.perf_counter() - started:.1f} s)")
-    print(f"parity vs PyTorch at batch {parity['batches']}: max abs error {parity['max_abs_error']:.3e}, "
-          f"max rel error {parity['max_rel_error']:.3e} (tolerance {parity['tolerance_rel']:.0e})")
+    try:
+        run_export(args)
+    except ExportError as exc:
+        raise UserError(str(exc)) from None
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -234,6 +264,8 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
 
     if not args.host or not args.deployment:
         raise UserError("loadtest needs --host and at least one --deployment")
+    if args.seq_len < 1:
+        raise UserError(f"--seq-len must be >= 1, got {args.seq_len}")
     out = args.out or Path("runs") / new_run_id()
     out.mkdir(parents=True, exist_ok=True)
     loads = parse_rates(args.rates) if args.mode == "open" else [float(int(u)) for u in parse_rates(args.users)]
@@ -245,7 +277,8 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
     plan = SweepPlan(host=args.host, deployments=[d for item in args.deployment for d in item.split(",") if d],
                      loads=loads, mode=args.mode, warmup_seconds=args.warmup_seconds,
                      window_seconds=args.step_seconds / 3, max_windows=max(3, args.max_windows),
-                     poisson=not args.constant, stop_at_saturation=not args.no_stop, slo_p99_s=slo,
+                     poisson=not args.constant, binary=args.binary, seq_len=args.seq_len,
+                     stop_at_saturation=not args.no_stop, slo_p99_s=slo,
                      search=bool(slo) and not args.sweep and args.mode == "open", search_resolution=args.resolution,
                      workers=args.workers, expect_workers=args.expect_workers,
                      master_bind_host=args.master_bind_host,
@@ -258,7 +291,7 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
 
         run_one = overload_runner(OverloadPlan(factor=args.overload, burst_seconds=args.burst_seconds,
                                                capacity_rps=args.capacity))
-    run_sweep(plan, out / RESULTS_FILE, run_id=out.name, run_one=run_one)
+    run_sweep(plan, out / RESULTS_FILE, run_id=args.run_id or out.name, run_one=run_one)
     print(f"results: {out / RESULTS_FILE}")
 
 
@@ -272,29 +305,49 @@ def parse_slo_bound(text: str) -> float:
 
 def cmd_report(args: argparse.Namespace) -> None:
     from latlab.loadtest.report import write_report
+    from latlab.loadtest.verdict import PriceError, parse_prices
 
     slos = parse_slos(args.slo)
+    try:
+        prices = parse_prices(args.price) if args.price is not None else None
+    except PriceError as exc:
+        raise UserError(str(exc)) from None
     if args.from_prometheus:
         from latlab.loadtest.from_prometheus import curves_from_prometheus
         from latlab.loadtest.results import write_results
 
-        doc = curves_from_prometheus(args.from_prometheus, args.run or args.run_dir.name)
-        write_results(args.run_dir / "results-prometheus.json", doc)
+        if len(args.run_dirs) != 1:
+            raise UserError("--from-prometheus rebuilds one run: give exactly one RUN folder")
+        run_dir = args.run_dirs[0]
+        doc = curves_from_prometheus(args.from_prometheus, args.run or run_dir.name)
+        write_results(run_dir / "results-prometheus.json", doc)
         print(f"rebuilt {sum(len(d['steps']) for d in doc['deployments'])} steps from {args.from_prometheus}")
-    path = write_report(args.run_dir, slos)
+    path = write_report(args.run_dirs, slos, prices=prices, out=args.out, with_reference=args.with_reference)
     print(f"report: {path}")
 
 
 def cmd_lab(args: argparse.Namespace) -> None:
     from latlab.lab import run_lab
 
-    run_lab(args.runs_dir, args.models_dir, step_seconds=args.step_seconds)
+    from latlab.lab_plan import PLANS
+
+    run_lab(args.runs_dir, args.models_dir, PLANS[args.plan].scaled(step_seconds=args.step_seconds))
 
 
 def cmd_doctor(args: argparse.Namespace) -> None:
     from latlab.doctor import report
 
     print(report())
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    from latlab.bench import BenchError
+    from latlab.bench_cli import run
+
+    try:
+        run(args)
+    except BenchError as exc:
+        raise UserError(str(exc)) from None
 
 
 if __name__ == "__main__":

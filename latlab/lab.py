@@ -98,7 +98,7 @@ def run_lab(runs_dir: Path, models_dir: Path, plan: LabPlan | str = "cpu") -> Pa
     models = ensure_models(models_dir, plan)
     if plan.bench:
         _say("step 2/5: in-process batch-time curves (latlab bench --quick; feeds the report's prediction)")
-        run_bench(run_dir, plan)
+        run_bench(run_dir, models_dir, plan)
     else:
         _say("step 2/5: bench skipped by the plan")
     port = procs.free_port()
@@ -127,9 +127,13 @@ def run_lab(runs_dir: Path, models_dir: Path, plan: LabPlan | str = "cpu") -> Pa
     return report
 
 
-def run_bench(run_dir: Path, plan: LabPlan) -> None:
-    """The quick bench of the plan's models, into run_dir/bench/ where the report finds it."""
+def run_bench(run_dir: Path, models_dir: Path, plan: LabPlan) -> None:
+    """The quick bench of the plan's models, into run_dir/bench/ where the report finds it; with the
+    servers' ORT thread count and sequence length, so its batch times predict the served deployments."""
+    backends = ["ort-cpu", "torch-cpu"] + (["ort-cuda"] if "cuda" in plan.providers else [])
     args = [sys.executable, "-m", "latlab.cli", "bench", "--quick", "--models", ",".join(m.name for m in plan.models),
+            "--backends", ",".join(backends), "--threads", str(plan.cpu.get("intra_op_threads", 0)),
+            "--seq-len", str(max(m.seq_len for m in plan.models)), "--cache-dir", str(models_dir / "bench"),
             "--out", str(run_dir / "bench")]
     _run_child(args, "bench")
 

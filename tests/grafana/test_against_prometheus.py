@@ -15,7 +15,7 @@ is written `signal <op> bound`: the whole expression must evaluate without error
 the signal alone must return data, so a misspelt metric cannot hide behind a quiet alert. Prometheus'
 own evaluation of every rule must be healthy, and every recorded series must exist.
 
-GPU utilisation and memory exist only where NVML sees a GPU: where latlab_gpu_devices is 0 those
+GPU utilisation, memory and host-device transfer times exist only on a GPU box: where latlab_gpu_devices is 0 those
 targets must parse and return nothing (the test says it needs a GPU box); above 0 they must have data.
 """
 
@@ -45,7 +45,8 @@ CLI = [sys.executable, "-m", "latlab.cli"]
 # Grafana's $__rate_interval is max($__interval + scrape interval, 4 x scrape interval): 8 s at the
 # shipped 2 s (the datasource's timeInterval); $__interval never drops below that 2 s either.
 GRAFANA_BUILTINS = {"__rate_interval": "8s", "__interval": "2s"}
-GPU_ONLY = re.compile(r"latlab_gpu_(utilization_ratio|memory_used_bytes|memory_total_bytes)")
+GPU_ONLY = re.compile(r"latlab_gpu_(utilization_ratio|memory_used_bytes|memory_total_bytes)"
+                      r"|latlab_batcher_(input|output)_transfer_duration")
 DEPLOYMENTS = ("tiny-cpu", "tiny-b1", "tiny-tight")
 SERVER_CONFIG = """
 [server]
