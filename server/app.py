@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from typing import Callable
 
 import orjson
@@ -15,22 +14,15 @@ from werkzeug.exceptions import HTTPException
 import latlab
 from latlab.server.config import DeploymentConfig, ServerConfig
 from latlab.server.deployment import Deployment
-from latlab.server.errors import (BadRequest, ComputeError, ConfigError, ModelNotFound, ModelNotReady,
-                                  PayloadTooLarge, QueueFull, RequestTimeout, ServingError, Unauthorized,
-                                  UnsupportedMediaType, public_message)
-from latlab.server.guards import binary_header_length, check_bearer, check_content_type, check_length, read_body
+from latlab.server.errors import ConfigError, ModelNotFound, ModelNotReady, ServingError, public_message
+from latlab.server.fastpath import InferRoute, error_answer, flask_infer_view
+from latlab.server.guards import check_bearer
 from latlab.server.metrics import ServerMetrics
 from latlab.server.openapi import OPENAPI_PATH, openapi_spec
-from latlab.server.protocol import (HEADER_LENGTH, InferRequest, decode_request, encode_error, encode_response,
-                                    shown)
+from latlab.server.protocol import shown
 
 log = logging.getLogger("latlab.server")
 routes = Blueprint("v2", __name__)
-
-_STATUS = {BadRequest: 400, Unauthorized: 401, ModelNotFound: 404, PayloadTooLarge: 413,
-           UnsupportedMediaType: 415, ModelNotReady: 503, QueueFull: 503, RequestTimeout: 504, ComputeError: 500}
-_OUTCOME = {BadRequest: "bad_request", PayloadTooLarge: "bad_request", UnsupportedMediaType: "bad_request",
-            ModelNotReady: "not_ready", QueueFull: "rejected", RequestTimeout: "timeout", ComputeError: "error"}
 
 
 class ServerState:
@@ -81,15 +73,21 @@ class ServerState:
 
 
 def create_app(config: ServerConfig, registry: CollectorRegistry | None = None) -> Flask:
-    """Build the server app: loads every deployment's model and starts its batcher."""
+    """Build the server app: loads every deployment's model and starts its batcher.
+    POST .../infer is answered by a WSGI layer in front of Flask (fastpath.py); the rest by Flask's routes."""
     app = Flask("latlab.server")
     # One byte of slack: werkzeug cannot tell a chunked body of exactly the limit from a longer one;
     # read_body enforces the limit itself.
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes + 1
-    app.extensions["latlab"] = ServerState(config, registry or CollectorRegistry())
+    state = app.extensions["latlab"] = ServerState(config, registry or CollectorRegistry())
     app.register_blueprint(routes)
-    app.register_error_handler(ServingError, _serving_error)
-    app.register_error_handler(HTTPException, _http_error)
+    infer_route = InferRoute(app.wsgi_app, state)
+    app.wsgi_app = infer_route  # type: ignore[method-assign]  # Flask's documented middleware hook
+    infer = flask_infer_view(infer_route)
+    app.add_url_rule("/v2/models/<name>/infer", "infer", infer, methods=["POST"])
+    app.add_url_rule("/v2/models/<name>/versions/<version>/infer", "infer", infer, methods=["POST"])
+    app.register_error_handler(ServingError, _error_response)
+    app.register_error_handler(HTTPException, _error_response)
     app.register_error_handler(Exception, _unexpected_error)
     return app
 
@@ -151,63 +149,17 @@ def model_config(name: str, version: str | None = None) -> Response:
     return _json(_state().get(name, version).describe())
 
 
-@routes.post("/v2/models/<name>/infer")
-@routes.post("/v2/models/<name>/versions/<version>/infer")
-@protected
-def infer(name: str, version: str | None = None) -> Response:
-    started = time.perf_counter()
-    deployment = _state().get(name, version)
-    deployment.observer.inflight.inc()
-    outcome = "ok"
-    try:
-        infer_request = _decode_body()
-        outputs = deployment.infer(infer_request)
-        body, header_length = encode_response(name, deployment.version, infer_request, outputs)
-    except ServingError as exc:
-        outcome = _OUTCOME.get(type(exc), "error")
-        raise
-    except Exception:
-        outcome = "error"
-        raise
-    finally:
-        deployment.observer.inflight.dec()
-        deployment.observer.answered(outcome, time.perf_counter() - started)
-    if header_length is None:
-        return Response(body, content_type="application/json")
-    response = Response(body, content_type="application/octet-stream")
-    response.headers[HEADER_LENGTH] = str(header_length)
-    return response
-
-
-def _decode_body() -> InferRequest:
-    """Size, then content type, then the body itself: nothing is read before the cheap checks pass."""
-    limit = _state().config.max_body_bytes
-    check_length(request.content_length, limit)
-    binary_length = binary_header_length(request.headers.get(HEADER_LENGTH))
-    check_content_type(request.mimetype, request.mimetype_params, binary_length is not None)
-    return decode_request(read_body(request.stream, limit), binary_length)
-
-
 @routes.get("/metrics")
 def metrics() -> Response:
     return Response(generate_latest(_state().registry), content_type=CONTENT_TYPE_LATEST)
 
 
-def _serving_error(exc: ServingError) -> Response:
-    response = Response(encode_error(str(exc)), status=_STATUS.get(type(exc), 500),
-                        content_type="application/json")
-    if isinstance(exc, QueueFull):
-        response.headers["Retry-After"] = "1"
-    if isinstance(exc, Unauthorized):
-        response.headers["WWW-Authenticate"] = 'Bearer realm="latlab"'
-    return response
-
-
-def _http_error(exc: HTTPException) -> Response:
-    return Response(encode_error(exc.description or exc.name), status=exc.code or 500,
-                    content_type="application/json")
+def _error_response(exc: BaseException) -> Response:
+    """Flask's side of the one error mapping (fastpath.error_answer)."""
+    status, headers, body = error_answer(exc)
+    return Response(body, status=status, headers=headers)
 
 
 def _unexpected_error(exc: Exception) -> Response:
     log.exception("unexpected error while serving %s", request.path)  # the trace goes to the log only
-    return Response(encode_error("internal server error"), status=500, content_type="application/json")
+    return _error_response(exc)

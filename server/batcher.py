@@ -224,6 +224,12 @@ class DynamicBatcher:
             future.cancel()
             raise RequestTimeout(f"no result within {self._timeout_s:.3f} s") from None
 
+    @property
+    def queued(self) -> int:
+        """Requests waiting right now, read without the lock: a racy snapshot, good enough to refuse early
+        (submit's own check, under the lock, stays the authority)."""
+        return len(self._queue)
+
     def adaptive_state(self) -> dict[str, float | None]:
         """What adaptive mode currently believes: a (s/sample), b (s/batch), the arrival rate (1/s)."""
         with self._cond:

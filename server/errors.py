@@ -1,4 +1,4 @@
-"""Error kinds raised while serving; `app.py` is the one place that maps them to HTTP."""
+"""Error kinds raised while serving; `fastpath.error_answer` is the one place that maps them to HTTP."""
 
 from __future__ import annotations
 

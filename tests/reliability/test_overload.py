@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 import psutil
 import pytest
+import requests
 from onnx import TensorProto, helper, numpy_helper
 
 from latlab import procs
@@ -95,6 +96,30 @@ class RssSampler:
         return [rss for t, rss in self.samples if start <= t <= end]
 
 
+def server_side_refusals(metrics_text: str) -> dict:
+    """The server's own view from /metrics: 503s counted by the queue check, and an upper bound on their p99.
+    The request histogram has no outcome label, but every accepted request takes at least one model run
+    (~6 ms), so below that the histogram holds only refusals: the first bucket bound holding 99% of them
+    bounds their p99 from above (as long as that bound is under the model's run time)."""
+    refused, buckets, compute_sum, compute_count = 0.0, [], 0.0, 0.0
+    for line in metrics_text.splitlines():
+        if 'deployment="slow"' not in line or line.startswith("#"):
+            continue
+        value = float(line.rsplit(" ", 1)[1])
+        if line.startswith("latlab_batcher_rejections_total{") and 'reason="queue_full"' in line:
+            refused = value
+        elif line.startswith("latlab_server_request_duration_seconds_bucket{"):
+            bound = line.split('le="')[1].split('"')[0]
+            buckets.append((float("inf") if bound == "+Inf" else float(bound), value))
+        elif line.startswith("latlab_batcher_compute_duration_seconds_sum{"):
+            compute_sum = value
+        elif line.startswith("latlab_batcher_compute_duration_seconds_count{"):
+            compute_count = value
+    bound = next((b for b, count in sorted(buckets) if count >= 0.99 * refused), None)
+    return {"server_refused": refused, "server_refusal_p99_at_most_s": bound,
+            "compute_mean_s": compute_sum / compute_count if compute_count else None}
+
+
 def worker_of(server: subprocess.Popen, timeout_s: float = 10.0) -> psutil.Process:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -127,6 +152,7 @@ def overload(tmp_path_factory) -> dict:
                                 capture_output=True, text=True, timeout=170)
         sampler.stop()
         alive = server.poll() is None and worker.is_running() and worker in psutil.Process(server.pid).children(True)
+        server_side = server_side_refusals(requests.get(f"{host}/metrics", timeout=10).text)
     finally:
         if sampler:
             sampler.stop()
@@ -136,7 +162,7 @@ def overload(tmp_path_factory) -> dict:
     (deployment,) = json.loads((tmp / "run" / "results.json").read_text())["deployments"]
     burst = next(s for s in deployment["steps"] if s["phase"] == "burst")
     rss = [r / 2**20 for r in sampler.between(burst["start_time"], burst["end_time"])]
-    figures = {**deployment["overload"], "rss_start_mib": rss[0], "rss_end_mib": rss[-1], "rss_min_mib": min(rss),
+    figures = {**deployment["overload"], **server_side, "rss_start_mib": rss[0], "rss_end_mib": rss[-1], "rss_min_mib": min(rss),
                "rss_max_mib": max(rss), "process_alive": alive, "worker_pid": worker.pid,
                "cpu_count": os.cpu_count(), "test_seconds": time.monotonic() - started}
     figures["readme"] = (f"{figures['summary']}; server RSS {figures['rss_start_mib']:.0f} -> "
@@ -165,11 +191,18 @@ def test_the_queue_stays_within_its_bound(overload):
 
 def test_rejections_are_immediate_with_retry_after(overload):
     assert overload["rejected_without_retry_after"] == 0
-    # Never queued: a rejection takes a fraction of the time a typical accepted request waits in the queue.
+    # The server refused them at its queue check (fastpath.py: before the body is read), and each
+    # refusal took less time in the server than one model run.
+    assert overload["server_refused"] >= overload["rejected"]
+    assert overload["server_refusal_p99_at_most_s"] < overload["compute_mean_s"]
+    # Never queued: seen from the client, a rejection takes a fraction of the time a typical accepted
+    # request waits in the queue.
     assert overload["rejected_response_p99_s"] < 0.25 * overload["accepted_p50_s"]
     # The issue's "p99 of a 503 under 5 ms" is an absolute time, which a test on a shared 2-core box must
-    # not assert; the figure is printed and recorded in the README instead (7.5-41 ms measured here).
-    print(f"503 p99 {overload['rejected_response_p99_s'] * 1e3:.1f} ms (issue target: 5 ms)")
+    # not assert; the figures are printed and recorded in the README instead.
+    print(f"503 p99: server-side <= {overload['server_refusal_p99_at_most_s'] * 1e3:g} ms (histogram bucket), "
+          f"client-side {overload['rejected_response_p99_s'] * 1e3:.1f} ms from the actual send "
+          f"(issue target: 5 ms); one model run {overload['compute_mean_s'] * 1e3:.1f} ms")
 
 
 def test_accepted_requests_meet_their_timeout_and_none_hang(overload):

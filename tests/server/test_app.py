@@ -127,13 +127,14 @@ def test_config_route_describes_the_deployment(client, tiny_model: Path) -> None
     for path in ("/v2/models/tiny/config", "/v2/models/tiny/versions/1/config"):
         response = client.get(path)
         assert response.status_code == 200
-        assert orjson.loads(response.data) == {
+        doc = orjson.loads(response.data)
+        assert {k: doc[k] for k in ("name", "model", "provider", "model_path", "allow_non_finite")} == {
             "name": "tiny", "model": "tiny", "provider": "cpu", "model_path": str(tiny_model.resolve()),
-            "batcher": {"max_batch_size": 4, "max_queue_delay_ms": 0.0, "max_queue_size": 256,
-                        "instances": 1, "timeout_ms": 10_000.0, "preferred_batch_sizes": []},
-            "cpu": {"intra_op_threads": 0, "allow_spinning": True},
-            "allow_non_finite": False,
-        }
+            "allow_non_finite": False}
+        # Every setting is described; the batcher and CPU tables gain settings, so check the ones set here.
+        assert doc["batcher"].items() >= {"max_batch_size": 4, "max_queue_delay_ms": 0.0, "max_queue_size": 256,
+                                          "instances": 1, "timeout_ms": 10_000.0, "preferred_batch_sizes": []}.items()
+        assert doc["cpu"].items() >= {"intra_op_threads": 0, "allow_spinning": True}.items()
 
 
 def test_unknown_model_is_404_naming_what_is_served(client) -> None:

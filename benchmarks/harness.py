@@ -1,0 +1,160 @@
+"""What the serving benchmarks share: models built without torch, a served config, loadtest runs, /metrics."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import onnx
+import psutil
+import requests
+from onnx import TensorProto, helper
+
+from latlab import procs
+from latlab.server.config import BatcherSettings
+
+CLI = [sys.executable, "-m", "latlab.cli"]
+
+
+def build_cheap_model(path: Path, trailing: list[int], reduce: bool) -> Path:
+    """An almost free model with a given input: Identity (output = input), or a global mean per channel
+    (output [N, C]), for an image input whose compute should not hide the protocol's cost."""
+    if path.exists():
+        return path
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", *trailing])
+    if reduce:
+        nodes = [helper.make_node("GlobalAveragePool", ["x"], ["p"]), helper.make_node("Flatten", ["p"], ["y"])]
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", trailing[0]])
+    else:
+        nodes = [helper.make_node("Identity", ["x"], ["y"])]
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", *trailing])
+    model = helper.make_model(helper.make_graph(nodes, "cheap", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+    return path
+
+
+def export_zoo(models_dir: Path, name: str, *args: str) -> Path | None:
+    """`latlab export NAME` once into models_dir (reused on later runs); None when the zoo lacks it."""
+    path = models_dir / name / "model.onnx"
+    if not path.exists():
+        done = subprocess.run([*CLI, "export", name, "--models-dir", str(models_dir), *args],
+                              capture_output=True, text=True)
+        if done.returncode:
+            print(f"(no {name}: {(done.stderr or done.stdout).strip().splitlines()[-1:]})")
+            return None
+    return path
+
+
+def batching(max_batch_size: int, delay_ms: float, adaptive: bool = False) -> dict:
+    """Batcher settings; adaptive waiting only where asked and this version of the batcher has it."""
+    settings = {"max_batch_size": max_batch_size, "max_queue_delay_ms": delay_ms}
+    if adaptive and "adaptive" in {f.name for f in dataclasses.fields(BatcherSettings)}:
+        settings["adaptive"] = True
+    return settings
+
+
+def write_config(path: Path, port: int, deployments: dict[str, tuple[Path, dict]]) -> Path:
+    """One server, several deployments (name -> model, batcher): ratios between them share the process."""
+    lines = ["[server]", f"port = {port}", "max_body_bytes = 67108864"]
+    for name, (model, batcher) in deployments.items():
+        lines += ["[[deployments]]", f'name = "{name}"', f'model_path = "{model}"',
+                  "[deployments.cpu]", "intra_op_threads = 1", "allow_spinning = false", "[deployments.batcher]"]
+        lines += [f"{k} = {str(v).lower() if isinstance(v, bool) else v}" for k, v in batcher.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@dataclasses.dataclass
+class Served:
+    url: str
+    process: subprocess.Popen
+
+    def worker(self) -> psutil.Process:
+        """Granian's worker process, where the models and their memory live."""
+        return max(psutil.Process(self.process.pid).children(recursive=True), key=lambda c: c.memory_info().rss)
+
+    def histogram(self, name: str, deployment: str) -> dict[float, float]:
+        """Cumulative bucket counts of one deployment's histogram: upper bound -> count."""
+        buckets = {}
+        for line in requests.get(f"{self.url}/metrics", timeout=10).text.splitlines():
+            if line.startswith(f"{name}_bucket{{") and f'deployment="{deployment}"' in line:
+                bound = line.split('le="')[1].split('"')[0]
+                buckets[float("inf") if bound == "+Inf" else float(bound)] = float(line.split()[-1])
+        return dict(sorted(buckets.items()))
+
+
+@contextlib.contextmanager
+def serving(config: Path, port: int, log: Path) -> Iterator[Served]:
+    process = procs.start([*CLI, "serve", "--config", str(config)], log_path=log)
+    try:
+        procs.wait_ready(f"http://127.0.0.1:{port}/v2/health/ready", process, timeout_s=120, log_path=log)
+        yield Served(f"http://127.0.0.1:{port}", process)
+    finally:
+        procs.stop(process)
+
+
+def loadtest(url: str, deployments: list[str], out: Path, *options: str) -> list[dict]:
+    """Run `latlab loadtest` and return its results' deployments."""
+    args = [*CLI, "loadtest", "--host", url, *(a for d in deployments for a in ("--deployment", d)),
+            "--out", str(out), *options]
+    done = subprocess.run(args, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return json.loads((out / "results.json").read_text())["deployments"]
+
+
+def quantile(cumulative: dict[float, float], q: float) -> float | None:
+    """A quantile from cumulative histogram buckets, linear within a bucket (Prometheus's rule)."""
+    bounds, counts = list(cumulative), list(cumulative.values())
+    if not counts or counts[-1] <= 0:
+        return None
+    rank, lower, below = q * counts[-1], 0.0, 0.0
+    for bound, count in zip(bounds, counts):
+        if count >= rank:
+            if bound == float("inf"):
+                return lower
+            return lower + (bound - lower) * (rank - below) / max(count - below, 1e-12)
+        lower, below = bound, count
+    return None
+
+
+def p50_in_process(run, feeds: dict[str, np.ndarray], n: int = 2000) -> float:
+    for _ in range(200):
+        run(feeds)
+    times = []
+    for _ in range(n):
+        started = time.perf_counter()
+        run(feeds)
+        times.append(time.perf_counter() - started)
+    return float(np.median(times))
+
+
+class RssSampler:
+    """The resident memory of a process, sampled every `interval_s` in a thread: (time, bytes)."""
+
+    def __init__(self, process: psutil.Process, interval_s: float = 1.0) -> None:
+        self.samples: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(process, interval_s), daemon=True)
+        self._thread.start()
+
+    def _run(self, process: psutil.Process, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            with contextlib.suppress(psutil.Error):
+                self.samples.append((time.time(), process.memory_info().rss))
+
+    def stop(self) -> list[tuple[float, int]]:
+        self._stop.set()
+        self._thread.join(5)
+        return self.samples

@@ -1,0 +1,142 @@
+"""The infer route as a thin WSGI layer in front of Flask, and the one mapping of serving errors to HTTP.
+
+Profiling showed Flask's routing and request context costing about twice ONNX Runtime's own time on a
+batch-1 request, so POST .../infer is answered here, from the WSGI environ, with the same checks, errors,
+headers and metrics as a Flask route; every other path goes on to Flask."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import TYPE_CHECKING, Callable, Iterable
+
+from flask import Response, request
+from werkzeug.exceptions import HTTPException
+from werkzeug.http import HTTP_STATUS_CODES, parse_options_header
+from werkzeug.sansio.utils import get_content_length
+from werkzeug.wsgi import get_input_stream
+
+from latlab.server.errors import (BadRequest, ComputeError, ModelNotFound, ModelNotReady, PayloadTooLarge, QueueFull,
+                                  RequestTimeout, ServingError, Unauthorized, UnsupportedMediaType)
+from latlab.server.guards import binary_header_length, check_bearer, check_content_type, check_length, read_body
+from latlab.server.protocol import HEADER_LENGTH, InferRequest, decode_request, encode_error, encode_response
+
+if TYPE_CHECKING:
+    from latlab.server.app import ServerState
+    from latlab.server.deployment import Deployment
+
+log = logging.getLogger("latlab.server")
+WSGIApp = Callable[[dict, Callable], Iterable[bytes]]
+Answer = tuple[int, list[tuple[str, str]], bytes]
+"""Status, headers (without Content-Length) and body of one response."""
+
+INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
+"""The Flask rules' shape: werkzeug's default converter takes one or more characters other than '/'."""
+STATUS = {BadRequest: 400, Unauthorized: 401, ModelNotFound: 404, PayloadTooLarge: 413,
+          UnsupportedMediaType: 415, ModelNotReady: 503, QueueFull: 503, RequestTimeout: 504, ComputeError: 500}
+OUTCOME = {BadRequest: "bad_request", PayloadTooLarge: "bad_request", UnsupportedMediaType: "bad_request",
+           ModelNotReady: "not_ready", QueueFull: "rejected", RequestTimeout: "timeout", ComputeError: "error"}
+_JSON = ("Content-Type", "application/json")
+_ENV_HEADER_LENGTH = "HTTP_" + HEADER_LENGTH.upper().replace("-", "_")
+
+
+def error_answer(exc: BaseException) -> Answer:
+    """The response to an error: its status, `{"error": ...}` and the headers its kind calls for.
+    Unexpected exceptions get a bare 500; their trace belongs in the log, not in the response."""
+    if isinstance(exc, ServingError):
+        headers = [_JSON]
+        if isinstance(exc, QueueFull):
+            headers.append(("Retry-After", "1"))
+        if isinstance(exc, Unauthorized):
+            headers.append(("WWW-Authenticate", 'Bearer realm="latlab"'))
+        return STATUS.get(type(exc), 500), headers, encode_error(str(exc))
+    if isinstance(exc, HTTPException):
+        return exc.code or 500, [_JSON], encode_error(exc.description or exc.name)
+    return 500, [_JSON], encode_error("internal server error")
+
+
+def status_line(status: int) -> str:
+    """As werkzeug writes it, so both layers answer alike."""
+    return f"{status} {HTTP_STATUS_CODES.get(status, 'UNKNOWN').upper()}"
+
+
+def queue_is_full(deployment: Deployment) -> bool:
+    """A racy read of the queue's length without the batcher's lock: enough to refuse at once, before the
+    body is read. The batcher's own check, under its lock, stays the authority for requests let through."""
+    return deployment.batcher.queued >= deployment.config.batcher.max_queue_size
+
+
+class InferRoute:
+    """WSGI middleware: answers POST /v2/models/{m}[/versions/{v}]/infer itself, passes the rest to `app`."""
+
+    def __init__(self, app: WSGIApp, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+
+    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        match = INFER_PATH.fullmatch(environ.get("PATH_INFO") or "")
+        if match is None or environ.get("REQUEST_METHOD", "GET").upper() != "POST":
+            return self.app(environ, start_response)
+        # Path segments arrive latin-1 decoded (PEP 3333); werkzeug re-decodes them as UTF-8 the same way.
+        name, version = (None if s is None else s.encode("latin1").decode(errors="replace") for s in match.groups())
+        status, headers, body = self.answer(environ, name, version)
+        headers.append(("Content-Length", str(len(body))))
+        start_response(status_line(status), headers)
+        return [body]
+
+    def answer(self, environ: dict, name: str, version: str | None) -> Answer:
+        """The infer response for a request; never raises."""
+        try:
+            return self._infer(environ, name, version)
+        except Exception as exc:  # noqa: BLE001 - every error becomes a response here, as in Flask's handlers
+            if not isinstance(exc, (ServingError, HTTPException)):
+                log.exception("unexpected error while serving %s", environ.get("PATH_INFO"))
+            return error_answer(exc)
+
+    def _infer(self, environ: dict, name: str, version: str | None) -> Answer:
+        started = time.perf_counter()
+        check_bearer(self.state.config.auth_token, environ.get("HTTP_AUTHORIZATION"))
+        deployment = self.state.get(name, version)
+        observer = deployment.observer
+        observer.inflight.inc()
+        outcome = "ok"
+        try:
+            infer_request = self._decode(environ, deployment)
+            outputs = deployment.infer(infer_request)
+            body, header_length = encode_response(name, deployment.version, infer_request, outputs)
+        except ServingError as exc:
+            outcome = OUTCOME.get(type(exc), "error")
+            raise
+        except Exception:
+            outcome = "error"
+            raise
+        finally:
+            observer.inflight.dec()
+            observer.answered(outcome, time.perf_counter() - started)
+        if header_length is None:
+            return 200, [_JSON], body
+        return 200, [("Content-Type", "application/octet-stream"), (HEADER_LENGTH, str(header_length))], body
+
+    def _decode(self, environ: dict, deployment: Deployment) -> InferRequest:
+        """Size, content type and a full queue are checked before a byte of the body is read."""
+        limit = self.state.config.max_body_bytes
+        check_length(get_content_length(environ.get("CONTENT_LENGTH"), environ.get("HTTP_TRANSFER_ENCODING")), limit)
+        binary_length = binary_header_length(environ.get(_ENV_HEADER_LENGTH))
+        mimetype, params = parse_options_header(environ.get("CONTENT_TYPE", ""))
+        check_content_type(mimetype.lower(), params, binary_length is not None)
+        if queue_is_full(deployment):
+            deployment.observer.rejected("queue_full")
+            raise QueueFull(f"queue is full ({deployment.config.batcher.max_queue_size} requests waiting)")
+        # One byte past the limit, so that read_body tells a chunked body of exactly the limit from a longer one.
+        stream = get_input_stream(environ, max_content_length=limit + 1)
+        return decode_request(read_body(stream, limit), binary_length)
+
+
+def flask_infer_view(route: InferRoute) -> Callable[..., Response]:
+    """The same route as a Flask view, so that Flask's URL map still knows it (a GET answers 405, not 404);
+    requests reach it only when the app is called without the middleware."""
+    def infer(name: str, version: str | None = None) -> Response:
+        status, headers, body = route.answer(request.environ, name, version)
+        return Response(body, status=status, headers=headers)
+    return infer
