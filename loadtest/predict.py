@@ -8,8 +8,11 @@ from dataclasses import dataclass
 # Printed in the report beside every prediction: what the numbers below take for granted.
 ASSUMPTIONS = (
     "Batch time t(n) = a + b·n, fitted by least squares (relative errors) to the in-process bench of the same "
-    "model name, backend and machine (the bench's model settings are shown beside each fit); HTTP, JSON and Python "
-    "overhead per request are not in it, so predictions err on the fast side.",
+    "model name, backend and machine (the bench's model settings are shown beside each fit).",
+    "Each request also costs c of serving work (HTTP, decoding, the batcher, encoding) that does not overlap the "
+    "model run: one server process's interpreter lock, and the load generator, share the machine's cores. c is "
+    "calibrated per machine on the batching-off deployment of the cheapest model: c = 1 / its highest achieved "
+    "rate − t(1), i.e. the HTTP ceiling. A batch of n then takes t(n) + c·n.",
     "Poisson arrivals of one sample each; a batch holds max(1 + λ·D, λ·t(n)/k) requests, at most B "
     "(the oldest waits the queue delay D or until an instance frees up).",
     "The k instances act as one server k times as fast; the wait for an instance has Kingman's exponential "
@@ -133,11 +136,31 @@ def max_rate_under_slo(fit: BatchTimeFit, max_batch: int, delay_s: float, instan
     return low
 
 
-def predict_deployment(curve: dict, fits: list[dict], slo_s: float) -> dict | None:
-    """Prediction for one measured deployment from the bench fit of its model and backend on its machine."""
+def request_overheads(curves: list[dict], fits: list[dict]) -> dict[str, float]:
+    """Per machine (hostname), the serving work per request c, calibrated on the batching-off deployment
+    whose model is cheapest (where c dominates): c = 1 / highest achieved rate - t(1), at least 0."""
+    cheapest: dict[str, tuple[float, float]] = {}
+    for curve in curves:
+        fit = matching_fit(curve, fits)
+        top = max((s.get("achieved_rps") or 0.0 for s in curve.get("steps", [])), default=0.0)
+        if fit is None or top <= 0 or int((curve.get("batcher") or {}).get("max_batch_size", 1)) != 1:
+            continue
+        host = (curve.get("machine") or {}).get("hostname", "?")
+        compute = fit["fit"].time_s(1)
+        if host not in cheapest or compute < cheapest[host][0]:
+            cheapest[host] = (compute, max(1.0 / top - compute, 0.0))
+    return {host: overhead for host, (_, overhead) in cheapest.items()}
+
+
+def predict_deployment(curve: dict, fits: list[dict], slo_s: float, overhead_s: float = 0.0) -> dict | None:
+    """Prediction for one measured deployment from the bench fit of its model and backend on its machine,
+    with `overhead_s` of serving work per request added to every sample of a batch."""
     fit = matching_fit(curve, fits)
     if fit is None:
         return None
+    if overhead_s > 0:
+        bench = fit["fit"]
+        fit = {**fit, "fit": BatchTimeFit(bench.a_s, bench.b_s + overhead_s, bench.points, bench.max_batch)}
     batcher = curve.get("batcher") or {}
     max_batch = int(batcher.get("max_batch_size", 1))
     delay_s = float(batcher.get("max_queue_delay_ms", 0.0)) / 1e3
@@ -145,7 +168,7 @@ def predict_deployment(curve: dict, fits: list[dict], slo_s: float) -> dict | No
     rate = max_rate_under_slo(fit["fit"], max_batch, delay_s, instances, slo_s)
     batch = batch_size_at(rate, fit["fit"], max_batch, delay_s, instances) if rate > 0 else 0.0
     return {"rate": rate, "batch": batch, "fit": fit["fit"], "backend": fit["backend"], "fixed": fit.get("fixed"),
-            "bench_threads": fit["machine"].get("threads")}
+            "bench_threads": fit["machine"].get("threads"), "overhead_s": overhead_s}
 
 
 def matching_fit(curve: dict, fits: list[dict]) -> dict | None:

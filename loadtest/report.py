@@ -12,7 +12,7 @@ from pathlib import Path
 
 from latlab.loadtest import sections
 from latlab.loadtest.figures import bench_png, curve_png
-from latlab.loadtest.predict import bench_fits
+from latlab.loadtest.predict import bench_fits, request_overheads
 from latlab.loadtest.results import read_results
 # max_rate_under and verdict are also imported from here by older callers.
 from latlab.loadtest.verdict import (DEFAULT_PRICES, GPU_HINT, crossover, is_gpu, max_rate_under,  # noqa: F401
@@ -73,6 +73,7 @@ def write_report(run_dirs: Path | list[Path], slos_s: list[float], prices: dict[
     prices = dict(DEFAULT_PRICES) if prices is None else prices
     curves = _curves(results)
     fits = bench_fits(bench)
+    overheads = request_overheads(curves, fits)
     by_model: dict[str, list[dict]] = defaultdict(list)
     for curve in curves:
         by_model[curve.get("model") or curve["name"]].append(curve)
@@ -81,7 +82,7 @@ def write_report(run_dirs: Path | list[Path], slos_s: list[float], prices: dict[
     for model, model_curves in by_model.items():
         png = curve_png(model, model_curves, slos_s)
         (out / f"curve-{_slug(model)}.png").write_bytes(png)
-        body.append(_model_section(model, model_curves, slos_s, prices, fits, png))
+        body.append(_model_section(model, model_curves, slos_s, prices, fits, overheads, png))
     body.append(f"<h2>How the predictions are made</h2>{sections.assumptions_list()}")
     body.append(_bench_section(bench, out))
     events = [(doc["run_id"], event) for doc in results for event in doc.get("events", [])]
@@ -123,7 +124,7 @@ def _prices_line(prices: dict[str, float], example: bool) -> str:
 
 
 def _model_section(model: str, curves: list[dict], slos_s: list[float], prices: dict[str, float],
-                   fits: list[dict], png: bytes) -> str:
+                   fits: list[dict], overheads: dict[str, float], png: bytes) -> str:
     verdicts = "".join(f"<li>{html.escape(crossover(model, curves, s, prices))}</li>" for s in slos_s)
     verdicts += "".join(f"<li>{html.escape(verdict(model, curves, s))}</li>" for s in slos_s)
     verdicts += "".join(f"<li>SLO search, {html.escape(c['name'])}: {html.escape(_search_line(c['search']))}</li>"
@@ -140,7 +141,7 @@ def _model_section(model: str, curves: list[dict], slos_s: list[float], prices: 
             f"<h3>Max throughput under each SLO</h3>{sections.slo_table(curves, slos_s)}"
             f"<h3>Best settings per provider and cost</h3>{sections.provider_table(curves, slos_s, prices)}"
             f"<h3>Verdict</h3><ul class='verdict'>{verdicts}</ul>"
-            f"{sections.prediction_section(model, curves, slos_s, fits)}"
+            f"{sections.prediction_section(model, curves, slos_s, fits, overheads)}"
             f"{''.join(sections.steps_table(c) for c in curves)}")
 
 

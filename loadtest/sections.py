@@ -25,7 +25,9 @@ def environment_section(results_docs: list[dict], bench_docs: list[dict]) -> str
                 servers.append(server)
         details = f"load generator: {_details(doc.get('machine', {}))}"
         details += "".join(f" | server: {server}" for server in servers) or " | server: environment not recorded"
-        rows.append(_machine_row(f"run {doc.get('run_id', '?')}", doc, doc.get("machine", {}), details))
+        row = _machine_row(f"run {doc.get('run_id', '?')}", doc, doc.get("machine", {}), details)
+        if row not in rows:  # a lab run writes one results file per model, all from the same machines
+            rows.append(row)
     for doc in bench_docs:
         rows.append(_machine_row("bench", doc, doc.get("machine", {}), _details(doc.get("machine", {}))))
     return ("<h2>Environment</h2><table><tr><th>source</th><th>machine</th><th>details</th></tr>"
@@ -75,12 +77,15 @@ def provider_table(curves: list[dict], slos_s: list[float], prices: dict[str, fl
             f"{''.join(rows)}</table>")
 
 
-def prediction_section(model: str, curves: list[dict], slos_s: list[float], fits: list[dict]) -> str:
-    """Predicted beside measured SLO-bounded max rate, with the relative error, where a bench fit exists."""
+def prediction_section(model: str, curves: list[dict], slos_s: list[float], fits: list[dict],
+                       overheads: dict[str, float] | None = None) -> str:
+    """Predicted beside measured SLO-bounded max rate, with the relative error, where a bench fit exists.
+    `overheads`: serving work per request by machine hostname (predict.request_overheads)."""
     rows, missing = [], []
     for curve in curves:
+        overhead = (overheads or {}).get((curve.get("machine") or {}).get("hostname", "?"), 0.0)
         for slo in slos_s:
-            predicted = predict_deployment(curve, fits, slo)
+            predicted = predict_deployment(curve, fits, slo, overhead)
             if predicted is None:
                 missing.append(curve)
                 break
@@ -89,13 +94,14 @@ def prediction_section(model: str, curves: list[dict], slos_s: list[float], fits
             fit = predicted["fit"]
             rows.append(f"<tr><td>{esc(label(curve))}</td><td>{esc(machine_name(curve))}</td>"
                         f"<td>p99 ≤ {slo * 1e3:g} ms</td>"
-                        f"<td>{fit.a_s * 1e3:.3f} + {fit.b_s * 1e3:.4f}·n{esc(_fixed(predicted))}</td>"
+                        f"<td>{fit.a_s * 1e3:.3f} + ({(fit.b_s - overhead) * 1e3:.4f} + c {overhead * 1e3:.3f})·n"
+                        f"{esc(_fixed(predicted))}</td>"
                         f"<td>{predicted['rate']:.0f}</td><td>{measured:.0f}</td><td>{error}</td>"
                         f"<td>{esc(_prediction_caveats(curve, predicted))}</td></tr>")
     text = f"<h3>{esc(model)}: predicted vs measured</h3>"
     if rows:
         text += ("<table class='prediction'><tr><th>deployment</th><th>machine</th><th>SLO</th>"
-                 "<th>batch time t(n), ms</th><th>predicted max req/s</th><th>measured max req/s</th>"
+                 "<th>batch time t(n) + c·n, ms</th><th>predicted max req/s</th><th>measured max req/s</th>"
                  f"<th>relative error</th><th>caveats</th></tr>{''.join(rows)}</table>")
     for curve in missing:
         text += (f"<p>No prediction for {esc(label(curve))} on {esc(machine_name(curve))}: no bench batch-size sweep "

@@ -116,8 +116,7 @@ def crossover(model: str, curves: list[dict], slo_s: float, prices: dict[str, fl
     if not any(is_gpu(c) for c in curves):
         known = (f"the CPU sustains up to {cpu['rate']:.0f} req/s ({_where(cpu)}{_cost(cpu)})" if cpu
                  else "no CPU deployment met it at any measured load")
-        return (f"{model}, {bound}: {known}. No GPU measurements for {model}, so whether a GPU pays off is "
-                f"unknown: {GPU_HINT}.")
+        return f"{model}, {bound}: {known}. No GPU measurements for {model}: whether a GPU pays off is unknown."
     if cpu is None and gpu is None:
         return f"{model}, {bound}: neither the CPU nor the GPU met it at any measured load."
     if cpu is None:

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from latlab.loadtest.predict import (BatchTimeFit, FitError, batch_size_at, bench_fits, capacity_rps,
-                                     max_rate_under_slo, p99_latency_s, predict_deployment)
+                                     max_rate_under_slo, p99_latency_s, predict_deployment, request_overheads)
 
 MS = 1e-3
 
@@ -141,3 +141,23 @@ def test_predict_deployment_uses_its_machine_model_and_provider() -> None:
     assert predict_deployment({**curve, "provider": "cuda"}, fits, 0.025) is None
     assert predict_deployment({**curve, "machine": {"hostname": "elsewhere"}}, fits, 0.025) is None
     assert predict_deployment({**curve, "model": "mlp"}, fits, 0.025) is None
+
+
+def test_serving_overhead_is_calibrated_on_the_cheapest_batching_off_deployment() -> None:
+    fits = [{"machine": {"hostname": "box"}, "model": "mlp", "backend": "ort-cpu", "fit": line(0.01 * MS, 0.0)},
+            {"machine": {"hostname": "box"}, "model": "ffn", "backend": "ort-cpu", "fit": line(1 * MS, 0.0)}]
+
+    def curve(model: str, max_batch: int, top: float) -> dict:
+        return {"name": f"{model}-{max_batch}", "model": model, "provider": "cpu", "machine": {"hostname": "box"},
+                "batcher": {"max_batch_size": max_batch}, "steps": [{"achieved_rps": top / 2}, {"achieved_rps": top}]}
+
+    # mlp's model takes 10 us, so its 2000 req/s ceiling is the serving path: c = 0.5 ms - 0.01 ms.
+    curves = [curve("mlp", 1, 2000), curve("ffn", 1, 600), curve("mlp", 64, 5000)]
+    (overhead,) = request_overheads(curves, fits).values()
+    assert overhead == pytest.approx(0.49 * MS)
+    ffn = curve("ffn", 1, 600)
+    plain = predict_deployment(ffn, fits, 0.025)
+    loaded = predict_deployment(ffn, fits, 0.025, overhead)
+    assert loaded["rate"] < plain["rate"] < 1000  # every request now costs 1.49 ms, not 1 ms
+    assert loaded["rate"] < 1 / (1.49 * MS)
+    assert request_overheads([curve("mlp", 64, 5000)], fits) == {}  # no batching-off curve: nothing to calibrate

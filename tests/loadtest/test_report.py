@@ -257,7 +257,7 @@ def test_report_merges_two_machines_with_costs_verdict_bench_and_prediction(run_
     assert page.count("data:image/png;base64,") == 3 and len(list(out.glob("bench-gpubox-*.png"))) == 2
     prediction = re.search(r"<table class='prediction'>.*?</table>", page).group(0)
     assert ("ffn-gpu (cuda, batch ≤ 64, wait ≤ 2 ms)</td><td>gpubox</td><td>p99 ≤ 25 ms</td>"
-            "<td>0.500 + 0.0010·n (bench d_model=128, n_layers=128)</td>") in prediction
+            "<td>0.500 + (0.0010 + c 0.000)·n (bench d_model=128, n_layers=128)</td>") in prediction
     assert "No prediction for ffn-b1 (cpu, batching off) on labbox" in page  # no bench from labbox
     assert "bench ran ORT with threads" not in page  # a CUDA fit: CPU threads do not matter
     assert "Generator-bound steps" in page and "ffn-gpu on gpubox at 100 req/s offered" in page
@@ -267,7 +267,7 @@ def test_report_merges_two_machines_with_costs_verdict_bench_and_prediction(run_
 def test_report_prediction_error_is_relative_to_measurement(tmp_path: Path) -> None:
     run = gpu_run(tmp_path)
     page = write_report(run, [0.025]).read_text()
-    row = re.search(r"<td>p99 ≤ 25 ms</td><td>0\.500 \+ 0\.0010·n[^<]*</td>"
+    row = re.search(r"<td>p99 ≤ 25 ms</td><td>0\.500 \+ \(0\.0010 \+ c 0\.000\)·n[^<]*</td>"
                     r"<td>(\d+)</td><td>(\d+)</td><td>([^<]+)</td>", page)
     predicted, measured, error = float(row.group(1)), float(row.group(2)), row.group(3)
     assert measured == 7900 and error == f"{(predicted - measured) / measured:+.0%}"

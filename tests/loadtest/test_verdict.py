@@ -75,7 +75,7 @@ def test_cpu_only_says_what_is_known_and_that_gpu_data_are_missing() -> None:
     sentence = crossover("ffn", [CPU_B1, CPU_BATCH], 0.025, PRICES)
     assert sentence.startswith("ffn, p99 ≤ 25 ms: the CPU sustains up to 800 req/s (ffn-batch (cpu, batch ≤ 64, "
                                "wait ≤ 2 ms) on cpubox, $0.035 per 1M inferences).")
-    assert "No GPU measurements for ffn" in sentence and "latlab bench" in sentence and "latlab report" in sentence
+    assert sentence.endswith("No GPU measurements for ffn: whether a GPU pays off is unknown.")
 
 
 def test_cpu_and_gpu_with_a_crossover() -> None:
