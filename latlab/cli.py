@@ -1,4 +1,4 @@
-"""The `latlab` command: export, serve, loadtest, report, lab, doctor.
+"""The `latlab` command: export, bench, serve, loadtest, report, lab, doctor.
 
 Heavy imports happen inside each subcommand: `serve` must not load torch, `loadtest` must import
 Locust (which monkey-patches sockets) before anything else.
@@ -142,8 +142,8 @@ def _parser() -> argparse.ArgumentParser:
     lab.add_argument("--runs-dir", type=Path, default=Path("runs"))
     lab.add_argument("--models-dir", type=Path, default=Path("models"))
     lab.add_argument("--plan", choices=["cpu", "quick", "gpu"], default="cpu",
-                     help="cpu: the main job (mlp, ffn, cnn, minilm; ~8 min on 2 cores); quick: fewer, shorter "
-                          "steps (~4 min); gpu: the same models on CUDA and CPU, for a GPU box")
+                     help="cpu: the main job (mlp, ffn, cnn, minilm; ~7.5 min on 2 cores); quick: fewer, shorter "
+                          "steps (~2.5 min); gpu: the same models on CUDA and CPU, for a GPU box")
     lab.add_argument("--quick", action="store_const", const="quick", dest="plan", help="same as --plan quick")
     lab.add_argument("--step-seconds", type=float, default=None, help="override the plan's step length")
     lab.set_defaults(func=cmd_lab)
