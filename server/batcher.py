@@ -39,6 +39,8 @@ class Pending:
     """Triton's request priority: 1 is the highest level; 0 means the deployment's default level."""
     length: int = 0
     """The request's length on the padded axis (0 without padding); outputs are cut back to it."""
+    outputs: tuple[str, ...] | None = None
+    """The outputs the request asked for; None: all of them."""
 
 
 def batch_to_send(now: float, sizes: Sequence[int], oldest_enqueued_at: float, max_batch_size: int,
@@ -81,6 +83,13 @@ class BatchQueue:
     def __len__(self) -> int:
         return self._count
 
+    @property
+    def full(self) -> bool:
+        return self._count >= self.settings.max_queue_size
+
+    def full_error(self) -> QueueFull:
+        return QueueFull(f"queue is full ({self.settings.max_queue_size} requests waiting)")
+
     def _ordered(self) -> Iterator[Pending]:
         """Highest priority first, arrival order within a level."""
         return chain.from_iterable(self._levels)
@@ -98,8 +107,8 @@ class BatchQueue:
         if pending.size > self.settings.max_batch_size:
             raise BadRequest(f"batch of {pending.size} exceeds this deployment's max_batch_size "
                              f"{self.settings.max_batch_size}")
-        if self._count >= self.settings.max_queue_size:
-            raise QueueFull(f"queue is full ({self.settings.max_queue_size} requests waiting)")
+        if self.full:
+            raise self.full_error()
         self._levels[level - 1].append(pending)
         self._count += 1
         self.arrivals.arrived(pending.enqueued_at)
@@ -174,9 +183,12 @@ class DynamicBatcher:
 
     Workers sleep on a condition variable until a request arrives, a batch finishes (adaptive mode) or
     the computed send time comes: no polling, so an idle deployment costs no CPU. With `padding`,
-    requests of different lengths on the padded axis share a batch (see server/tensors.py)."""
+    requests of different lengths on the padded axis share a batch (see server/tensors.py).
 
-    def __init__(self, run_batch: Callable[[Tensors], Tensors], settings: BatcherSettings,
+    `run_batch(inputs)` runs one merged batch; when every request of a batch named the same outputs it is
+    called as `run_batch(inputs, outputs)` and need only return those."""
+
+    def __init__(self, run_batch: Callable[..., Tensors], settings: BatcherSettings,
                  observer: BatchObserver | None = None, clock: Callable[[], float] = time.monotonic,
                  name: str = "batcher", padding: PaddingSettings | None = None) -> None:
         self._run_batch = run_batch
@@ -194,14 +206,16 @@ class DynamicBatcher:
         for worker in self._workers:
             worker.start()
 
-    def submit(self, inputs: Tensors, size: int, timeout_s: float | None = None, priority: int = 0) -> Future:
+    def submit(self, inputs: Tensors, size: int, timeout_s: float | None = None, priority: int = 0,
+               outputs: Sequence[str] | None = None) -> Future:
         """Queue one request of `size` samples; raises QueueFull/ModelNotReady/BadRequest at once instead of
         waiting. `timeout_s` may only shorten the deployment's timeout; `priority` 1 is the highest level,
-        0 the deployment's default."""
+        0 the deployment's default; `outputs` names the outputs the request needs (None: all)."""
         now = self._clock()
         timeout_s = self._timeout_s if timeout_s is None else min(timeout_s, self._timeout_s)
         pending = Pending(inputs, size, now, now + timeout_s, shape_key=shape_key(inputs, self._padding),
-                          priority=priority, length=request_length(inputs, self._padding))
+                          priority=priority, length=request_length(inputs, self._padding),
+                          outputs=None if outputs is None else tuple(outputs))
         with self._cond:
             if self._closing:
                 raise ModelNotReady("deployment is shutting down")
@@ -214,9 +228,10 @@ class DynamicBatcher:
             self._cond.notify()
         return pending.future
 
-    def infer(self, inputs: Tensors, size: int, timeout_s: float | None = None, priority: int = 0) -> Tensors:
+    def infer(self, inputs: Tensors, size: int, timeout_s: float | None = None, priority: int = 0,
+              outputs: Sequence[str] | None = None) -> Tensors:
         """Submit and wait for the result (the request thread's call)."""
-        future = self.submit(inputs, size, timeout_s, priority)
+        future = self.submit(inputs, size, timeout_s, priority, outputs)
         try:
             # The worker expires the request at its deadline; the margin only guards a stuck model run.
             return future.result(timeout=self._timeout_s + 5.0)
@@ -224,11 +239,13 @@ class DynamicBatcher:
             future.cancel()
             raise RequestTimeout(f"no result within {self._timeout_s:.3f} s") from None
 
-    @property
-    def queued(self) -> int:
-        """Requests waiting right now, read without the lock: a racy snapshot, good enough to refuse early
-        (submit's own check, under the lock, stays the authority)."""
-        return len(self._queue)
+    def refuse_if_full(self) -> None:
+        """Raise QueueFull, counting the rejection, when the queue is full right now. Read without the lock:
+        a racy snapshot, enough to refuse a request before its body is read; submit's own check, under the
+        lock, stays the authority for the requests let through."""
+        if self._queue.full:
+            self._observer.rejected("queue_full")
+            raise self._queue.full_error()
 
     def adaptive_state(self) -> dict[str, float | None]:
         """What adaptive mode currently believes: a (s/sample), b (s/batch), the arrival rate (1/s)."""
@@ -296,8 +313,9 @@ class DynamicBatcher:
         sizes = [p.size for p in batch]
         try:
             inputs = merge([p.inputs for p in batch], self._padding)
+            wanted = requested_outputs(batch)
             run_started = self._clock()
-            outputs = self._run_batch(inputs)
+            outputs = self._run_batch(inputs) if wanted is None else self._run_batch(inputs, wanted)
             run_s = self._clock() - run_started
             parts = split(outputs, sizes, [p.length for p in batch], self._padding)
         except Exception as exc:  # the model's failure belongs to this batch only
@@ -313,3 +331,10 @@ class DynamicBatcher:
             pending.future.set_result(part)
         self._observer.batch_done(sum(sizes), [started - p.enqueued_at for p in batch], compute_s, ok=True)
         return run_s
+
+
+def requested_outputs(batch: list[Pending]) -> tuple[str, ...] | None:
+    """The outputs to compute for a batch: those its requests asked for when they all asked for the same
+    ones, else None (all outputs)."""
+    first = batch[0].outputs
+    return first if all(p.outputs == first for p in batch) else None

@@ -22,10 +22,6 @@ log = logging.getLogger("latlab.server.deployment")
 WARMUP_WAIT_S = 2.0
 """How long the constructor waits for warm-up; a longer one goes on in the background (the server then
 answers /v2/health/live, while ready stays false until it ends). A small model is ready when built."""
-SELECTION_INPUT = "\x00latlab.requested_outputs"
-"""Carries each request's output selection through the batcher: a (samples, outputs) bool column per
-request, so a batch knows whether all its requests asked for the same outputs. Its name cannot be an
-input's (NUL never appears in an ONNX name), it is never padded, and its width is the same for all."""
 
 
 class Deployment:
@@ -46,8 +42,6 @@ class Deployment:
                                       padding=config.padding)
         self._output_names = {o.name for o in self.model.outputs}
         self._output_order = [o.name for o in self.model.outputs]
-        self._all_outputs = np.ones((1, len(self._output_order)), dtype=bool)
-        self._all_outputs.flags.writeable = False
         self.environment = environment(self.model)
         self._warmed, self._closing = threading.Event(), threading.Event()
         self._warmup = threading.Thread(target=self._warm_up, args=(metrics.model_warmup, labels),
@@ -83,28 +77,20 @@ class Deployment:
         gauge.labels(**labels).set(time.perf_counter() - started)  # no sample before: absent means not warmed
         self._warmed.set()
 
-    def _run_batch(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The batcher's model run: the outputs the whole batch asked for (all when they differ), and on a
-        device the transfer times reported apart."""
-        inputs = dict(inputs)
-        selection = inputs.pop(SELECTION_INPUT, None)
-        names = None
-        if selection is not None and selection is not self._all_outputs and not selection[0].all() and (
-                selection[0].any()) and (
-                len(selection) == 1 or (selection == selection[0]).all()):
-            names = [name for name, wanted in zip(self._output_order, selection[0]) if wanted]
-        outputs, timings = self.model.run_timed(inputs, names)
+    def _run_batch(self, inputs: dict[str, np.ndarray], outputs: tuple[str, ...] | None = None
+                   ) -> dict[str, np.ndarray]:
+        """The batcher's model run: `outputs` when the whole batch asked for the same ones (else all), and on
+        a device the transfer times reported apart."""
+        results, timings = self.model.run_timed(inputs, None if outputs is None else list(outputs))
         if timings is not None:
             self.observer.transfer_done(timings.input_s, timings.output_s)
-        return outputs
+        return results
 
-    def with_selection(self, inputs: dict[str, np.ndarray], size: int, outputs: list[str] | None
-                       ) -> dict[str, np.ndarray]:
-        """The request's inputs plus its output selection (see SELECTION_INPUT) for the batcher."""
-        if outputs is None and size == 1:
-            return {**inputs, SELECTION_INPUT: self._all_outputs}  # the common case, prebuilt
-        wanted = np.array([outputs is None or name in outputs for name in self._output_order])
-        return {**inputs, SELECTION_INPUT: np.broadcast_to(wanted, (size, len(wanted)))}
+    def selection(self, outputs: list[str] | None) -> tuple[str, ...] | None:
+        """The outputs a request needs, in the model's order; None when it needs all (or names none)."""
+        if not outputs or self._output_names <= set(outputs):
+            return None
+        return tuple(name for name in self._output_order if name in outputs)
 
     def infer(self, request: InferRequest) -> dict[str, np.ndarray]:
         if request.outputs is not None:
@@ -113,9 +99,8 @@ class Deployment:
                 raise BadRequest(f"model '{self.config.name}' has no output(s) {unknown}; "
                                  f"it has {sorted(self._output_names)}")
         size = self.model.validate(request.inputs)
-        inputs = self.with_selection(request.inputs, size, request.outputs)
-        outputs = self.batcher.infer(inputs, size, request_timeout_s(request.parameters),
-                                     request_priority(request.parameters))
+        outputs = self.batcher.infer(request.inputs, size, request_timeout_s(request.parameters),
+                                     request.parameters.get("priority", 0), self.selection(request.outputs))
         if request.outputs is None:
             return outputs
         return {name: outputs[name] for name in request.outputs}
@@ -166,15 +151,6 @@ def request_timeout_s(parameters: dict) -> float | None:
     if type(timeout) is not int or timeout < 0:
         raise BadRequest(f"parameters.timeout must be a non-negative integer of microseconds, got {timeout!r}")
     return timeout / 1e6
-
-
-def request_priority(parameters: dict) -> int:
-    """Triton's per-request `priority` parameter: 1 is the highest level; 0 or absent: the default level.
-    The range is checked against the deployment's priority_levels by the batcher."""
-    priority = parameters.get("priority", 0)
-    if type(priority) is not int:
-        raise BadRequest(f"parameters.priority must be an integer (1 = highest, 0 = default), got {priority!r}")
-    return priority
 
 
 def _check_padding(config: DeploymentConfig, inputs: set[str]) -> None:

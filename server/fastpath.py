@@ -61,12 +61,6 @@ def status_line(status: int) -> str:
     return f"{status} {HTTP_STATUS_CODES.get(status, 'UNKNOWN').upper()}"
 
 
-def queue_is_full(deployment: Deployment) -> bool:
-    """A racy read of the queue's length without the batcher's lock: enough to refuse at once, before the
-    body is read. The batcher's own check, under its lock, stays the authority for requests let through."""
-    return deployment.batcher.queued >= deployment.config.batcher.max_queue_size
-
-
 class InferRoute:
     """WSGI middleware: answers POST /v2/models/{m}[/versions/{v}]/infer itself, passes the rest to `app`."""
 
@@ -125,9 +119,7 @@ class InferRoute:
         binary_length = binary_header_length(environ.get(_ENV_HEADER_LENGTH))
         mimetype, params = parse_options_header(environ.get("CONTENT_TYPE", ""))
         check_content_type(mimetype.lower(), params, binary_length is not None)
-        if queue_is_full(deployment):
-            deployment.observer.rejected("queue_full")
-            raise QueueFull(f"queue is full ({deployment.config.batcher.max_queue_size} requests waiting)")
+        deployment.batcher.refuse_if_full()
         # One byte past the limit, so that read_body tells a chunked body of exactly the limit from a longer one.
         stream = get_input_stream(environ, max_content_length=limit + 1)
         return decode_request(read_body(stream, limit), binary_length)

@@ -172,7 +172,7 @@ def test_a_batch_runs_the_outputs_all_its_requests_asked_for(tmp_path: Path, mon
     x = np.arange(4, dtype=np.float32).reshape(1, 4)
     try:
         def submit_pair(first: list[str] | None, second: list[str] | None) -> list[dict]:
-            futures = [deployment.batcher.submit(deployment.with_selection({"x": x}, 1, wanted), 1)
+            futures = [deployment.batcher.submit({"x": x}, 1, outputs=deployment.selection(wanted))
                        for wanted in (first, second)]
             return [future.result(30) for future in futures]
 
@@ -192,12 +192,12 @@ def test_cpu_runs_observe_no_transfers_and_bound_runs_do(tiny_model: Path) -> No
     deployment = Deployment(config(tiny_model).deployments[0], ServerMetrics(registry))
     x = {"x": np.ones((1, 4), dtype=np.float32)}
     try:
-        deployment.batcher.infer(deployment.with_selection(x, 1, None), 1)
+        deployment.batcher.infer(x, 1)
         for name in ("input", "output"):
             metric = f"latlab_batcher_{name}_transfer_duration_seconds_count"
             assert registry.get_sample_value(metric, labels(deployment)) is None
         deployment.model.bound = True  # the I/O-binding path, on the CPU device
-        deployment.batcher.infer(deployment.with_selection(x, 1, None), 1)
+        deployment.batcher.infer(x, 1)
         for name in ("input", "output"):
             metric = f"latlab_batcher_{name}_transfer_duration_seconds_count"
             assert registry.get_sample_value(metric, labels(deployment)) == 1
