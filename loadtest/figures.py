@@ -1,4 +1,4 @@
-"""The report's charts as PNG bytes: latency-vs-throughput curves with SLO lines, and the bench sweeps."""
+"""The report's charts as PNG bytes: latency-vs-throughput curves with SLO lines (bench figures: latlab.bench_plot)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,6 @@ import matplotlib
 
 matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
-
-BENCH_AXES = {"batch_size": "batch size", "d_model": "d_model (width)", "n_layers": "n_layers (depth)",
-              "params": "parameters"}
-
 
 def curve_png(model: str, curves: list[dict], slos_s: list[float]) -> bytes:
     """p99 (solid) and p50 (dashed) against achieved throughput, one colour per deployment and machine."""
@@ -38,26 +34,6 @@ def curve_png(model: str, curves: list[dict], slos_s: list[float]) -> bytes:
     ax.set_title(f"{model}: latency vs throughput")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
-    return _png(fig)
-
-
-def bench_png(experiment: dict, machine: str) -> bytes:
-    """One bench sweep as the seed's figures draw it: median time per backend against the varied size."""
-    vary = experiment.get("vary", "batch_size")
-    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
-    backends = sorted({p["backend"] for p in experiment.get("points", [])})
-    for i, backend in enumerate(backends):
-        points = sorted((p[vary], p["median_s"]) for p in experiment["points"]
-                        if p["backend"] == backend and p.get(vary) is not None and p.get("median_s") is not None)
-        if points:
-            ax.plot([x for x, _ in points], [t * 1e3 for _, t in points], "o-", color=f"C{i % 10}", label=backend)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel(BENCH_AXES.get(vary, vary))
-    ax.set_ylabel("median time per run (ms)")
-    ax.set_title(f"{experiment.get('name', vary)} on {machine}", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
     return _png(fig)
 
 

@@ -11,7 +11,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from latlab.loadtest import sections
-from latlab.loadtest.figures import bench_png, curve_png
+from latlab.bench_plot import plot_bench
+from latlab.loadtest.figures import curve_png
 from latlab.loadtest.predict import bench_fits, request_overheads
 from latlab.loadtest.results import read_results
 # max_rate_under and verdict are also imported from here by older callers.
@@ -156,23 +157,12 @@ def _bench_section(bench: list[dict], out: Path) -> str:
     for doc in bench:
         host = str(doc.get("machine", {}).get("hostname", "?"))
         text += f"<h3>bench on {html.escape(host)}{' (reference data)' if doc.get('_reference') else ''}</h3>"
-        for name, png in _bench_figures(doc, host).items():
+        for name, png in plot_bench(doc).items():
             (out / f"bench-{_slug(host)}-{_slug(name)}").write_bytes(png)
             image = base64.b64encode(png).decode()
             text += f"<img alt='bench {html.escape(name)}' src='data:image/png;base64,{image}'>"
         text += sections.bench_table(doc)
     return text
-
-
-def _bench_figures(doc: dict, host: str) -> dict[str, bytes]:
-    """`latlab bench`'s own figures when its plotting module is installed (it needs no torch), else ours."""
-    try:
-        from latlab.bench_plot import plot_bench
-    except ImportError:
-        plot_bench = None
-    if plot_bench is not None:
-        return plot_bench(doc)
-    return {f"{e.get('name', 'x')}.png": bench_png(e, host) for e in doc.get("experiments", []) if e.get("points")}
 
 
 def event_line(event: dict) -> str:

@@ -6,7 +6,6 @@ import base64
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -325,17 +324,6 @@ def test_cli_report_refuses_bad_prices(run_dir: Path, price: str, capsys: pytest
 def test_cli_report_on_missing_folder_is_a_user_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["report", str(tmp_path / "nope")]) == 2
     assert "no such run folder" in capsys.readouterr().err
-
-
-def test_bench_figures_fall_back_to_our_own_plot_without_bench_plot(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    run = gpu_run(tmp_path)
-    monkeypatch.setitem(sys.modules, "latlab.bench_plot", None)  # as if latlab.bench_plot were not installed
-    page = write_report(run, [0.025], out=tmp_path / "fallback").read_text()
-    figures = sorted(p.name for p in (tmp_path / "fallback").glob("bench-*.png"))
-    assert figures == ["bench-gpubox-batch_size.png", "bench-gpubox-d_model.png"]
-    assert all((tmp_path / "fallback" / f).read_bytes().startswith(PNG_HEADER) for f in figures)
-    assert page.count("data:image/png;base64,") == 3
 
 
 def test_cli_with_reference_merges_the_reference_folder(run_dir: Path, tmp_path: Path,
