@@ -103,6 +103,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="send tensors with the binary tensor extension (and ask for binary outputs)")
     load.add_argument("--seq-len", type=int, default=8,
                       help="length of the model's dynamic non-batch dimensions, e.g. tokens per sequence")
+    load.add_argument("--client", choices=("lean", "locust"), default="lean",
+                      help="infer requests through latlab's lean HTTP client (http:// only, about half the CPU "
+                           "per request) or Locust's FastHttpSession (https, or to compare)")
     load.add_argument("--no-stop", action="store_true", help="keep going past saturation")
     load.add_argument("--slo", help="p99 bound, e.g. p99=50ms: search the highest rate that meets it")
     load.add_argument("--sweep", action="store_true", help="with --slo: sweep --rates, stop when p99 > 2x the SLO")
@@ -277,7 +280,7 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
     plan = SweepPlan(host=args.host, deployments=[d for item in args.deployment for d in item.split(",") if d],
                      loads=loads, mode=args.mode, warmup_seconds=args.warmup_seconds,
                      window_seconds=args.step_seconds / 3, max_windows=max(3, args.max_windows),
-                     poisson=not args.constant, binary=args.binary, seq_len=args.seq_len,
+                     poisson=not args.constant, binary=args.binary, seq_len=args.seq_len, client=args.client,
                      stop_at_saturation=not args.no_stop, slo_p99_s=slo,
                      search=bool(slo) and not args.sweep and args.mode == "open", search_resolution=args.resolution,
                      workers=args.workers, expect_workers=args.expect_workers,

@@ -94,6 +94,7 @@ class LoadDriver:
 
     def set_load(self, deployment: str, load: float) -> None:
         """Point the users at `deployment` with `load` (total arrivals/s, or total users)."""
+        self.state.recorder.flush_completed()  # samples so far are labelled with the deployment they hit
         if deployment != self.deployment and self.deployment:
             self.runner.stop()
             gevent.sleep(0.5)
@@ -112,7 +113,8 @@ class LoadDriver:
         load = self.load if load is None else load
         rate = load / max(self.processes, 1) if self.plan.mode == "open" else 0.0
         message = {"deployment": deployment, "rate": rate, "poisson": self.plan.poisson,
-                   "payload": {"binary": self.plan.binary, "seq_len": self.plan.seq_len}}
+                   "payload": {"binary": self.plan.binary, "seq_len": self.plan.seq_len,
+                               "client": self.plan.client}}
         self.state.update(message)
         if self.distributed:
             for client_id in self.live_workers:

@@ -24,13 +24,16 @@ _NUMPY_TYPES = {
 
 @dataclass(frozen=True)
 class PayloadOptions:
-    """How requests are built: the encoding, and the size of dynamic non-batch dimensions
-    (e.g. a token sequence's length)."""
+    """How requests are built and sent: the encoding, the size of dynamic non-batch dimensions
+    (e.g. a token sequence's length) and the HTTP client."""
 
     binary: bool = False
     """Send inputs with the binary tensor extension and ask for binary outputs."""
     seq_len: int = 8
     """Length given to every dynamic dimension after the batch one."""
+    client: str = "lean"
+    """How infer requests are sent: "lean" (loadtest/lean_http.py, for http:// hosts) or "locust"
+    (Locust's FastHttpSession: https, or to compare the two generators' costs)."""
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -40,6 +41,7 @@ class Recorder:
     Status 0 means no HTTP answer at all (connection refused or reset, client timeout)."""
 
     LATE_AFTER_S = 0.005  # a send starting this long after its intended time counts as late
+    COMPLETED_EVERY_S = 0.25  # local completions reach `on_completed` in batches at most this old
     COLUMNS = ("intended", "sent", "done", "ok", "status", "retry_after", "error", "source")
 
     def __init__(self) -> None:
@@ -57,6 +59,8 @@ class Recorder:
         self.source: list[str] = []
         self.dropped: list[float] = []
         self.late: list[float] = []
+        self._completed: tuple[list[float], list[bool]] = ([], [])  # not yet handed to on_completed
+        self._completed_at = 0.0
         self.on_completed: Callable[[list[float], list[bool]], None] | None = None
 
     @property
@@ -72,11 +76,31 @@ class Recorder:
 
     def end(self, key: int, done: float, ok: bool, status: int | None = None, retry_after: bool = False,
             error: str = "") -> None:
-        """The answer came (or none did: status 0, `error` says why); `retry_after`: it carried that header."""
+        """The answer came (or none did: status 0, `error` says why); `retry_after`: it carried that header.
+        The generator's hot path: columns are appended directly, `on_completed` hears of it in batches."""
         intended, sent = self._outstanding.pop(key)
-        status = (200 if ok else 0) if status is None else status
-        self._add({"intended": [intended], "sent": [sent], "done": [done], "ok": [ok], "status": [status],
-                   "retry_after": [retry_after], "error": [error]}, "local")
+        self.intended.append(intended)
+        self.sent.append(sent)
+        self.done.append(done)
+        self.ok.append(ok)
+        self.status.append((200 if ok else 0) if status is None else status)
+        self.retry_after.append(retry_after)
+        self.error.append(error)
+        self.source.append("local")
+        if self.on_completed is not None:
+            latencies, oks = self._completed
+            latencies.append(done - intended)
+            oks.append(ok)
+            if done - self._completed_at >= self.COMPLETED_EVERY_S:
+                self.flush_completed(done)
+
+    def flush_completed(self, now: float | None = None) -> None:
+        """Hand the local completions not yet reported to `on_completed` (windows and drains call this)."""
+        latencies, oks = self._completed
+        self._completed_at = time.time() if now is None else now
+        if latencies and self.on_completed is not None:
+            self._completed = ([], [])
+            self.on_completed(latencies, oks)
 
     def drop(self, intended: float) -> None:
         """The generator could not send this arrival (too many outstanding): counted, never skipped."""
@@ -93,6 +117,7 @@ class Recorder:
     def drain(self) -> dict:
         """What a Locust worker ships to the master: samples completed since the last drain, plus
         the arrivals still outstanding. Dropped and late arrivals are shipped once, then forgotten."""
+        self.flush_completed()
         start, self._shipped = self._shipped, len(self.intended)
         payload = {name: getattr(self, name)[start:] for name in self.COLUMNS if name != "source"}
         payload.update(dropped=self.dropped, late=self.late,
@@ -127,6 +152,7 @@ class Recorder:
 
     def window_detail(self, start: float, end: float, now: float) -> tuple[WindowStats, np.ndarray, dict]:
         """The window's statistics, its latencies (for histograms) and requests sent per source."""
+        self.flush_completed()
         intended = np.asarray(self.intended)
         done = np.asarray(self.done)
         ok = np.asarray(self.ok, dtype=bool)

@@ -47,6 +47,8 @@ class SweepPlan:
     """Send tensors with the binary tensor extension (and ask for binary outputs) instead of JSON."""
     seq_len: int = 8
     """Length of every dynamic non-batch input dimension (e.g. tokens per sequence)."""
+    client: str = "lean"
+    """The generator's HTTP client for infer requests: "lean" or "locust" (see PayloadOptions)."""
     stop_at_saturation: bool = True
     max_error_ratio: float = 0.01
     slo_p99_s: float | None = None
@@ -82,7 +84,8 @@ def run_sweep(plan: SweepPlan, out_path: Path, run_id: str, progress: Callable[[
     doc = {"run_id": run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": plan.host,
            "machine": machine.describe(), "mode": plan.mode,
            "arrivals": ("poisson" if plan.poisson else "constant") if plan.mode == "open" else "closed loop",
-           "payload": {"encoding": "binary" if plan.binary else "json", "seq_len": plan.seq_len},
+           "payload": {"encoding": "binary" if plan.binary else "json", "seq_len": plan.seq_len,
+                       "client": plan.client},
            "slo_p99_s": plan.slo_p99_s, "deployments": [], "events": []}
     driver = LoadDriver(plan, metrics, progress)
     doc["events"] = driver.events  # the fleet's events (a worker lost), as they happen

@@ -10,6 +10,7 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import gevent
 import locust.runners
@@ -17,6 +18,7 @@ from gevent.pool import Group
 from locust import FastHttpUser, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
+from latlab.loadtest.lean_http import LeanClient
 from latlab.loadtest.payloads import PayloadOptions, random_bodies
 from latlab.loadtest.recorder import Recorder
 
@@ -57,6 +59,8 @@ def _add_arguments(parser) -> None:
     parser.add_argument("--latlab-constant", action="store_true", help="constant gaps instead of Poisson")
     parser.add_argument("--latlab-binary", action="store_true", help="send tensors with the binary extension")
     parser.add_argument("--latlab-seq-len", type=int, default=8, help="length of dynamic non-batch dimensions")
+    parser.add_argument("--latlab-client", choices=("lean", "locust"), default="lean",
+                        help="infer requests via latlab's lean HTTP client (http:// only) or Locust's FastHttpSession")
     parser.add_argument("--latlab-metrics-port", type=int, default=0,
                         help="master/standalone: serve client-side Prometheus metrics (whole fleet) on this port")
     parser.add_argument("--latlab-run", default="locust", help="run label of those metrics")
@@ -70,7 +74,8 @@ def _init_state(environment, **_kwargs) -> None:
                                        options.latlab_rate if options else 10.0,
                                        poisson=not (options and options.latlab_constant))
         if options is not None:
-            environment.latlab.payload = PayloadOptions(options.latlab_binary, options.latlab_seq_len)
+            environment.latlab.payload = PayloadOptions(options.latlab_binary, options.latlab_seq_len,
+                                                        options.latlab_client)
     state: LoadState = environment.latlab
     if isinstance(environment.runner, WorkerRunner):
         environment.runner.register_message(LOAD_MESSAGE, lambda environment, msg, **_: state.update(msg.data))
@@ -120,25 +125,63 @@ class _InferenceUser(FastHttpUser):
         metadata = self.client.get(f"/v2/models/{self.deployment}", name="metadata").json()
         self.bodies = random_bodies(metadata, seed=random.randrange(2**32), options=self.state.payload)
         self.rng = random.Random()
+        # Infer requests go through the lean client, encoded once (lean_http.py), where it can reach the host;
+        # Locust's FastHttpSession otherwise (https) or when asked for.
+        self.lean = None
+        if self.state.payload.client == "lean" and urlsplit(self.host).scheme == "http":
+            self.lean = LeanClient(self.host, self.network_timeout, self.connection_timeout)
+            self.requests = [self.lean.prepare("POST", self.path, b.data, b.headers) for b in self.bodies]
+
+    def on_stop(self) -> None:
+        if self.lean is not None:
+            self.lean.close()
 
     def _send(self, intended: float) -> None:
         recorder = self.state.recorder
-        key = recorder.begin(intended, time.time())
-        body = self.bodies[self.rng.randrange(len(self.bodies))]
-        ok, status, retry_after, error = False, 0, False, ""
+        sent = time.time()
+        key = recorder.begin(intended, sent)
+        which = self.rng.randrange(len(self.bodies))
+        status, retry_after, received, error, failure = 0, False, 0, "", None
         try:
-            with self.client.post(self.path, data=body.data, headers=body.headers,
-                                  name=self.deployment, catch_response=True) as response:
-                status = response.status_code or 0  # 0: no HTTP answer (refused, reset, timed out)
-                ok = status == 200
-                retry_after = bool(response.headers and response.headers.get("Retry-After"))
-                if status == 0:
-                    error = type(response.error).__name__
-                    response.failure(f"no answer: {response.error!r}")
-                elif not ok:
-                    response.failure(f"HTTP {status}: {(response.text or '')[:200]}")
+            if self.lean is not None:
+                status, retry_after, received, failure = self._post_lean(which)
+            else:
+                status, retry_after, received, error = self._post_locust(which)
+        except Exception as exc:  # no HTTP answer (refused, reset, timed out): status 0
+            error = type(exc).__name__
+            failure = RequestFailed(f"no answer: {exc!r}")
         finally:
-            recorder.end(key, time.time(), ok, status, retry_after, error)
+            done = time.time()
+            recorder.end(key, done, status == 200, status, retry_after, error)
+        if self.lean is not None:  # Locust's own statistics (its web UI and CSV) see every request too
+            self.environment.events.request.fire(request_type="POST", name=self.deployment, context={},
+                                                 response_time=(done - sent) * 1000.0, response=None,
+                                                 response_length=received, exception=failure, url=self.path)
+
+    def _post_lean(self, which: int) -> tuple[int, bool, int, Exception | None]:
+        answer = self.lean.send(self.requests[which])
+        failure = None
+        if answer.status != 200:
+            failure = RequestFailed(f"HTTP {answer.status}: {answer.body[:200].decode('utf-8', 'replace')}")
+        return answer.status, bool(answer.headers.get("retry-after")), len(answer.body), failure
+
+    def _post_locust(self, which: int) -> tuple[int, bool, int, str]:
+        """Through Locust's client, which reports to Locust's statistics itself."""
+        body, error = self.bodies[which], ""
+        with self.client.post(self.path, data=body.data, headers=body.headers,
+                              name=self.deployment, catch_response=True) as response:
+            status = response.status_code or 0  # 0: no HTTP answer (refused, reset, timed out)
+            if status == 0:
+                error = type(response.error).__name__
+                response.failure(f"no answer: {response.error!r}")
+            elif status != 200:
+                response.failure(f"HTTP {status}: {(response.text or '')[:200]}")
+            return (status, bool(response.headers and response.headers.get("Retry-After")),
+                    len(response.content or b""), error)
+
+
+class RequestFailed(Exception):
+    """What Locust's statistics record for a request that got no answer or not a 200."""
 
 
 class OpenLoopUser(_InferenceUser):
@@ -147,7 +190,7 @@ class OpenLoopUser(_InferenceUser):
     Latency is measured from each request's intended send time (no coordinated omission); arrivals
     beyond MAX_OUTSTANDING_PER_USER are dropped and counted."""
 
-    concurrency = MAX_OUTSTANDING_PER_USER  # connections in this user's pool
+    concurrency = MAX_OUTSTANDING_PER_USER  # connections in Locust's pool (with --client locust)
 
     def on_start(self) -> None:
         super().on_start()
@@ -155,6 +198,7 @@ class OpenLoopUser(_InferenceUser):
 
     def on_stop(self) -> None:
         self.inflight.join(timeout=self.network_timeout)
+        super().on_stop()
 
     @task
     def arrivals(self) -> None:

@@ -74,3 +74,16 @@ def test_options_come_from_the_environment_and_a_config_file(tmp_path):
     assert [s["target_rps"] for s in steps] == [25, 50]  # the environment beats the file
     assert doc["arrivals"] == "constant"
     assert all(abs(s["duration_s"] - 1.5) < 0.01 for s in steps)  # the file's step-seconds
+
+
+@pytest.mark.parametrize("client", ["lean", "locust"])
+def test_both_http_clients_send_the_planned_load(tmp_path, client):
+    """The lean client (the default) and Locust's own measure the same server alike, and say which ran."""
+    with stub_server(StubModel()) as host:
+        doc = loadtest(host, tmp_path / client, "--client", client, "--rates", "80", "--constant",
+                       "--warmup-seconds", "0.5", "--step-seconds", "3", "--max-windows", "3")
+    (step,) = doc["deployments"][0]["steps"]
+    assert doc["payload"]["client"] == client
+    assert step["errors"] == 0 and step["dropped"] == 0 and step["sent"] >= 0.9 * 80 * 3
+    assert 0.9 * 80 < step["achieved_rps"] < 1.1 * 80
+    assert step["p99_s"] < 0.25, step

@@ -170,3 +170,24 @@ def test_window_stats_as_dict_has_every_field() -> None:
     assert set(d) == {"offered_rps", "achieved_rps", "sent", "ok", "errors", "dropped", "late", "incomplete",
                       "p50_s", "p90_s", "p99_s", "max_s", "mean_s"}
     assert d["p50_s"] == pytest.approx(0.01)
+
+
+# --- completions handed on in batches ------------------------------------------------------------
+
+
+def test_completions_reach_on_completed_in_batches_and_all_of_them_by_the_window() -> None:
+    recorder = Recorder()
+    batches: list[tuple[list[float], list[bool]]] = []
+    recorder.on_completed = lambda latencies, oks: batches.append((list(latencies), list(oks)))
+    for i in range(100):  # 100 answers within 0.1 s: the first is handed on at once, the rest wait
+        complete(recorder, 10.0 + i * 0.001, 0.002, ok=i % 10 != 0)
+    assert len(batches) == 1 and len(batches[0][0]) == 1
+    complete(recorder, 10.0 + Recorder.COMPLETED_EVERY_S, 0.002)  # older than the batching period: handed on
+    assert len(batches) == 2 and len(batches[1][0]) == 100
+    complete(recorder, 11.0, 0.004, ok=False)
+    recorder.window(0.0, 20.0, now=20.0)  # a window hands on whatever waits
+    latencies = [x for batch, _ in batches for x in batch]
+    oks = [x for _, batch in batches for x in batch]
+    assert len(latencies) == 102 and latencies[-1] == pytest.approx(0.004)
+    assert oks.count(False) == 11
+    assert latencies == pytest.approx(list(np.asarray(recorder.done) - np.asarray(recorder.intended)))
