@@ -73,7 +73,7 @@ def ffn_figures(args: argparse.Namespace, work: Path, ffn: Path) -> list[tuple]:
 
 def low_load_p50(served, work: Path, deployments: list[str], rate: float, args: argparse.Namespace) -> dict:
     """The server's own p50 per deployment (its request histogram, the difference over one open-loop step
-    each) at a low rate. Interpolated within a bucket (1.5-2.5 ms around 2 ms): a coarse figure."""
+    each) at a low rate, interpolated within a bucket (0.2-0.3 ms wide around 2 ms)."""
     name = "latlab_server_request_duration_seconds"
     before = {d: served.histogram(name, d) for d in deployments}
     loadtest(served.url, deployments, work / "low", "--rates", f"{rate:g}", "--step-seconds",

@@ -9,9 +9,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from latlab.server.gpu import GpuCollector
 
 LABELS = ("deployment", "model", "provider")
-# 100 µs .. 10 s, roughly x1.5 per bucket: fine enough for p99 on sub-millisecond CPU batches.
-LATENCY_BUCKETS = (0.0001, 0.00015, 0.00025, 0.0004, 0.0006, 0.001, 0.0015, 0.0025, 0.004, 0.006,
-                   0.01, 0.015, 0.025, 0.04, 0.06, 0.1, 0.15, 0.25, 0.4, 0.6, 1.0, 1.5, 2.5, 4.0, 10.0)
+# 100 µs .. 10 s. At most 0.1 ms apart below 1 ms and ~15% apart up to 10 ms, where a small model's whole
+# request lives (a p50 read from 0.5 ms wide buckets could not tell +0.3 ms from +0.6 ms); the SLO bounds
+# 10/25/50/100 ms are bucket edges, so "share of requests within the SLO" needs no interpolation.
+LATENCY_BUCKETS = (0.0001, 0.00015, 0.0002, 0.0003, 0.0004, 0.0005, 0.0006, 0.0007, 0.0008, 0.0009,
+                   0.001, 0.0012, 0.0014, 0.0016, 0.0018, 0.002, 0.0023, 0.0026, 0.003, 0.0035, 0.004,
+                   0.0045, 0.005, 0.006, 0.007, 0.008, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
+                   0.06, 0.08, 0.1, 0.15, 0.2, 0.25, 0.4, 0.6, 1.0, 1.5, 2.5, 4.0, 10.0)
 BATCH_BUCKETS = tuple(float(2 ** i) for i in range(12))  # 1 .. 2048
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import Future, wait
+from concurrent.futures import CancelledError
 
 import numpy as np
 import pytest
 
-from latlab.server.batcher import BatchQueue, DynamicBatcher, Pending, batch_to_send, merge, split
+from latlab.server.batcher import BatchQueue, DynamicBatcher, Pending, Slot, batch_to_send, merge, split
 from latlab.server.config import BatcherSettings
 from latlab.server.errors import BadRequest, ComputeError, ModelNotReady, QueueFull, RequestTimeout
 
@@ -381,10 +381,10 @@ def test_close_of_an_idle_batcher_returns_promptly(batchers) -> None:
 def test_observer_records_batch_sizes_and_queue_depth(batchers) -> None:
     observer = ObserverRecorder()
     batcher = batchers(Recorder(), observer, max_batch_size=3, max_queue_delay_ms=10_000.0)
-    futures = [batcher.submit({"x": x(1)}, 1) for _ in range(3)]  # fills one batch
-    wait(futures, RESULT_WAIT_S)
-    futures = [batcher.submit({"x": x(2)}, 2), batcher.submit({"x": x(1)}, 1)]  # fills another
-    wait(futures, RESULT_WAIT_S)
+    for future in [batcher.submit({"x": x(1)}, 1) for _ in range(3)]:  # fills one batch
+        future.result(RESULT_WAIT_S)
+    for future in [batcher.submit({"x": x(2)}, 2), batcher.submit({"x": x(1)}, 1)]:  # fills another
+        future.result(RESULT_WAIT_S)
     assert [size for size, _, _ in observer.batches] == [3, 3]
     assert [count for _, count, _ in observer.batches] == [3, 2]
     assert all(ok for _, _, ok in observer.batches)
@@ -506,3 +506,127 @@ def test_a_request_timeout_can_only_shorten_the_deployments():
         assert shorter.result(2)["x"].shape == (1, 2)
     finally:
         batcher.close()
+
+
+# --- the caller runs a request alone on its own thread when nothing else could join it --------------
+
+
+class ThreadRecorder:
+    """A run_batch that records which thread ran each batch, and can hold a batch until released."""
+
+    def __init__(self, hold_first: bool = False) -> None:
+        self.threads: list[str] = []
+        self.running = 0
+        self.most_running = 0
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.hold_first = hold_first
+        self.lock = threading.Lock()
+
+    def __call__(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with self.lock:
+            self.threads.append(threading.current_thread().name)
+            self.running += 1
+            self.most_running = max(self.most_running, self.running)
+            first = len(self.threads) == 1
+        self.entered.set()
+        if first and self.hold_first:
+            self.release.wait(RESULT_WAIT_S)
+        with self.lock:
+            self.running -= 1
+        return {"y": inputs["x"] * 2}
+
+
+def test_a_lone_request_runs_on_the_calling_thread(batchers) -> None:
+    run = ThreadRecorder()
+    batcher = batchers(run, max_batch_size=1, max_queue_delay_ms=0.0)
+    np.testing.assert_array_equal(batcher.infer({"x": x(1)}, 1)["y"], x(1) * 2)
+    assert run.threads == [threading.current_thread().name]
+    assert batcher.submit({"x": x(1)}, 1).result(RESULT_WAIT_S) is not None
+    assert run.threads[1].startswith("test-")  # submit() never runs it itself: a worker does
+
+
+def test_a_request_that_may_wait_for_others_is_left_to_the_worker(batchers) -> None:
+    run = ThreadRecorder()
+    batcher = batchers(run, max_batch_size=4, max_queue_delay_ms=30.0)
+    results = []
+    callers = [threading.Thread(target=lambda: results.append(batcher.infer({"x": x(1)}, 1))) for _ in range(2)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(RESULT_WAIT_S)
+    assert len(results) == 2 and len(run.threads) == 1  # both in one batch, as with any queue delay
+    assert run.threads[0].startswith("test-")
+
+
+def test_a_run_on_the_calling_thread_holds_an_instance(batchers) -> None:
+    """instances=1: while a caller runs its own request, the worker must not start another batch."""
+    run = ThreadRecorder(hold_first=True)
+    batcher = batchers(run, max_batch_size=1, max_queue_delay_ms=0.0, instances=1)
+    first = threading.Thread(target=batcher.infer, args=({"x": x(1)}, 1))
+    first.start()
+    assert run.entered.wait(RESULT_WAIT_S)
+    queued = batcher.submit({"x": x(1, 5)}, 1)
+    time.sleep(0.05)
+    assert not queued.done() and run.most_running == 1
+    run.release.set()
+    np.testing.assert_array_equal(queued.result(RESULT_WAIT_S)["y"], x(1, 5) * 2)
+    first.join(RESULT_WAIT_S)
+    assert run.most_running == 1 and len(run.threads) == 2
+
+
+def test_close_waits_for_a_run_on_a_calling_thread(batchers) -> None:
+    run = ThreadRecorder(hold_first=True)
+    batcher = batchers(run, max_batch_size=1, max_queue_delay_ms=0.0)
+    caller = threading.Thread(target=batcher.infer, args=({"x": x(1)}, 1))
+    caller.start()
+    assert run.entered.wait(RESULT_WAIT_S)
+    closer = threading.Thread(target=batcher.close)
+    closer.start()
+    time.sleep(0.05)
+    assert closer.is_alive(), "close() returned while a batch was still running"
+    run.release.set()
+    closer.join(RESULT_WAIT_S)
+    caller.join(RESULT_WAIT_S)
+    assert not closer.is_alive() and not caller.is_alive()
+
+
+# --- Slot: the request's future ---------------------------------------------------------------------
+
+
+def test_slot_answers_every_call_and_only_once() -> None:
+    slot = Slot()
+    assert not slot.done() and slot.set_running_or_notify_cancel()
+    slot.set_result({"y": 1})
+    assert slot.done() and slot.result(0) == {"y": 1} and slot.result() == {"y": 1}
+    with pytest.raises(RuntimeError, match="already finished"):
+        slot.set_exception(ValueError("late"))
+    failed = Slot()
+    failed.set_exception(ComputeError("model run failed"))
+    for _ in range(2):
+        with pytest.raises(ComputeError):
+            failed.result(0)
+
+
+def test_slot_timeout_and_cancel() -> None:
+    slot = Slot()
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        slot.result(0.05)
+    assert time.monotonic() - started >= 0.04
+    assert slot.cancel() and slot.cancel() and slot.done()
+    assert not slot.set_running_or_notify_cancel()  # a worker must not compute it
+    with pytest.raises(CancelledError):
+        slot.result(0)
+    running = Slot()
+    assert running.set_running_or_notify_cancel() and not running.cancel()  # too late to cancel
+
+
+def test_slot_wakes_a_waiting_thread() -> None:
+    slot, got = Slot(), []
+    waiter = threading.Thread(target=lambda: got.append(slot.result(RESULT_WAIT_S)))
+    waiter.start()
+    time.sleep(0.02)
+    slot.set_result(42)
+    waiter.join(RESULT_WAIT_S)
+    assert got == [42]
