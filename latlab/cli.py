@@ -122,6 +122,8 @@ def _parser() -> argparse.ArgumentParser:
     load.add_argument("--capacity", type=float, metavar="RPS",
                       help="--overload: the capacity (default: measured, doubling from --rates' first value "
                            "until the server saturates)")
+    load.add_argument("--recovery-load", type=float, default=0.6, metavar="FRACTION",
+                      help="--overload: the load before and after the burst, as a fraction of the capacity")
     load.add_argument("--out", type=Path, help="run folder (default: runs/<timestamp>)")
     load.add_argument("--run-id", help="run label in results and metrics (default: the run folder's name)")
     load.set_defaults(func=cmd_loadtest)
@@ -274,9 +276,10 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
     loads = parse_rates(args.rates) if args.mode == "open" else [float(int(u)) for u in parse_rates(args.users)]
     slo = parse_slo_bound(args.slo) if args.slo else None
     if args.overload is not None and (args.overload <= 0 or args.mode != "open" or slo or args.burst_seconds <= 0
-                                      or (args.capacity is not None and args.capacity <= 0)):
+                                      or (args.capacity is not None and args.capacity <= 0)
+                                      or not 0 < args.recovery_load < 1):
         raise UserError("--overload needs a positive factor, open-loop mode, no --slo, positive --burst-seconds "
-                        "and --capacity")
+                        "and --capacity, and --recovery-load between 0 and 1")
     plan = SweepPlan(host=args.host, deployments=[d for item in args.deployment for d in item.split(",") if d],
                      loads=loads, mode=args.mode, warmup_seconds=args.warmup_seconds,
                      window_seconds=args.step_seconds / 3, max_windows=max(3, args.max_windows),
@@ -293,7 +296,7 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
         from latlab.loadtest.sweep import overload_runner
 
         run_one = overload_runner(OverloadPlan(factor=args.overload, burst_seconds=args.burst_seconds,
-                                               capacity_rps=args.capacity))
+                                               capacity_rps=args.capacity, recovery_load=args.recovery_load))
     run_sweep(plan, out / RESULTS_FILE, run_id=args.run_id or out.name, run_one=run_one)
     print(f"results: {out / RESULTS_FILE}")
 

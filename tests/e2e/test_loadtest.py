@@ -87,3 +87,12 @@ def test_both_http_clients_send_the_planned_load(tmp_path, client):
     assert step["errors"] == 0 and step["dropped"] == 0 and step["sent"] >= 0.9 * 80 * 3
     assert 0.9 * 80 < step["achieved_rps"] < 1.1 * 80
     assert step["p99_s"] < 0.25, step
+
+
+def test_overload_refuses_a_recovery_load_outside_0_to_1(tmp_path):
+    result = subprocess.run([*CLI, "loadtest", "--host", "http://127.0.0.1:9", "--deployment", "m", "--overload", "3",
+                             "--recovery-load", "1.5", "--out", str(tmp_path / "x")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--recovery-load between 0 and 1" in result.stderr + result.stdout
+    assert not (tmp_path / "x" / "results.json").exists()

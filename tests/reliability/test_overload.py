@@ -133,7 +133,7 @@ def worker_of(server: subprocess.Popen, timeout_s: float = 10.0) -> psutil.Proce
 @pytest.fixture(scope="module")
 def overload(tmp_path_factory) -> dict:
     """One run for the whole module: serve the slow model, then `latlab loadtest --overload 3` against it
-    (capacity measured, baseline at 60% of it, 60 s at 3x, recovery at 60%) while sampling the worker's RSS.
+    (capacity measured, baseline at 40% of it, 60 s at 3x, recovery at 40%) while sampling the worker's RSS.
     Returns the run's overload figures plus RSS and liveness, also written to overload.json."""
     tmp = tmp_path_factory.mktemp("overload")
     config = write_config(tmp / "overload.toml", build_slow_model(tmp / "slow" / "model.onnx"), procs.free_port())
@@ -148,6 +148,10 @@ def overload(tmp_path_factory) -> dict:
         sampler = RssSampler(worker)
         result = subprocess.run([*CLI, "loadtest", "--host", host, "--deployment", "slow", "--overload", "3",
                                  "--burst-seconds", "60", "--rates", "250", "--step-seconds", "3",
+                                 # This VM's speed drifts by up to 2x within minutes (capacity measured 70 to
+                                 # 169 req/s in one hour): at 60% of a capacity measured a minute earlier the
+                                 # "normal" load can exceed what the server does by then. 40% leaves room.
+                                 "--recovery-load", "0.4",
                                  "--out", str(tmp / "run")],
                                 capture_output=True, text=True, timeout=170)
         sampler.stop()
