@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from flask import Response, request
 from werkzeug.exceptions import HTTPException
@@ -61,6 +61,38 @@ def status_line(status: int) -> str:
     return f"{status} {HTTP_STATUS_CODES.get(status, 'UNKNOWN').upper()}"
 
 
+_BODY_READ = "latlab.body_read"
+DRAIN_LIMIT_BYTES = 8 * 1024 * 1024
+
+
+class DrainAfter:
+    """An error answer sent before the request body was read (too large, wrong type, queue full): once the
+    answer is out (the server calls close()), the unread body is read and dropped, up to DRAIN_LIMIT_BYTES.
+    Closing a connection with unread bytes makes the kernel send a reset, which can reach the client
+    before the answer does; a client then sees "connection reset" instead of the 413 or 503."""
+
+    def __init__(self, chunks: list[bytes], environ: dict) -> None:
+        self._chunks = chunks
+        self._environ = environ
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._chunks)
+
+    def close(self) -> None:
+        try:
+            remaining = int(self._environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            return
+        if not 0 < remaining <= DRAIN_LIMIT_BYTES:
+            return
+        stream = self._environ.get("wsgi.input")
+        try:
+            while remaining > 0 and (chunk := stream.read(min(remaining, 65536))):
+                remaining -= len(chunk)
+        except Exception:  # noqa: BLE001 - the client went away: nothing left to protect
+            log.debug("request body not drained", exc_info=True)
+
+
 class InferRoute:
     """WSGI middleware: answers POST /v2/models/{m}[/versions/{v}]/infer itself, passes the rest to `app`."""
 
@@ -77,7 +109,9 @@ class InferRoute:
         status, headers, body = self.answer(environ, name, version)
         headers.append(("Content-Length", str(len(body))))
         start_response(status_line(status), headers)
-        return [body]
+        if environ.get(_BODY_READ) or status < 400:
+            return [body]
+        return DrainAfter([body], environ)
 
     def answer(self, environ: dict, name: str, version: str | None) -> Answer:
         """The infer response for a request; never raises."""
@@ -122,7 +156,9 @@ class InferRoute:
         deployment.batcher.refuse_if_full()
         # One byte past the limit, so that read_body tells a chunked body of exactly the limit from a longer one.
         stream = get_input_stream(environ, max_content_length=limit + 1)
-        return decode_request(read_body(stream, limit), binary_length)
+        raw = read_body(stream, limit)
+        environ[_BODY_READ] = True
+        return decode_request(raw, binary_length)
 
 
 def flask_infer_view(route: InferRoute) -> Callable[..., Response]:

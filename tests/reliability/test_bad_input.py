@@ -175,3 +175,33 @@ def test_absent_content_type_and_binary_extension_still_work(shared_server: Serv
         response = requests.post(url, data=data, headers=headers, timeout=15)
         assert response.status_code == 200, response.content
         assert response.json()["outputs"][0]["shape"] == [2, 3]
+
+
+def test_a_refused_body_is_drained_so_the_answer_arrives_and_the_connection_lives(shared_server: Server) -> None:
+    """The body is over the limit and refused before it is read; the client has already sent all of it.
+    Closing with those bytes unread would reset the connection, possibly before the 413 reaches the
+    client. The server drains them after answering: every try gets its 413, and the same connection
+    then serves a valid request."""
+    import socket
+    from urllib.parse import urlsplit
+
+    address = urlsplit(shared_server.url)
+    big = b'{"inputs": [], "pad": "' + b"x" * (4 * MAX_BODY) + b'"}'
+    valid = tiny_body(np.ones((1, 4), np.float32))
+    for _ in range(10):
+        with socket.create_connection((address.hostname, address.port), timeout=10) as sock:
+            for body in (big, valid):
+                sock.sendall(b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    chunk = sock.recv(65536)
+                    assert chunk, "connection closed before the answer"
+                    head += chunk
+                head, _, rest = head.partition(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length")))
+                while len(rest) < length:
+                    rest += sock.recv(65536)
+                status = int(head.split()[1])
+                assert status == (413 if body is big else 200), (status, rest[:300])
