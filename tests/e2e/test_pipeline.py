@@ -123,6 +123,22 @@ def test_serve_refuses_bad_config_with_one_line(tmp_path, content, expected):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def _interruptible() -> None:
+    """In the child before exec: SIGINT handled and unblocked, as from a terminal. A child inherits
+    ignored and blocked signals, and the test process may have either state by the time this test runs
+    in the full suite (there the lab twice never acted on the Ctrl-C, while alone it always did)."""
+    import signal
+
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _signal_state(pid: int) -> str:
+    """The process's blocked, ignored and caught signal masks, for a failure message."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return " ".join(line for line in lines if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+
+
 def test_ctrl_c_stops_the_lab_and_everything_it_started(tmp_path):
     import signal
     import time
@@ -132,7 +148,8 @@ def test_ctrl_c_stops_the_lab_and_everything_it_started(tmp_path):
               "PLANS['cpu'] = LabPlan(models=(ModelPlan('mlp', rates=(50,) * 40),), bench=False); "
               f"sys.exit(main(['lab', '--runs-dir', {str(tmp_path / 'runs')!r}, '--models-dir', "
               f"{str(tmp_path / 'models')!r}]))")
-    lab = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lab = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           preexec_fn=_interruptible)
     try:
         for line in lab.stdout:  # wait until the server and the load generator both run
             if "step 4/5" in line:
@@ -143,11 +160,12 @@ def test_ctrl_c_stops_the_lab_and_everything_it_started(tmp_path):
             children = psutil.Process(lab.pid).children(recursive=True)
             time.sleep(0.2)
         assert len(children) >= 3, f"expected server, worker and load generator, got {children}"
+        signals = _signal_state(lab.pid)
         lab.send_signal(signal.SIGINT)
         # Keep reading: the lab and the load generator it started share this pipe, and a full pipe would
         # block them (the lab would then never exit, whatever its Ctrl-C handling does).
         rest, _ = lab.communicate(timeout=60)
-        assert lab.returncode == 130, rest[-3000:]
+        assert lab.returncode == 130, f"{signals}\n{rest[-3000:]}"
         _, alive = psutil.wait_procs(children, timeout=15)
         assert not alive, f"still running after Ctrl-C: {[p.pid for p in alive]}"
     finally:
