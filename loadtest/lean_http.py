@@ -30,7 +30,6 @@ class Prepared:
     """One request, encoded once: request line, headers and body."""
 
     raw: bytes
-    body_bytes: int
 
 
 @dataclass(frozen=True)
@@ -59,7 +58,7 @@ class LeanClient:
         lines = [f"{method} {self._prefix}{path} HTTP/1.1", f"Host: {self._host_header}",
                  f"Content-Length: {len(body)}"]
         lines += [f"{name}: {value}" for name, value in (headers or {}).items() if name.lower() != "content-length"]
-        return Prepared(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body, len(body))
+        return Prepared(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
 
     def send(self, request: Prepared) -> Answer:
         """Send and read the whole answer. A kept-alive connection the server closed meanwhile is replaced

@@ -291,14 +291,15 @@ class DynamicBatcher:
         with self._cond:
             alone = not self._queue and self._busy < self._settings.instances
             self._put(pending)
-            decision = self._queue.take(pending.enqueued_at, free_instances=self._settings.instances - self._busy) \
-                if alone else None
-            if decision == [pending]:
+            # Alone in the queue, so a batch taken now is this request by itself.
+            direct = alone and isinstance(
+                self._queue.take(pending.enqueued_at, free_instances=self._settings.instances - self._busy), list)
+            if direct:
                 self._busy += 1
                 self._observer.queue_depth(len(self._queue))
             else:
                 self._cond.notify()
-        if decision == [pending]:
+        if direct:
             run_s = None
             try:
                 run_s = self._run([pending])

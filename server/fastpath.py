@@ -109,7 +109,7 @@ class InferRoute:
         status, headers, body = self.answer(environ, name, version)
         headers.append(("Content-Length", str(len(body))))
         start_response(status_line(status), headers)
-        if environ.get(_BODY_READ) or status < 400:
+        if environ.get(_BODY_READ):  # every answer but an early refusal read the body
             return [body]
         return DrainAfter([body], environ)
 
