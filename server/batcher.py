@@ -373,8 +373,8 @@ class DynamicBatcher:
                 self._queue.record_batch(sum(p.size for p in batch), run_s)
             if self._closing:
                 self._cond.notify_all()  # workers waiting for the last batch in flight may now stop
-            elif self._settings.adaptive or self._queue:
-                self._cond.notify()  # a waiting worker's decision may change, or a queued batch can start
+            elif self._queue:
+                self._cond.notify()  # a queued batch can start, or (adaptive) a waiting worker's decision change
 
     def _next_batch(self) -> list[Pending] | None:
         with self._cond:

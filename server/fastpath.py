@@ -151,8 +151,10 @@ class InferRoute:
         limit = self.state.config.max_body_bytes
         check_length(get_content_length(environ.get("CONTENT_LENGTH"), environ.get("HTTP_TRANSFER_ENCODING")), limit)
         binary_length = binary_header_length(environ.get(_ENV_HEADER_LENGTH))
-        mimetype, params = parse_options_header(environ.get("CONTENT_TYPE", ""))
-        check_content_type(mimetype.lower(), params, binary_length is not None)
+        content_type = environ.get("CONTENT_TYPE", "")
+        if content_type != "application/json":  # the common case needs no parsing
+            mimetype, params = parse_options_header(content_type)
+            check_content_type(mimetype.lower(), params, binary_length is not None)
         deployment.batcher.refuse_if_full()
         # One byte past the limit, so that read_body tells a chunked body of exactly the limit from a longer one.
         stream = get_input_stream(environ, max_content_length=limit + 1)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from typing import Sequence
 
 # Recent batches the fit looks at: enough to average out noise, few enough to follow a change of load.
 FIT_WINDOW = 128
+# Batches recorded between two fits once a fit exists: at low load every request is a batch, and a refit
+# per batch (a median per size over the window) cost more than the rest of the batcher's work for it.
+REFIT_EVERY = 16
 # Weight of the newest inter-arrival gap in the moving average (about the last 10 arrivals count).
 ARRIVAL_ALPHA = 0.2
 
@@ -17,21 +20,34 @@ class LatencyModel:
 
     Each batch size is represented by the median of its recent times, so the first run at a new size
     (ONNX Runtime's slow first call) cannot drag the line. Until two sizes have been seen there is no
-    fit, and the adaptive rule then sends at once (like a delay of 0)."""
+    fit, and the adaptive rule then sends at once (like a delay of 0). Once there is a fit it is redone
+    every `refit_every` batches: the line moves slowly, and at low load each request is a batch."""
 
-    def __init__(self, window: int = FIT_WINDOW) -> None:
-        self._batches: deque[tuple[int, float]] = deque(maxlen=window)
+    def __init__(self, window: int = FIT_WINDOW, refit_every: int = REFIT_EVERY) -> None:
+        self._batches: deque[tuple[int, float]] = deque()
+        self._window = window
+        self._refit_every = refit_every
+        self._sizes: Counter[int] = Counter()  # batch size -> batches of that size in the window
         self._fit: tuple[float, float] | None = None
-        self._stale = False
+        self._recorded_since_fit = 0
 
     def record(self, samples: int, seconds: float) -> None:
+        if len(self._batches) == self._window:
+            dropped, _ = self._batches.popleft()
+            self._sizes[dropped] -= 1
+            if not self._sizes[dropped]:
+                del self._sizes[dropped]
         self._batches.append((samples, seconds))
-        self._stale = True
+        self._sizes[samples] += 1
+        self._recorded_since_fit += 1
 
     def fit(self) -> tuple[float, float] | None:
-        """(a, b) in seconds per sample and seconds per batch, both >= 0; None before two sizes are seen."""
-        if self._stale:
-            self._fit, self._stale = _least_squares(self._batches), False
+        """(a, b) in seconds per sample and seconds per batch, both >= 0; None while the window holds fewer
+        than two sizes."""
+        if len(self._sizes) < 2:
+            self._fit = None
+        elif self._fit is None or self._recorded_since_fit >= self._refit_every:
+            self._fit, self._recorded_since_fit = _least_squares(self._batches), 0
         return self._fit
 
 

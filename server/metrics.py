@@ -86,6 +86,8 @@ class DeploymentObserver:
         self._batch_size = metrics.batch_size.labels(**labels)
         self.request_duration = metrics.request_duration.labels(**labels)
         self.inflight = metrics.inflight.labels(**labels)
+        self._requests: dict[str, Counter] = {}  # outcome -> child, filled on first use
+        self._batches: dict[bool, Counter] = {}
 
     def queue_depth(self, depth: int) -> None:
         self._queue_depth.set(depth)
@@ -98,7 +100,10 @@ class DeploymentObserver:
             self._queue_duration.observe(seconds)
         self._compute.observe(compute_s)
         self._batch_size.observe(size)
-        self._metrics.batches.labels(**self.labels, outcome="ok" if ok else "error").inc()
+        child = self._batches.get(ok)
+        if child is None:
+            child = self._batches[ok] = self._metrics.batches.labels(**self.labels, outcome="ok" if ok else "error")
+        child.inc()
 
     def transfer_done(self, input_s: float, output_s: float) -> None:
         """A device run's host-to-device and device-to-host copy times (never called on CPU)."""
@@ -107,4 +112,7 @@ class DeploymentObserver:
 
     def answered(self, outcome: str, seconds: float) -> None:
         self.request_duration.observe(seconds)
-        self._metrics.requests.labels(**self.labels, outcome=outcome).inc()
+        child = self._requests.get(outcome)
+        if child is None:
+            child = self._requests[outcome] = self._metrics.requests.labels(**self.labels, outcome=outcome)
+        child.inc()

@@ -54,6 +54,30 @@ def test_latency_model_window_is_bounded_and_follows_a_change() -> None:
     assert a == pytest.approx(2 * A) and b == pytest.approx(10 * B)
 
 
+def test_latency_model_refits_every_few_batches_once_it_has_a_line() -> None:
+    model = LatencyModel(refit_every=4)
+    for samples in (1, 2):
+        model.record(samples, samples * A + B)
+    assert model.fit() == (pytest.approx(A), pytest.approx(B))
+    for _ in range(3):
+        model.record(4, 4 * 3 * A + B)  # three batches of a steeper line: the fit stands until the fourth
+        assert model.fit() == (pytest.approx(A), pytest.approx(B))
+    model.record(4, 4 * 3 * A + B)
+    assert model.fit() != (pytest.approx(A), pytest.approx(B))
+
+
+def test_latency_model_drops_its_fit_when_the_window_holds_one_size() -> None:
+    model = LatencyModel(window=3)
+    model.record(1, A + B)
+    model.record(2, 2 * A + B)
+    assert model.fit() is not None
+    for _ in range(3):
+        model.record(8, 8 * A + B)  # the window now holds only batches of 8: no slope to speak of
+    assert model.fit() is None
+    model.record(1, A + B)
+    assert model.fit() == (pytest.approx(A), pytest.approx(B))  # a fresh fit, not the stale one
+
+
 def test_arrival_rate_is_a_moving_average_that_notices_silence() -> None:
     rate = ArrivalRate(alpha=0.5)
     assert rate.expected_gap(0.0) is None
@@ -183,6 +207,23 @@ def test_idle_adaptive_batcher_uses_almost_no_cpu() -> None:
     finally:
         batcher.close(5.0)
     assert cpu < 0.05 * wall
+
+
+def test_lone_requests_wake_no_worker() -> None:
+    """At low load each request runs alone on its caller; waking a worker after it (which finds an empty
+    queue and sleeps again) would cost a thread switch and the interpreter lock per request."""
+    for adaptive in (True, False):
+        batcher = DynamicBatcher(lambda inputs: {"y": inputs["x"] * 2},
+                                 settings(adaptive=adaptive, max_queue_delay_ms=0.0 if not adaptive else 2.0))
+        notified = []
+        notify = batcher._cond.notify
+        batcher._cond.notify = lambda n=1: (notified.append(n), notify(n))[1]
+        try:
+            for _ in range(20):
+                batcher.infer({"x": np.ones((1, 2), np.float32)}, 1)
+            assert notified == [], f"adaptive={adaptive}"
+        finally:
+            batcher.close(5.0)
 
 
 def test_adaptive_batcher_answers_every_request_and_reports_its_state() -> None:
