@@ -8,12 +8,14 @@ Prints per mode the best per-call time of a hot loop and the median of calls mad
 ~130 req/s, where an idle VM's caches go cold between requests). To compare two versions of the code, run
 this once per version, alternating (a `git archive` of the other version laid out as the `latlab` package
 and put first on PYTHONPATH). `--profile` adds cProfile's count of Python calls per request and the
-share of the profiled time each part of the path takes."""
+share of the profiled time each part of the path takes. Last, how many garbage collections the calls set
+off and what a full one costs here."""
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import io
 import pstats
 import random
@@ -81,6 +83,8 @@ def main(argv: list[str] | None = None) -> None:
     x = np.random.default_rng(0).standard_normal([1, 128]).astype(np.float32)
     body = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 128], "datatype": "FP32", "data": x.reshape(-1)}]},
                         option=orjson.OPT_SERIALIZE_NUMPY)
+    collections = []
+    gc.callbacks.append(lambda phase, info: collections.append(info["generation"]) if phase == "start" else None)
     for name in deployments:
         call = caller(app, name, body)
         for _ in range(300):
@@ -95,6 +99,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:<9} hot loop {hot * 1e6:5.0f} us   {GAP_S * 1e3:.1f} ms apart {np.median(times) * 1e6:5.0f} us")
         if args.profile:
             print(f"          {profile(call)}")
+    calls = len(deployments) * (300 + 5 * 2000 + 600 + (3000 if args.profile else 0))
+    during = sorted(collections)
+    started = time.perf_counter()
+    gc.collect()
+    print(f"garbage collections during {calls} calls: {len(during)} (generations {during}); a full collection of this process's "
+          f"{len(gc.get_objects())} objects takes {(time.perf_counter() - started) * 1e3:.1f} ms")
 
 
 if __name__ == "__main__":
