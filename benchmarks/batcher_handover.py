@@ -9,17 +9,15 @@ HTTP, no sockets), so the difference is the hand-over: a worker's wake-up and th
 from __future__ import annotations
 
 import argparse
-import io
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import batching, build_cheap_model, write_config  # noqa: E402
+from harness import batching, build_cheap_model, in_process_infer, json_infer_body, write_config  # noqa: E402
 
 from latlab.server.app import create_app  # noqa: E402
 from latlab.server.batcher import DynamicBatcher  # noqa: E402
@@ -40,17 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     model = build_cheap_model(work / "noop" / "model.onnx", [128], reduce=False)
     app = create_app(load_config(write_config(work / "noop.toml", 1, {"noop": (model, batching(1, 0.0))})))
     app.extensions["latlab"].get("noop", None).wait_ready(60)
-    data = np.random.default_rng(0).random(128, dtype=np.float32)
-    body = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 128], "datatype": "FP32", "data": data}]},
-                        option=orjson.OPT_SERIALIZE_NUMPY)
-
-    def call() -> None:
-        environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/v2/models/noop/infer", "wsgi.input": io.BytesIO(body),
-                   "CONTENT_LENGTH": str(len(body)), "CONTENT_TYPE": "application/json",
-                   "SERVER_NAME": "bench", "SERVER_PORT": "1", "wsgi.url_scheme": "http"}
-        answer = b"".join(app(environ, lambda status, headers: None))
-        if b'"outputs"' not in answer:
-            raise RuntimeError(answer[:300])
+    call = in_process_infer(app, "noop", json_infer_body(np.random.default_rng(0).random((1, 128), dtype=np.float32)))
 
     direct = DynamicBatcher.infer
     results: dict[str, list[float]] = {"on the caller": [], "through a worker": []}

@@ -110,7 +110,8 @@ def low_load_row(name: str, low: dict) -> tuple:
     rounds = low["rounds"]
     differences = [server[name] - ort_b1["paced"] for ort_b1, server in rounds]
     difference = float(np.median(differences))
-    p50, paced = (float(np.median(v)) for v in zip(*((server[name], ort_b1["paced"]) for ort_b1, server in rounds)))
+    p50 = float(np.median([server[name] for _, server in rounds]))
+    paced = float(np.median([ort_b1["paced"] for ort_b1, _ in rounds]))
     hot = float(np.median([ort_b1["hot"] for ort_b1, _ in rounds]))
     return (f"c) {name}: p50 at {low['rate']:.0f}/s, server vs ORT b1", f"{p50 * 1e3:.2f} vs {paced * 1e3:.2f} ms "
             f"(+{difference * 1e3:.2f}: median of rounds {'/'.join(f'{d * 1e3:+.2f}' for d in differences)}; "

@@ -374,7 +374,7 @@ class DynamicBatcher:
             if self._closing:
                 self._cond.notify_all()  # workers waiting for the last batch in flight may now stop
             elif self._queue:
-                self._cond.notify()  # a queued batch can start, or (adaptive) a waiting worker's decision change
+                self._cond.notify()  # a queued batch can start, or (adaptive) a waiting worker's decision may change
 
     def _next_batch(self) -> list[Pending] | None:
         with self._cond:

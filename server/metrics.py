@@ -86,8 +86,7 @@ class DeploymentObserver:
         self._batch_size = metrics.batch_size.labels(**labels)
         self.request_duration = metrics.request_duration.labels(**labels)
         self.inflight = metrics.inflight.labels(**labels)
-        self._requests: dict[str, Counter] = {}  # outcome -> child, filled on first use
-        self._batches: dict[bool, Counter] = {}
+        self._outcomes: dict[tuple[Counter, str], Counter] = {}  # (counter, outcome) -> child, see _child
 
     def queue_depth(self, depth: int) -> None:
         self._queue_depth.set(depth)
@@ -100,10 +99,7 @@ class DeploymentObserver:
             self._queue_duration.observe(seconds)
         self._compute.observe(compute_s)
         self._batch_size.observe(size)
-        child = self._batches.get(ok)
-        if child is None:
-            child = self._batches[ok] = self._metrics.batches.labels(**self.labels, outcome="ok" if ok else "error")
-        child.inc()
+        self._child(self._metrics.batches, "ok" if ok else "error").inc()
 
     def transfer_done(self, input_s: float, output_s: float) -> None:
         """A device run's host-to-device and device-to-host copy times (never called on CPU)."""
@@ -112,7 +108,11 @@ class DeploymentObserver:
 
     def answered(self, outcome: str, seconds: float) -> None:
         self.request_duration.observe(seconds)
-        child = self._requests.get(outcome)
+        self._child(self._metrics.requests, outcome).inc()
+
+    def _child(self, counter: Counter, outcome: str) -> Counter:
+        """The counter's child for this deployment and `outcome`, looked up once and then cached."""
+        child = self._outcomes.get((counter, outcome))
         if child is None:
-            child = self._requests[outcome] = self._metrics.requests.labels(**self.labels, outcome=outcome)
-        child.inc()
+            child = self._outcomes[(counter, outcome)] = counter.labels(**self.labels, outcome=outcome)
+        return child
