@@ -166,15 +166,39 @@ class BatchQueue:
         return priority or self.settings.default_priority_level
 
     def put(self, pending: Pending) -> None:
-        level = self.level_of(pending.priority)
-        if pending.size > self.settings.max_batch_size:
-            raise BadRequest(f"batch of {pending.size} exceeds this deployment's max_batch_size "
-                             f"{self.settings.max_batch_size}")
+        level = self._admissible(pending)
         if self.full:
             raise self.full_error()
         self._levels[level - 1].append(pending)
         self._count += 1
         self.arrivals.arrived(pending.enqueued_at)
+
+    def sends_alone(self, pending: Pending, free_instances: int) -> bool:
+        """For a request that finds the queue empty: True when the dispatch rule sends it alone at its arrival
+        (max_batch_size 1, no delay, or adaptive mode predicting no gain in waiting); it is then not queued
+        and is the caller's to run. Otherwise it is queued as by put. Either way its arrival is counted."""
+        if self._count:
+            raise RuntimeError("sends_alone is for an empty queue")
+        level = self._admissible(pending)
+        now = pending.enqueued_at
+        self.arrivals.arrived(now)
+        decision = batch_to_send(now, (pending.size,), now, self.settings.max_batch_size, self._delay_s,
+                                 self.settings.preferred_batch_sizes)
+        if isinstance(decision, float) and self.settings.adaptive:
+            decision = self._adaptive(now, [pending], now, free_instances)
+        if isinstance(decision, float):
+            self._levels[level - 1].append(pending)
+            self._count += 1
+            return False
+        return True
+
+    def _admissible(self, pending: Pending) -> int:
+        """The request's queue level; BadRequest for a priority out of range or a batch over max_batch_size."""
+        level = self.level_of(pending.priority)
+        if pending.size > self.settings.max_batch_size:
+            raise BadRequest(f"batch of {pending.size} exceeds this deployment's max_batch_size "
+                             f"{self.settings.max_batch_size}")
+        return level
 
     def expire(self, now: float) -> list[Pending]:
         """Remove and return the requests whose deadline has passed; they must never be computed."""
@@ -289,14 +313,16 @@ class DynamicBatcher:
         worker and back (two thread wake-ups, ~0.1-0.5 ms on a VM whose idle vCPUs sleep) is saved."""
         pending = self._pending(inputs, size, timeout_s, priority, outputs)
         with self._cond:
-            alone = not self._queue and self._busy < self._settings.instances
-            self._put(pending)
-            # Alone in the queue, so a batch taken now is this request by itself.
-            direct = alone and isinstance(
-                self._queue.take(pending.enqueued_at, free_instances=self._settings.instances - self._busy), list)
+            free = self._settings.instances - self._busy
+            if self._queue or free < 1 or self._closing:
+                direct = False
+                self._put(pending)
+            else:  # decided at arrival, never queued: the queue stays empty and its gauge untouched
+                direct = self._queue.sends_alone(pending, free)
+                if not direct:
+                    self._observer.queue_depth(1)
             if direct:
                 self._busy += 1
-                self._observer.queue_depth(len(self._queue))
             else:
                 self._cond.notify()
         if direct:
@@ -369,7 +395,7 @@ class DynamicBatcher:
         """An instance is free again: feed the latency model and wake a worker that may use it."""
         with self._cond:
             self._busy -= 1
-            if run_s is not None:
+            if run_s is not None and self._settings.adaptive:  # only adaptive mode reads the latency model
                 self._queue.record_batch(sum(p.size for p in batch), run_s)
             if self._closing:
                 self._cond.notify_all()  # workers waiting for the last batch in flight may now stop

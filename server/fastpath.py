@@ -19,7 +19,8 @@ from werkzeug.wsgi import get_input_stream
 
 from latlab.server.errors import (BadRequest, ComputeError, ModelNotFound, ModelNotReady, PayloadTooLarge, QueueFull,
                                   RequestTimeout, ServingError, Unauthorized, UnsupportedMediaType)
-from latlab.server.guards import binary_header_length, check_bearer, check_content_type, check_length, read_body
+from latlab.server.guards import (binary_header_length, check_bearer, check_content_type, check_length, read_body,
+                                  read_declared)
 from latlab.server.protocol import HEADER_LENGTH, InferRequest, decode_request, encode_error, encode_response
 
 if TYPE_CHECKING:
@@ -149,16 +150,18 @@ class InferRoute:
     def _decode(self, environ: dict, deployment: Deployment) -> InferRequest:
         """Size, content type and a full queue are checked before a byte of the body is read."""
         limit = self.state.config.max_body_bytes
-        check_length(get_content_length(environ.get("CONTENT_LENGTH"), environ.get("HTTP_TRANSFER_ENCODING")), limit)
+        length = get_content_length(environ.get("CONTENT_LENGTH"), environ.get("HTTP_TRANSFER_ENCODING"))
+        check_length(length, limit)
         binary_length = binary_header_length(environ.get(_ENV_HEADER_LENGTH))
         content_type = environ.get("CONTENT_TYPE", "")
         if content_type != "application/json":  # the common case needs no parsing
             mimetype, params = parse_options_header(content_type)
             check_content_type(mimetype.lower(), params, binary_length is not None)
         deployment.batcher.refuse_if_full()
-        # One byte past the limit, so that read_body tells a chunked body of exactly the limit from a longer one.
-        stream = get_input_stream(environ, max_content_length=limit + 1)
-        raw = read_body(stream, limit)
+        if length is None:  # chunked: read up to one byte past the limit, to tell exactly the limit from more
+            raw = read_body(get_input_stream(environ, max_content_length=limit + 1), limit)
+        else:  # declared and within the limit: exactly that many bytes, with no stream wrapper around them
+            raw = read_declared(environ["wsgi.input"], length)
         environ[_BODY_READ] = True
         return decode_request(raw, binary_length)
 

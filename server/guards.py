@@ -11,6 +11,7 @@ from latlab.server.errors import BadRequest, PayloadTooLarge, Unauthorized, Unsu
 from latlab.server.protocol import HEADER_LENGTH, shown
 
 _CHUNK = 64 * 1024
+_CLIENT_LEFT = "the client closed the connection before the body ended"
 ACCEPTED_TYPES = ("application/json", "application/octet-stream")
 
 
@@ -60,6 +61,22 @@ def binary_header_length(value: str | None) -> int | None:
     return int(value)
 
 
+def read_declared(stream: IO[bytes], length: int) -> bytes:
+    """Read a body of a declared Content-Length (already checked against the limit): exactly `length` bytes,
+    never past them (a WSGI server may hand over the connection itself); fewer means the client left."""
+    body = stream.read(length)
+    if len(body) == length:  # what every server we know returns at once
+        return body
+    parts, total = [body], len(body)
+    while total < length:
+        more = stream.read(min(_CHUNK, length - total))
+        if not more:
+            raise BadRequest(_CLIENT_LEFT)
+        parts.append(more)
+        total += len(more)
+    return b"".join(parts)
+
+
 def read_body(stream: IO[bytes], limit: int) -> bytes:
     """Read at most `limit` bytes; a longer body (chunked, so undeclared) is refused once the limit is passed,
     without reading the rest. The stream must allow one byte past the limit (MAX_CONTENT_LENGTH = limit + 1),
@@ -76,7 +93,7 @@ def read_body(stream: IO[bytes], limit: int) -> bytes:
     except RequestEntityTooLarge:
         total = limit + 1
     except ClientDisconnected:
-        raise BadRequest("the client closed the connection before the body ended") from None
+        raise BadRequest(_CLIENT_LEFT) from None
     if total > limit:
         raise PayloadTooLarge(f"body is over this server's limit of {limit} bytes (max_body_bytes)")
     return b"".join(parts)

@@ -559,6 +559,34 @@ def test_a_request_that_may_wait_for_others_is_left_to_the_worker(batchers) -> N
     assert run.threads[0].startswith("test-")
 
 
+def test_a_lone_request_is_decided_at_arrival_and_never_queued(batchers) -> None:
+    """Batching off: each lone request runs at once without entering the queue, so the depth gauge is never
+    moved; its refusals are those of the queue."""
+    observer = ObserverRecorder()
+    batcher = batchers(Recorder(), observer, max_batch_size=1, max_queue_delay_ms=0.0)
+    for i in range(5):
+        np.testing.assert_array_equal(batcher.infer({"x": x(1, i)}, 1)["y"], x(1, i) * 2)
+    assert observer.depths == [] and observer.batches == [(1, 1, True)] * 5
+    with pytest.raises(BadRequest, match="exceeds this deployment's max_batch_size 1"):
+        batcher.infer({"x": x(2)}, 2)
+    with pytest.raises(BadRequest, match="parameters.priority"):
+        batcher.infer({"x": x(1)}, 1, priority=3)
+    assert len(observer.batches) == 5
+
+
+def test_sends_alone_queues_a_request_the_rule_holds() -> None:
+    queue = BatchQueue(settings(max_batch_size=4, max_queue_delay_ms=10.0))
+    held = pending(at=1.0)
+    assert queue.sends_alone(held, free_instances=1) is False
+    assert len(queue) == 1 and queue.take(1.005) == pytest.approx(1.010)
+    assert queue.take(1.010) == [held]
+    queue.put(pending(at=2.0))
+    with pytest.raises(RuntimeError):  # only for an empty queue: otherwise it would overtake the queued
+        queue.sends_alone(pending(at=2.1), free_instances=1)
+    alone = BatchQueue(settings(max_batch_size=1))
+    assert alone.sends_alone(pending(at=3.0), free_instances=1) is True and len(alone) == 0
+
+
 def test_a_run_on_the_calling_thread_holds_an_instance(batchers) -> None:
     """instances=1: while a caller runs its own request, the worker must not start another batch."""
     run = ThreadRecorder(hold_first=True)

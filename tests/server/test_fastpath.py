@@ -124,6 +124,34 @@ def test_chunked_bodies_keep_the_limit(build_app, tiny_model: Path, rows: int, s
     assert response.status_code == status, response.data
 
 
+class Trickle(io.BytesIO):
+    """A body handed over a few bytes per read, as a WSGI server reading off a slow socket may."""
+
+    def read(self, size: int | None = -1) -> bytes:
+        return super().read(7 if size is None or size < 0 else min(size, 7))
+
+
+def test_a_body_read_in_pieces_is_put_together_and_a_short_one_refused(build_app, tiny_model: Path,
+                                                                        make_config) -> None:
+    """With a Content-Length the body is read as exactly that many bytes, however the server hands them over;
+    a client that sends fewer is told so, and the next request is served."""
+    app = build_app(make_config(tiny_model))
+    whole = body()
+
+    def post(stream: io.BytesIO) -> tuple[str, dict]:
+        environ = {"REQUEST_METHOD": "POST", "PATH_INFO": INFER, "CONTENT_LENGTH": str(len(whole)),
+                   "wsgi.input": stream}
+        statuses: list[str] = []
+        answer = b"".join(app.wsgi_app(environ, lambda status, headers: statuses.append(status)))
+        return statuses[0], orjson.loads(answer)
+
+    status, answer = post(Trickle(whole))
+    assert status == "200 OK" and answer["outputs"][0]["shape"] == [1, 3]
+    assert post(Trickle(whole[:-5])) == ("400 BAD REQUEST",
+                                         {"error": "the client closed the connection before the body ended"})
+    assert post(io.BytesIO(whole))[0] == "200 OK"
+
+
 def hold_the_queue(app: Flask, registry: CollectorRegistry) -> threading.Thread:
     """One request waiting out a long batching delay: with max_queue_size 1 the queue is then full."""
     answers: list[int] = []
