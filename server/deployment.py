@@ -98,7 +98,7 @@ class Deployment:
             if unknown:
                 raise BadRequest(f"model '{self.config.name}' has no output(s) {unknown}; "
                                  f"it has {sorted(self._output_names)}")
-        size = self.model.validate(request.inputs)
+        size = self.model.validate(request.inputs, request.finite)
         outputs = self.batcher.infer(request.inputs, size, request_timeout_s(request.parameters),
                                      request.parameters.get("priority", 0), self.selection(request.outputs))
         if request.outputs is None:

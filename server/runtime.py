@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from collections.abc import Iterator, Set
 
 import numpy as np
 import onnxruntime as ort
@@ -80,6 +80,10 @@ class OnnxModel:
         self.inputs = [_spec(i) for i in self.session.get_inputs()]
         self.outputs = [_spec(o) for o in self.session.get_outputs()]
         self._output_names = [o.name for o in self.outputs]
+        self._input_names = frozenset(spec.name for spec in self.inputs)
+        # Per input, the dimensions after the batch one that the model fixes: (axis, size).
+        self._fixed_dims = [[(axis, d) for axis, d in enumerate(spec.shape) if axis and d != -1]
+                            for spec in self.inputs]
         self._string_inputs = any(spec.dtype == object for spec in self.inputs)
         has_strings = self._string_inputs or any(spec.dtype == object for spec in self.outputs)
         self.device = "cpu" if deployment.provider == "cpu" else "cuda"
@@ -116,30 +120,33 @@ class OnnxModel:
             yield {spec.name: _zeros((size, *(length if d == -1 else d for d in spec.shape[1:])), spec.dtype)
                    for spec in self.inputs if spec.shape}
 
-    def validate(self, inputs: dict[str, np.ndarray]) -> int:
+    def validate(self, inputs: dict[str, np.ndarray], finite: Set[str] = frozenset()) -> int:
         """Check a request's inputs against the signature before it is queued; returns its batch size.
         A bad request fails here, alone, instead of failing the batch it would have joined.
-        NaN and ±Inf in floating-point inputs are refused unless the deployment allows them."""
-        expected = {spec.name for spec in self.inputs}
-        if set(inputs) != expected:
+        NaN and ±Inf in floating-point inputs are refused unless the deployment allows them; the inputs
+        named in `finite` are known to hold neither (decoded from JSON) and are not searched again."""
+        expected = self._input_names
+        if inputs.keys() != expected:
             missing, unknown = sorted(expected - set(inputs)), sorted(shown(n) for n in set(inputs) - expected)
             raise BadRequest(f"model '{self.deployment.name}' takes inputs {sorted(expected)}; "
                              f"missing {missing}, unknown {unknown}")
         batch = None
-        for spec in self.inputs:
+        for spec, fixed in zip(self.inputs, self._fixed_dims):
             array = inputs[spec.name]
             if array.dtype != spec.dtype:
                 raise BadRequest(f"input '{spec.name}' must be {spec.datatype}, got {datatype_of(array.dtype)}")
-            if len(array.shape) != len(spec.shape) or any(
-                    want not in (-1, got) for want, got in zip(spec.shape, array.shape)):
+            shape = array.shape
+            if len(shape) != len(spec.shape) or (spec.shape and spec.shape[0] not in (-1, shape[0])) or any(
+                    shape[axis] != size for axis, size in fixed):
                 raise BadRequest(f"input '{spec.name}' must have shape {list(spec.shape)} (-1: any), "
-                                 f"got {list(array.shape)}")
-            if not array.shape or array.shape[0] < 1:
+                                 f"got {list(shape)}")
+            if not shape or shape[0] < 1:
                 raise BadRequest(f"input '{spec.name}' needs a batch dimension of at least 1")
             if batch is not None and array.shape[0] != batch:
                 raise BadRequest(f"inputs disagree on the batch dimension ({batch} vs {array.shape[0]})")
             batch = array.shape[0]
-            self._check_values(spec, array)
+            if spec.name not in finite:
+                self._check_values(spec, array)
         return batch
 
     def _check_values(self, spec: TensorSpec, array: np.ndarray) -> None:

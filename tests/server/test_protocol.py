@@ -5,10 +5,12 @@ from __future__ import annotations
 import numpy as np
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from latlab.server.errors import BadRequest
-from latlab.server.protocol import (DATATYPES, HEADER_LENGTH, InferRequest, datatype_of, decode_request,
-                                    encode_error, encode_response)
+from latlab.server.protocol import (DATATYPES, HEADER_LENGTH, InferRequest, _from_json_data, datatype_of,
+                                    decode_request, encode_error, encode_response)
 
 # BYTES elements: empty, ASCII, multi-byte UTF-8, a NUL inside, and long enough for a multi-byte length.
 BYTES_EDGES = [b"", b"a", "h\u00e9llo \u2603".encode(), b"nul\x00inside", b"x" * 300]
@@ -457,6 +459,65 @@ def test_json_data_of_the_wrong_kind_is_refused(datatype: str, data: list) -> No
     """Data whose JSON type does not match the datatype must be a 400, never silently coerced."""
     with pytest.raises(BadRequest, match=f"input 'a': data is not a valid {datatype} array"):
         decode_request(json_body({"name": "a", "shape": [2], "datatype": datatype, "data": data}))
+
+
+FLOAT_EDGES = [0.0, -0.0, 1.5, -2.25e-8, 3.4028234663852886e38, 3.4028235677973366e38, 3.5e38, 1e39, 65504.0,
+               65520.0, 7e4, 1.7976931348623157e308, 5e-324, 1e-46, 7, -3, 2 ** 63, 2 ** 70, 2 ** 1030]
+
+
+def decoded_or_refused(decode) -> tuple[str, np.ndarray | None]:
+    try:
+        return "ok", decode()
+    except BadRequest as exc:
+        return str(exc), None
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64"])
+@pytest.mark.parametrize("data", [[x] for x in FLOAT_EDGES] + [
+    FLOAT_EDGES, [1.0, "2"], ["1.5"], [None], [1.0, None], [[1.0], 2.0], [1.0, [2.0]], [{"a": 1}], [1.0, 2 ** 70]])
+def test_the_float_fast_path_decodes_and_refuses_exactly_as_numpy(datatype: str, data: list) -> None:
+    """A flat JSON list for a float datatype is packed by struct, not converted by numpy: values, dtype and
+    every refusal (a value the type cannot hold, a string, a null, a nested list) must be the same."""
+    fast = decoded_or_refused(lambda: _from_json_data("a", data, datatype, [len(data)], booleans=False))
+    general = decoded_or_refused(lambda: _from_json_data("a", data, datatype, [len(data)], booleans=True))
+    assert fast[0] == general[0]
+    if general[1] is not None:
+        assert fast[1] is not None and fast[1].dtype == general[1].dtype == DATATYPES[datatype]
+        np.testing.assert_array_equal(fast[1], general[1])
+
+
+@given(st.lists(st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.integers()), min_size=1,
+                max_size=40), st.sampled_from(["FP16", "FP32", "FP64"]))
+@settings(max_examples=300, deadline=None)
+def test_the_float_fast_path_agrees_with_numpy_on_any_numbers(data: list, datatype: str) -> None:
+    fast = decoded_or_refused(lambda: _from_json_data("a", data, datatype, [len(data)], booleans=False))
+    general = decoded_or_refused(lambda: _from_json_data("a", data, datatype, [len(data)], booleans=True))
+    assert fast[0] == general[0]
+    if general[1] is not None:
+        np.testing.assert_array_equal(fast[1], general[1])
+
+
+def test_booleans_in_float_data_are_refused_and_a_true_elsewhere_changes_nothing() -> None:
+    """struct would pack true as 1.0: a JSON boolean anywhere sends the body down numpy's path, which refuses
+    booleans for a float datatype, and decodes every other input just the same."""
+    with pytest.raises(BadRequest, match="got boolean values"):
+        decode_request(json_body({"name": "a", "shape": [2], "datatype": "FP32", "data": [True, False]}))
+    data = [0.5, -1.0, 3.4028234663852886e38]
+    plain = decode_request(json_body({"name": "a", "shape": [3], "datatype": "FP32", "data": data}))
+    flagged = decode_request(json_body({"name": "a", "shape": [3], "datatype": "FP32", "data": data},
+                                       id="true", parameters={"binary_data_output": True}))
+    np.testing.assert_array_equal(plain.inputs["a"], flagged.inputs["a"])
+    assert plain.inputs["a"].dtype == flagged.inputs["a"].dtype == np.float32
+
+
+def test_json_float_inputs_are_marked_finite_and_binary_ones_are_not() -> None:
+    """Validation skips the NaN search for `finite` inputs: only JSON floats (which cannot carry NaN) go there."""
+    header = {"inputs": [{"name": "j", "shape": [1], "datatype": "FP32", "data": [1.0]},
+                         {"name": "i", "shape": [1], "datatype": "INT32", "data": [1]},
+                         {"name": "b", "shape": [1], "datatype": "FP32", "parameters": {"binary_data_size": 4}}]}
+    raw = orjson.dumps(header)
+    request = decode_request(raw + np.array([np.nan], np.float32).tobytes(), len(raw))
+    assert request.finite == {"j"} and np.isnan(request.inputs["b"][0])
 
 
 # --- BYTES -----------------------------------------------------------------------------------------
