@@ -106,13 +106,22 @@ def serving(config: Path, port: int, log: Path) -> Iterator[Served]:
         procs.stop(process)
 
 
-def loadtest(url: str, deployments: list[str], out: Path, *options: str) -> list[dict]:
-    """Run `latlab loadtest` and return its results' deployments."""
+def loadtest(url: str, deployments: list[str], out: Path, *options: str,
+             meanwhile: Callable[[subprocess.Popen], None] | None = None) -> list[dict]:
+    """Run `latlab loadtest` and return its results' deployments; `meanwhile(process)`, when given, runs in
+    this process while the load test does (it should return once the process has ended)."""
     args = [*CLI, "loadtest", "--host", url, *(a for d in deployments for a in ("--deployment", d)),
             "--out", str(out), *options]
-    done = subprocess.run(args, capture_output=True, text=True)
-    if done.returncode:
-        raise RuntimeError(f"{' '.join(args)} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
+        try:
+            if meanwhile is not None:
+                meanwhile(process)
+            stdout, stderr = process.communicate()
+        except BaseException:
+            process.kill()
+            raise
+    if process.returncode:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{stdout[-2000:]}{stderr[-2000:]}")
     return json.loads((out / "results.json").read_text())["deployments"]
 
 
