@@ -1,15 +1,16 @@
 """What a lone request costs the interpreter: a no-op model through the in-process WSGI app (fast path,
 batcher, ORT, metrics; no HTTP, no sockets), with batching off and with adaptive batching.
 
-    .venv/bin/python benchmarks/request_path.py [--profile]
+    .venv/bin/python benchmarks/request_path.py [--profile] [--instructions]
     PYTHONPATH=/tmp/old/pkg .venv/bin/python benchmarks/request_path.py   # the same for other code
 
 Prints per mode the best per-call time of a hot loop and the median of calls made 7.7 ms apart (as at
 ~130 req/s, where an idle VM's caches go cold between requests). To compare two versions of the code, run
 this once per version, alternating (a `git archive` of the other version laid out as the `latlab` package
 and put first on PYTHONPATH). `--profile` adds cProfile's count of Python calls per request and the
-share of the profiled time each part of the path takes. Last, how many garbage collections the calls set
-off and what a full one costs here."""
+share of the profiled time each part of the path takes; `--instructions` the CPU instructions a request
+executes (`perf stat`), the steadiest figure on a VM whose speed drifts. Last, how many garbage
+collections the calls set off and what a full one costs here."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import cProfile
 import gc
 import pstats
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -61,19 +63,48 @@ def profile(call, n: int = 3000) -> str:
     return f"{calls:.0f} Python calls per request; of the profiled time: {listed}"
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--profile", action="store_true")
-    args = parser.parse_args(argv)
-    work = Path(tempfile.mkdtemp())
+def instructions_per_request(mode: str, short: int = 2000, long: int = 12000) -> float:
+    """CPU instructions one request executes, counted by `perf stat` over two runs of this script that differ
+    only in how many calls they make (--calls), so start-up cancels out. Unlike time, the count barely
+    moves with this VM's speed (~1% run to run), which makes it the figure to compare two versions by."""
+    counts = []
+    for calls in (short, long):
+        done = subprocess.run(["perf", "stat", "-x,", "-e", "instructions", sys.executable, __file__, "--calls",
+                               f"{mode}={calls}"], capture_output=True, text=True, check=True)
+        line = next(row for row in done.stderr.splitlines() if ",instructions" in row)
+        counts.append(int(line.split(",")[0]))
+    return (counts[1] - counts[0]) / (long - short)
+
+
+def served_app(work: Path) -> tuple:
+    """The app with a no-op model deployed with batching off ("b1") and adaptive, and a JSON request body."""
     noop = build_cheap_model(work / "noop" / "model.onnx", [128], reduce=False)
     deployments = {"b1": (noop, batching(1, 0.0)), "adaptive": (noop, batching(64, 2.0, adaptive=True))}
     app = create_app(load_config(write_config(work / "noop.toml", 1, deployments)))
     body = json_infer_body(np.random.default_rng(0).standard_normal([1, 128]).astype(np.float32))
+    for name in deployments:
+        app.extensions["latlab"].get(name, None).wait_ready(60)
+    return app, list(deployments), body
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--instructions", action="store_true",
+                        help="also count instructions per request with `perf stat` (Linux perf must be installed)")
+    parser.add_argument("--calls", help=argparse.SUPPRESS)  # MODE=N: make N calls and exit (for --instructions)
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp())
+    app, deployments, body = served_app(work)
+    if args.calls:
+        mode, count = args.calls.split("=")
+        infer = in_process_infer(app, mode, body)
+        for _ in range(500 + int(count)):
+            infer()
+        return
     collections, calls = [], 0
     gc.callbacks.append(lambda phase, info: collections.append(info["generation"]) if phase == "start" else None)
     for name in deployments:
-        app.extensions["latlab"].get(name, None).wait_ready(60)
         infer = in_process_infer(app, name, body)
 
         def call() -> None:
@@ -93,6 +124,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name:<9} hot loop {hot * 1e6:5.0f} us   {GAP_S * 1e3:.1f} ms apart {np.median(times) * 1e6:5.0f} us")
         if args.profile:
             print(f"          {profile(call)}")
+        if args.instructions:
+            print(f"          {instructions_per_request(name) / 1e3:.0f} k instructions per request (perf stat)")
     during = sorted(collections)
     started = time.perf_counter()
     gc.collect()
