@@ -1,7 +1,7 @@
 """What a lone request costs the interpreter: a no-op model through the in-process WSGI app (fast path,
 batcher, ORT, metrics; no HTTP, no sockets), with batching off and with adaptive batching.
 
-    .venv/bin/python benchmarks/request_path.py [--profile] [--instructions]
+    .venv/bin/python benchmarks/request_path.py [--profile] [--instructions [--ablate]]
     PYTHONPATH=/tmp/old/pkg .venv/bin/python benchmarks/request_path.py   # the same for other code
 
 Prints per mode the best per-call time of a hot loop and the median of calls made 7.7 ms apart (as at
@@ -9,7 +9,8 @@ Prints per mode the best per-call time of a hot loop and the median of calls mad
 this once per version, alternating (a `git archive` of the other version laid out as the `latlab` package
 and put first on PYTHONPATH). `--profile` adds cProfile's count of Python calls per request and the
 share of the profiled time each part of the path takes; `--instructions` the CPU instructions a request
-executes (`perf stat`), the steadiest figure on a VM whose speed drifts. Last, how many garbage
+executes (`perf stat`), the steadiest figure on a VM whose speed drifts, and `--ablate` what each part
+of the path adds to it (the count with that part stubbed out). Last, how many garbage
 collections the calls set off and what a full one costs here."""
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import batching, build_cheap_model, in_process_infer, json_infer_body, write_config  # noqa: E402
 
+from latlab.server import fastpath  # noqa: E402
 from latlab.server.app import create_app  # noqa: E402
 from latlab.server.config import load_config  # noqa: E402
+from latlab.server.protocol import decode_request  # noqa: E402
 
 GAP_S = 0.0077
 # Where the path's time goes: (file, function) roots whose cumulative time each part reports.
@@ -63,17 +66,56 @@ def profile(call, n: int = 3000) -> str:
     return f"{calls:.0f} Python calls per request; of the profiled time: {listed}"
 
 
-def instructions_per_request(mode: str, short: int = 2000, long: int = 12000) -> float:
+def instructions_per_request(mode: str, stub: str = "", short: int = 2000, long: int = 12000) -> float:
     """CPU instructions one request executes, counted by `perf stat` over two runs of this script that differ
     only in how many calls they make (--calls), so start-up cancels out. Unlike time, the count barely
-    moves with this VM's speed (~1% run to run), which makes it the figure to compare two versions by."""
+    moves with this VM's speed (~1% run to run), which makes it the figure to compare two versions by.
+    `stub` names a part of the path (STUBS) replaced by a stand-in, so the difference is that part's cost."""
     counts = []
     for calls in (short, long):
         done = subprocess.run(["perf", "stat", "-x,", "-e", "instructions", sys.executable, __file__, "--calls",
-                               f"{mode}={calls}"], capture_output=True, text=True, check=True)
+                               f"{mode}={calls}", *(["--stub", stub] if stub else [])],
+                              capture_output=True, text=True, check=True)
         line = next(row for row in done.stderr.splitlines() if ",instructions" in row)
         counts.append(int(line.split(",")[0]))
     return (counts[1] - counts[0]) / (long - short)
+
+
+def stub_out(part: str, app, mode: str, body: bytes) -> None:
+    """Replace one part of the path with a stand-in that hands on what the real part would have produced."""
+    deployment = app.extensions["latlab"].get(mode, None)
+    request = decode_request(body)
+    if part == "decode":  # the body read and JSON decode: the decoded request, ready
+        def decoded(route, environ, _deployment):
+            environ[fastpath._BODY_READ] = True
+            return request
+        fastpath.InferRoute._decode = decoded
+    elif part == "batcher":  # queueing, the slot, the batch's metrics: the model called directly
+        deployment.batcher.infer = lambda inputs, size, *rest: deployment.model.run(inputs)
+    elif part == "ort":  # the ORT call: its outputs, computed once
+        outputs = deployment.model.session.run(None, request.inputs)
+        deployment.model.session.run = lambda names, feeds: outputs
+    elif part == "encode":  # the response's JSON: a fixed body
+        answer = fastpath.encode_response(mode, "1", request, deployment.model.run(request.inputs))
+        fastpath.encode_response = lambda *args: answer
+    elif part == "metrics":  # every Prometheus update of the path
+        idle = NoMetrics()
+        deployment.observer = deployment.batcher._observer = idle
+    else:
+        raise SystemExit(f"unknown part {part!r}; one of {', '.join(STUBS)}")
+
+
+STUBS = ("decode", "batcher", "ort", "encode", "metrics")
+
+
+class NoMetrics:
+    """Stands in for a deployment's observer and each metric child it hands out: every call does nothing."""
+
+    def __getattr__(self, name: str) -> "NoMetrics":
+        return self
+
+    def __call__(self, *args, **kwargs) -> None:
+        return None
 
 
 def served_app(work: Path) -> tuple:
@@ -92,12 +134,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--instructions", action="store_true",
                         help="also count instructions per request with `perf stat` (Linux perf must be installed)")
+    parser.add_argument("--ablate", action="store_true",
+                        help="with --instructions: the count again with each part of the path stubbed out")
     parser.add_argument("--calls", help=argparse.SUPPRESS)  # MODE=N: make N calls and exit (for --instructions)
+    parser.add_argument("--stub", help=argparse.SUPPRESS)  # with --calls: the part replaced by a stand-in
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp())
     app, deployments, body = served_app(work)
     if args.calls:
         mode, count = args.calls.split("=")
+        if args.stub:
+            stub_out(args.stub, app, mode, body)
         infer = in_process_infer(app, mode, body)
         for _ in range(500 + int(count)):
             infer()
@@ -125,7 +172,11 @@ def main(argv: list[str] | None = None) -> None:
         if args.profile:
             print(f"          {profile(call)}")
         if args.instructions:
-            print(f"          {instructions_per_request(name) / 1e3:.0f} k instructions per request (perf stat)")
+            whole = instructions_per_request(name)
+            print(f"          {whole / 1e3:.0f} k instructions per request (perf stat)")
+            if args.ablate:
+                parts = {part: whole - instructions_per_request(name, part) for part in STUBS}
+                print("          of which " + ", ".join(f"{part} {n / 1e3:.0f} k" for part, n in parts.items()))
     during = sorted(collections)
     started = time.perf_counter()
     gc.collect()
