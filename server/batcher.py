@@ -169,8 +169,7 @@ class BatchQueue:
         level = self._admissible(pending)
         if self.full:
             raise self.full_error()
-        self._levels[level - 1].append(pending)
-        self._count += 1
+        self._enqueue(pending, level)
         self.arrivals.arrived(pending.enqueued_at)
 
     def sends_alone(self, pending: Pending, free_instances: int) -> bool:
@@ -182,15 +181,14 @@ class BatchQueue:
         level = self._admissible(pending)
         now = pending.enqueued_at
         self.arrivals.arrived(now)
-        decision = batch_to_send(now, (pending.size,), now, self.settings.max_batch_size, self._delay_s,
-                                 self.settings.preferred_batch_sizes)
-        if isinstance(decision, float) and self.settings.adaptive:
-            decision = self._adaptive(now, [pending], now, free_instances)
-        if isinstance(decision, float):
-            self._levels[level - 1].append(pending)
-            self._count += 1
+        if isinstance(self._decide(now, [pending], now, self._delay_s, free_instances), float):
+            self._enqueue(pending, level)
             return False
         return True
+
+    def _enqueue(self, pending: Pending, level: int) -> None:
+        self._levels[level - 1].append(pending)
+        self._count += 1
 
     def _admissible(self, pending: Pending) -> int:
         """The request's queue level; BadRequest for a priority out of range or a batch over max_batch_size."""
@@ -224,16 +222,23 @@ class BatchQueue:
         key = ordered[0].shape_key
         group = [p for p in ordered if p.shape_key == key][:limit]
         oldest = min(p.enqueued_at for p in group)  # the delay counts from the batch's oldest request
-        decision = batch_to_send(now, [p.size for p in group], oldest, limit,
-                                 0.0 if flush else self._delay_s, self.settings.preferred_batch_sizes)
-        if isinstance(decision, float) and self.settings.adaptive:
-            decision = self._adaptive(now, group, oldest, free_instances)
+        decision = self._decide(now, group, oldest, 0.0 if flush else self._delay_s, free_instances)
         if isinstance(decision, float):
             # Wake for the first deadline too, so an expired request is answered at its deadline.
             return min(decision, min(p.deadline for p in ordered))
         chosen = group[:decision]
         self._remove(chosen)
         return chosen
+
+    def _decide(self, now: float, group: list[Pending], oldest: float, delay_s: float,
+                free_instances: int) -> int | float:
+        """How many of `group` (one shape, queue order) to send now, or when to look again: Triton's rule,
+        then, where it would wait, adaptive mode's prediction of whether waiting pays."""
+        decision = batch_to_send(now, [p.size for p in group], oldest, self.settings.max_batch_size, delay_s,
+                                 self.settings.preferred_batch_sizes)
+        if isinstance(decision, float) and self.settings.adaptive:
+            decision = self._adaptive(now, group, oldest, free_instances)
+        return decision
 
     def _adaptive(self, now: float, group: list[Pending], oldest: float, free_instances: int) -> int | float:
         last = self.arrivals.last_arrival
@@ -320,7 +325,7 @@ class DynamicBatcher:
             else:  # decided at arrival, never queued: the queue stays empty and its gauge untouched
                 direct = self._queue.sends_alone(pending, free)
                 if not direct:
-                    self._observer.queue_depth(1)
+                    self._observer.queue_depth(len(self._queue))
             if direct:
                 self._busy += 1
             else:

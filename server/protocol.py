@@ -133,7 +133,7 @@ def _dict_field(doc: dict, key: str, where: str) -> dict:
 
 
 def _decode_input(raw: object, binary: memoryview, offset: int, body_size: int,
-                  booleans: bool = True) -> tuple[str, np.ndarray, int]:
+                  booleans: bool) -> tuple[str, np.ndarray, int]:
     """One input tensor; returns (name, array, bytes of the binary part it used). `booleans`: whether the
     JSON may hold a true or false anywhere (False allows _from_json_data's fast path)."""
     if not isinstance(raw, dict):

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from collections.abc import Iterator, Set
+from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
@@ -81,9 +81,8 @@ class OnnxModel:
         self.outputs = [_spec(o) for o in self.session.get_outputs()]
         self._output_names = [o.name for o in self.outputs]
         self._input_names = frozenset(spec.name for spec in self.inputs)
-        # Per input, the dimensions after the batch one that the model fixes: (axis, size).
-        self._fixed_dims = [[(axis, d) for axis, d in enumerate(spec.shape) if axis and d != -1]
-                            for spec in self.inputs]
+        # Per input, the dimensions the model fixes: (axis, size).
+        self._fixed_dims = [[(axis, d) for axis, d in enumerate(spec.shape) if d != -1] for spec in self.inputs]
         self._string_inputs = any(spec.dtype == object for spec in self.inputs)
         has_strings = self._string_inputs or any(spec.dtype == object for spec in self.outputs)
         self.device = "cpu" if deployment.provider == "cpu" else "cuda"
@@ -136,15 +135,14 @@ class OnnxModel:
             if array.dtype != spec.dtype:
                 raise BadRequest(f"input '{spec.name}' must be {spec.datatype}, got {datatype_of(array.dtype)}")
             shape = array.shape
-            if len(shape) != len(spec.shape) or (spec.shape and spec.shape[0] not in (-1, shape[0])) or any(
-                    shape[axis] != size for axis, size in fixed):
+            if len(shape) != len(spec.shape) or any(shape[axis] != size for axis, size in fixed):
                 raise BadRequest(f"input '{spec.name}' must have shape {list(spec.shape)} (-1: any), "
                                  f"got {list(shape)}")
             if not shape or shape[0] < 1:
                 raise BadRequest(f"input '{spec.name}' needs a batch dimension of at least 1")
-            if batch is not None and array.shape[0] != batch:
-                raise BadRequest(f"inputs disagree on the batch dimension ({batch} vs {array.shape[0]})")
-            batch = array.shape[0]
+            if batch is not None and shape[0] != batch:
+                raise BadRequest(f"inputs disagree on the batch dimension ({batch} vs {shape[0]})")
+            batch = shape[0]
             if spec.name not in finite:
                 self._check_values(spec, array)
         return batch
