@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from latlab.export import zoo as zoo_module
 from latlab.export.zoo import FFN, ZooModel
+from latlab.server.providers import provider_load_error
 
 BACKENDS = ("ort-cpu", "ort-cuda", "torch-cpu", "torch-cuda")
 OPSET = 18
@@ -152,6 +153,9 @@ def ort_cuda_session(path: Path, threads: int) -> ort.InferenceSession:
     """A CUDA session, or BackendUnavailable when ORT fell back to CPU (it does so silently)."""
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         raise BackendUnavailable("this onnxruntime build has no CUDAExecutionProvider")
+    reason = provider_load_error("CUDAExecutionProvider")  # loads pip's CUDA libraries first
+    if reason:
+        raise BackendUnavailable(f"CUDAExecutionProvider cannot load: {reason}")
     try:
         session = ort.InferenceSession(str(path), _session_options(threads),
                                        providers=["CUDAExecutionProvider", "CPUExecutionProvider"])

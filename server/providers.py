@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
+import io
+import logging
 from pathlib import Path
 
 import onnxruntime as ort
@@ -19,6 +23,26 @@ _OPTIMIZATION = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
                  "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
 _EXECUTION = {"sequential": ort.ExecutionMode.ORT_SEQUENTIAL, "parallel": ort.ExecutionMode.ORT_PARALLEL}
 _ARENA = {"next_power_of_two": "kNextPowerOfTwo", "same_as_requested": "kSameAsRequested"}
+log = logging.getLogger("latlab.server.providers")
+
+
+@functools.cache
+def preload_cuda_libraries() -> None:
+    """Load the CUDA and cuDNN libraries of pip's nvidia-* packages before a CUDA session, as ONNX Runtime's
+    `preload_dlls` does (ORT >= 1.21): otherwise its CUDA provider finds them only when torch was imported
+    first or LD_LIBRARY_PATH names them. What it prints goes to the log; a library still missing is named
+    by provider_load_error."""
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is None:
+        return
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(said):
+            preload()
+    except (OSError, RuntimeError) as exc:
+        log.debug("onnxruntime.preload_dlls failed: %s", exc)
+    if said.getvalue().strip():
+        log.debug("onnxruntime.preload_dlls: %s", said.getvalue().strip())
 
 
 def provider_load_error(provider: str) -> str | None:
@@ -26,6 +50,7 @@ def provider_load_error(provider: str) -> str | None:
     short = _PROVIDER_LIBRARIES.get(provider)
     if short is None:
         return None
+    preload_cuda_libraries()
     library = Path(ort.__file__).parent / "capi" / f"libonnxruntime_providers_{short}.so"
     if not library.exists():
         return f"this onnxruntime build has no {provider} ({library.name} absent)"

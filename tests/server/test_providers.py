@@ -13,8 +13,8 @@ from latlab.server.config import CpuOptions, CudaOptions, TensorrtOptions, parse
 from latlab.server.deployment import Deployment
 from latlab.server.errors import ConfigError
 from latlab.server.metrics import ServerMetrics
-from latlab.server.providers import (check_no_fallback, create_session, cuda_provider_options, provider_chain,
-                                     provider_load_error, session_options, tensorrt_provider_options)
+from latlab.server.providers import (check_no_fallback, create_session, cuda_provider_options, preload_cuda_libraries,
+                                     provider_chain, provider_load_error, session_options, tensorrt_provider_options)
 from latlab.server.runtime import OnnxModel
 from tests.conftest import build_tiny_model, tiny_weights
 from tests.server.test_runtime import two_outputs
@@ -154,6 +154,28 @@ def test_device_deployment_gets_its_provider_or_refuses_naming_the_library(tiny_
         create_session(config(tiny_model, provider=provider))
     assert f"asked for {name} but ONNX Runtime fell back to CPUExecutionProvider: {reason}" in str(caught.value)
     assert ".so" in reason  # names the library, e.g. libcublasLt.so.13
+
+
+def test_pip_cuda_libraries_are_loaded_before_the_provider_is_checked(monkeypatch, capfd) -> None:
+    """ORT's CUDA provider finds pip's nvidia-* libraries only once they are loaded (preload_dlls); this
+    happens, once, before the load check, and ORT's printed complaints stay out of the output."""
+    calls = []
+    real = ort.preload_dlls
+
+    def recording_preload(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ort, "preload_dlls", recording_preload)
+    preload_cuda_libraries.cache_clear()
+    try:
+        provider_load_error("CUDAExecutionProvider")
+        provider_load_error("TensorrtExecutionProvider")
+        assert provider_load_error("CPUExecutionProvider") is None
+    finally:
+        preload_cuda_libraries.cache_clear()
+    assert len(calls) == 1
+    assert capfd.readouterr().out == ""
 
 
 # --- on a GPU --------------------------------------------------------------------------------------
