@@ -146,9 +146,10 @@ def _parser() -> argparse.ArgumentParser:
     lab = sub.add_parser("lab", help="the main job: export, serve, sweep and report on the built-in CPU plan")
     lab.add_argument("--runs-dir", type=Path, default=Path("runs"))
     lab.add_argument("--models-dir", type=Path, default=Path("models"))
-    lab.add_argument("--plan", choices=["cpu", "quick", "gpu"], default="cpu",
+    lab.add_argument("--plan", choices=["cpu", "quick", "gpu", "gpu-quick"], default="cpu",
                      help="cpu: the main job (mlp, ffn, cnn, minilm; ~7.5 min on 2 cores); quick: fewer, shorter "
-                          "steps (~2.5 min); gpu: the same models on CUDA and CPU, for a GPU box")
+                          "steps (~2.5 min); gpu: the same models on CUDA and CPU, for a GPU box; gpu-quick: "
+                          "that in fewer, shorter steps")
     lab.add_argument("--quick", action="store_const", const="quick", dest="plan", help="same as --plan quick")
     lab.add_argument("--step-seconds", type=float, default=None, help="override the plan's step length")
     lab.set_defaults(func=cmd_lab)

@@ -75,4 +75,9 @@ PLANS = {
     # Rates reach further: the sweep stops where each deployment saturates.
     "gpu": LabPlan(models=(MLP, FFN, replace(CNN, rates=CNN.rates + (60, 100, 200, 400, 800)),
                            replace(MINILM, rates=MINILM.rates + (600, 1000, 2000))), providers=("cpu", "cuda")),
+    # The gpu plan in fewer, shorter steps: fits one call of a borrowed GPU machine (benchmarks/gpu_kit.py).
+    "gpu-quick": LabPlan(models=(replace(MLP, rates=(250, 1000, 2000, 4000)), replace(FFN, rates=(250, 1000, 2000, 4000)),
+                                 replace(CNN, rates=(5, 15, 40, 100, 250)),
+                                 replace(MINILM, rates=(25, 100, 250, 600, 1200))),
+                         providers=("cpu", "cuda"), step_seconds=1.5, max_windows=3, warmup_seconds=0.5),
 }
