@@ -1,0 +1,76 @@
+"""benchmarks/gpu_kit.py: the parts a GPU machine is given one call at a time come back together intact."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+_SPEC = importlib.util.spec_from_file_location("gpu_kit", Path(__file__).parent.parent / "benchmarks" / "gpu_kit.py")
+kit = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(kit)
+
+
+@pytest.fixture
+def archive(tmp_path: Path) -> Path:
+    path = tmp_path / "kit.tar"
+    path.write_bytes(os.urandom(10_000) + b"end")
+    return path
+
+
+def carried(tree: Path, archive: Path, part_bytes: int = 4096) -> list[Path]:
+    """The parts as `prepare` leaves them in the source tree (.whl/carry-K/)."""
+    return kit.split(archive, tree / ".whl", part_bytes)
+
+
+def test_parts_carried_one_call_each_join_into_the_same_archive(tmp_path: Path, archive: Path) -> None:
+    store = tmp_path / "store"
+    parts = carried(tmp_path / "tree", archive)
+    assert [p.parent.name for p in parts] == ["carry-1", "carry-2", "carry-3"]
+    assert all(p.stat().st_size <= 4096 for p in parts)
+    expected = archive.read_bytes()
+    archive.unlink()
+
+    for index, part in enumerate(parts, start=1):  # each call's tree holds only the folder it carried
+        call_tree = tmp_path / f"call-{index}"
+        shutil.copytree(part.parent, call_tree / ".whl" / part.parent.name)
+        have, missing = kit.stash(call_tree, store)
+        assert len(have) == index and len(missing) == len(parts) - index
+
+    assert kit.join(store).read_bytes() == expected
+
+
+def test_a_missing_part_is_named_and_nothing_is_joined(tmp_path: Path, archive: Path) -> None:
+    parts = carried(tmp_path / "tree", archive)
+    for part in parts[1:]:
+        part.unlink()
+    have, missing = kit.stash(tmp_path / "tree", tmp_path / "store")
+    assert have == [parts[0].name] and missing == [parts[1].name, parts[2].name]
+    with pytest.raises(SystemExit, match=f"parts missing: {parts[1].name}, {parts[2].name}"):
+        kit.join(tmp_path / "store")
+    assert not (tmp_path / "store" / "kit.tar").exists()
+
+
+def test_a_damaged_part_is_refused_on_arrival(tmp_path: Path, archive: Path) -> None:
+    parts = carried(tmp_path / "tree", archive)
+    damaged = bytearray(parts[1].read_bytes())
+    damaged[100] ^= 0xFF
+    parts[1].write_bytes(bytes(damaged))
+    with pytest.raises(SystemExit, match="arrived damaged"):
+        kit.stash(tmp_path / "tree", tmp_path / "store")
+
+
+def test_collect_keeps_result_files_where_the_report_finds_them(tmp_path: Path) -> None:
+    files_at = tmp_path / "out"
+    (files_at / "lab" / "ffn").mkdir(parents=True)
+    (files_at / "lab" / "ffn" / "results.json").write_text('{"schema": "latlab.results/1"}')
+    (files_at / "lab" / "report.png").write_bytes(b"\x89PNG")
+    (files_at / "verify.log").write_text("CUDAExecutionProvider")
+    kept = kit.collect(files_at, "h100", tmp_path / "reference")
+    assert sorted(p.relative_to(tmp_path / "reference").as_posix() for p in kept) == [
+        "h100/lab/ffn/results.json", "h100/verify.log"]
+    with pytest.raises(SystemExit, match="nothing to collect"):
+        kit.collect(tmp_path / "empty-does-not-exist", "h100", tmp_path / "reference")
