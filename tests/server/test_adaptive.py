@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from latlab.server.batcher import BatchQueue, DynamicBatcher, Pending
+from latlab.server.batch_queue import BatchQueue, Pending
+from latlab.server.batcher import DynamicBatcher
 from latlab.server.config import BatcherSettings, parse_config
 from latlab.server.errors import ConfigError
 from latlab.server.latency_model import ArrivalRate, LatencyModel, adaptive_wait

@@ -11,7 +11,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from latlab.server.app import create_app
-from latlab.server.batcher import BatchQueue, DynamicBatcher, Pending
+from latlab.server.batch_queue import BatchQueue, Pending
+from latlab.server.batcher import DynamicBatcher
 from latlab.server.config import BatcherSettings, parse_config
 from latlab.server.errors import BadRequest, ConfigError, QueueFull
 
