@@ -20,6 +20,7 @@ from latlab import machine
 from latlab.loadtest.driver import WORKER_LAG_S, LoadDriver
 from latlab.loadtest.overload import OverloadPlan, run_overload
 from latlab.loadtest.prom import LoadGenMetrics, start_exporter
+from latlab.loadtest.recorder import Recorder
 from latlab.loadtest.results import write_results
 from latlab.loadtest.scrape import QueueWatch, average_batch, describe, fetch, scrape_batches
 from latlab.loadtest.search import SATURATED_BELOW, is_stable, slo_search
@@ -209,17 +210,7 @@ def measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, d
     batches_before = scrape_batches(plan.host, deployment)
     driver.generator_cpu()
     start = time.time()
-    windows: list[dict] = []
-    stable = False
-    while True:
-        edge = start + (len(windows) + 1) * plan.window_seconds
-        gevent.sleep(max(0.0, edge + lag - time.time()))
-        window_start = edge - plan.window_seconds
-        windows.append({"t_s": window_start - start, **recorder.window(window_start, edge, time.time()).as_dict()})
-        if len(windows) >= plan.min_windows:
-            stable = is_stable(windows[-3:])
-            if stable or len(windows) >= plan.max_windows:
-                break
+    windows, stable = _windows_until_stable(plan, recorder, start, lag)
     end = start + len(windows) * plan.window_seconds
     first = end - min(3, len(windows)) * plan.window_seconds
     cpu = driver.generator_cpu()
@@ -255,6 +246,21 @@ def measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, d
     metrics.count_late(deployment, stats.late)
     recorder.forget_before(first)
     return step
+
+
+def _windows_until_stable(plan: SweepPlan, recorder: Recorder, start: float, lag: float) -> tuple[list[dict], bool]:
+    """Consecutive windows from `start`, each read `lag` after its end (late responses), until the last
+    three agree (stable) or max_windows were taken."""
+    windows: list[dict] = []
+    while True:
+        edge = start + (len(windows) + 1) * plan.window_seconds
+        gevent.sleep(max(0.0, edge + lag - time.time()))
+        window_start = edge - plan.window_seconds
+        windows.append({"t_s": window_start - start, **recorder.window(window_start, edge, time.time()).as_dict()})
+        if len(windows) >= plan.min_windows:
+            stable = is_stable(windows[-3:])
+            if stable or len(windows) >= plan.max_windows:
+                return windows, stable
 
 
 def _interruption(by_status: dict, failed_scrapes: int) -> str | None:
