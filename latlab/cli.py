@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
-
-class UserError(Exception):
-    """A mistake the user can fix; printed as one line, exit status 2."""
+from latlab.cli_options import UserError, apply_env_and_file, new_run_id, parse_rates, parse_slo_bound, parse_slos
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +47,18 @@ def _is_user_error(exc: Exception) -> bool:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="latlab", description="ONNX Runtime inference serving latency lab")
     sub = parser.add_subparsers(dest="command", required=True)
+    _add_export(sub)
+    _add_serve(sub)
+    _add_loadtest(sub)
+    _add_report(sub)
+    _add_lab(sub)
+    _add_bench(sub)
+    _add_doctor(sub)
+    return parser
 
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    """`latlab export`: zoo models and your own."""
     export = sub.add_parser("export", help="export a zoo model (or your own) to models/<name>/model.onnx",
                             epilog="Your own model: --module package.module:factory --name NAME (the factory returns "
                                    "(nn.Module, {input name: example tensor, batch first}[, output names])), or "
@@ -79,12 +87,18 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--classes", type=int, help="cnn: classes (1000)")
     export.set_defaults(func=cmd_export)
 
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    """`latlab serve`."""
     serve = sub.add_parser("serve", help="serve the deployments of a TOML config over HTTP")
     serve.add_argument("--config", type=Path, required=True)
     serve.add_argument("--host", help="override [server] host")
     serve.add_argument("--port", type=int, help="override [server] port")
     serve.set_defaults(func=cmd_serve)
 
+
+def _add_loadtest(sub: argparse._SubParsersAction) -> None:
+    """`latlab loadtest`: every option also read from the environment and a config file."""
     load = sub.add_parser("loadtest", allow_abbrev=False, help="sweep offered load (or search an SLO) against deployments with Locust",
                           epilog="Every option also reads LATLAB_<OPTION> (e.g. LATLAB_RATES=100,200) and a "
                                  "[loadtest] table of --config-file; the command line wins, then the environment.")
@@ -128,6 +142,9 @@ def _parser() -> argparse.ArgumentParser:
     load.add_argument("--run-id", help="run label in results and metrics (default: the run folder's name)")
     load.set_defaults(func=cmd_loadtest)
 
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    """`latlab report`."""
     report = sub.add_parser("report", help="write the HTML report of run folders, merged (or rebuild one from Prometheus)")
     report.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN",
                         help="run folders (results*.json, bench*.json), e.g. one from a CPU box and one from a GPU box; "
@@ -143,6 +160,9 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--slo", default="10ms,25ms,50ms,100ms", help="p99 bounds, e.g. 25ms,50ms,0.1s")
     report.set_defaults(func=cmd_report)
 
+
+def _add_lab(sub: argparse._SubParsersAction) -> None:
+    """`latlab lab`: the main job."""
     lab = sub.add_parser("lab", help="the main job: export, serve, sweep and report on the built-in CPU plan")
     lab.add_argument("--runs-dir", type=Path, default=Path("runs"))
     lab.add_argument("--models-dir", type=Path, default=Path("models"))
@@ -154,96 +174,19 @@ def _parser() -> argparse.ArgumentParser:
     lab.add_argument("--step-seconds", type=float, default=None, help="override the plan's step length")
     lab.set_defaults(func=cmd_lab)
 
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    """`latlab bench`."""
     bench = sub.add_parser("bench", help="in-process microbenchmarks of seed 003: batch, width, depth, fixed params")
     from latlab.bench_cli import add_arguments as add_bench_arguments  # light: no torch at parse time
     add_bench_arguments(bench)
     bench.set_defaults(func=cmd_bench)
 
+
+def _add_doctor(sub: argparse._SubParsersAction) -> None:
+    """`latlab doctor`."""
     doctor = sub.add_parser("doctor", help="what this machine offers: CPU, GPU, ONNX Runtime providers")
     doctor.set_defaults(func=cmd_doctor)
-    return parser
-
-
-ENV_PREFIX = "LATLAB_"
-
-
-def apply_env_and_file(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]) -> argparse.Namespace:
-    """Fill the options not given on the command line from LATLAB_<OPTION>, then from the
-    [<command>] table of --config-file (or LATLAB_CONFIG_FILE)."""
-    import os
-    import tomllib
-
-    sub = _subparser(parser, args.command)
-    config_file = args.config_file or os.environ.get(f"{ENV_PREFIX}CONFIG_FILE")
-    table: dict = {}
-    if config_file:
-        try:
-            table = tomllib.loads(Path(config_file).read_text()).get(args.command, {})
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise UserError(f"--config-file {config_file}: {exc}") from None
-    given = {option for option in argv if option.startswith("--")}
-    known = {action.dest: action for action in sub._actions if action.option_strings}
-    unknown = set(table) - {dest.replace("_", "-") for dest in known} - set(known)
-    if unknown:
-        raise UserError(f"--config-file {config_file}: unknown option(s) {sorted(unknown)}")
-    for dest, action in known.items():
-        if dest in ("help", "config_file") or any(o.split("=")[0] in action.option_strings for o in given):
-            continue
-        raw = os.environ.get(ENV_PREFIX + dest.upper())
-        if raw is None:
-            raw = table.get(dest.replace("_", "-"), table.get(dest))
-        if raw is not None:
-            setattr(args, dest, _convert(action, raw, dest))
-    return args
-
-
-def _convert(action: argparse.Action, raw: object, dest: str) -> object:
-    if isinstance(action, argparse._StoreTrueAction):
-        return raw if isinstance(raw, bool) else str(raw).lower() in ("1", "true", "yes", "on")
-    if isinstance(action, argparse._AppendAction):
-        return raw if isinstance(raw, list) else [str(raw)]
-    try:
-        return action.type(raw) if action.type else str(raw)
-    except (TypeError, ValueError):
-        raise UserError(f"{dest}: cannot read {raw!r}") from None
-
-
-def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action.choices[command]
-    raise LookupError(command)
-
-
-def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S")
-
-
-def parse_rates(text: str) -> list[float]:
-    try:
-        rates = [float(r) for r in text.split(",") if r.strip()]
-    except ValueError:
-        raise UserError(f"--rates must be numbers separated by commas, got {text!r}") from None
-    if not rates or not all(0 < r < float("inf") for r in rates):
-        raise UserError(f"--rates must be positive finite numbers, got {text!r}")
-    return rates
-
-
-def parse_slos(text: str) -> list[float]:
-    """'25ms,0.1s,50' -> seconds (a bare number is milliseconds)."""
-    slos = []
-    for part in (p.strip().lower() for p in text.split(",") if p.strip()):
-        scale, number = (1.0, part[:-1]) if part.endswith("s") and not part.endswith("ms") else (1e-3, part.removesuffix("ms"))
-        try:
-            value = float(number) * scale
-        except ValueError:
-            value = float("nan")
-        if not 0 < value < float("inf"):
-            raise UserError(f"--slo: cannot read {part!r}; write positive bounds, e.g. 25ms or 0.1s")
-        slos.append(value)
-    if not slos:
-        raise UserError("--slo needs at least one bound, e.g. 25ms,50ms")
-    return slos
 
 
 def cmd_export(args: argparse.Namespace) -> None:
@@ -300,14 +243,6 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
                                                capacity_rps=args.capacity, recovery_load=args.recovery_load))
     run_sweep(plan, out / RESULTS_FILE, run_id=args.run_id or out.name, run_one=run_one)
     print(f"results: {out / RESULTS_FILE}")
-
-
-def parse_slo_bound(text: str) -> float:
-    """'p99=50ms' (or just '50ms') -> seconds."""
-    metric, _, bound = text.rpartition("=")
-    if metric and metric.strip().lower() != "p99":
-        raise UserError(f"--slo: only p99 bounds are supported, got {text!r}")
-    return parse_slos(bound)[0]
 
 
 def cmd_report(args: argparse.Namespace) -> None:

@@ -86,7 +86,7 @@ def start_prometheus(run_dir: Path, jobs: dict[str, list[str]]) -> subprocess.Po
 
 def run_lab(runs_dir: Path, models_dir: Path, plan: LabPlan | str = "cpu") -> Path:
     """Run the whole plan; returns the report's path. Every child is stopped, also on Ctrl-C."""
-    from latlab.cli import new_run_id, parse_slos
+    from latlab.cli_options import new_run_id, parse_slos
     from latlab.loadtest.report import write_report
 
     plan = PLANS[plan] if isinstance(plan, str) else plan

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from latlab import cli
-from latlab.cli import UserError, parse_rates, parse_slos
+from latlab.cli_options import UserError, parse_rates, parse_slos
 from latlab.loadtest import report as report_module
 from latlab.loadtest.report import REPORT_FILE, max_rate_under, verdict, write_report
 from latlab.loadtest.results import RESULTS_FILE, SCHEMA, read_results, write_results
@@ -170,23 +170,23 @@ def test_cli_report_on_empty_folder_is_a_user_error(tmp_path: Path, capsys: pyte
 
 
 def test_parse_slos_reads_ms_seconds_and_bare_numbers() -> None:
-    assert cli.parse_slos("25ms,0.1s,50") == pytest.approx([0.025, 0.1, 0.05])
-    assert cli.parse_slos(" 25MS , 2S ") == pytest.approx([0.025, 2.0])
+    assert parse_slos("25ms,0.1s,50") == pytest.approx([0.025, 0.1, 0.05])
+    assert parse_slos(" 25MS , 2S ") == pytest.approx([0.025, 2.0])
 
 
 def test_parse_slos_rejects_garbage() -> None:
-    with pytest.raises(cli.UserError, match="fast"):
-        cli.parse_slos("25ms,fast")
+    with pytest.raises(UserError, match="fast"):
+        parse_slos("25ms,fast")
 
 
 def test_parse_rates_reads_positive_numbers() -> None:
-    assert cli.parse_rates("100, 200,400,") == [100.0, 200.0, 400.0]
+    assert parse_rates("100, 200,400,") == [100.0, 200.0, 400.0]
 
 
 @pytest.mark.parametrize("text", ["", ",", "100,abc", "0", "100,-5"])
 def test_parse_rates_errors(text: str) -> None:
-    with pytest.raises(cli.UserError, match="--rates"):
-        cli.parse_rates(text)
+    with pytest.raises(UserError, match="--rates"):
+        parse_rates(text)
 
 
 def test_verdict_survives_a_zero_throughput_step_that_meets_the_slo():
