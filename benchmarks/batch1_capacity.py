@@ -16,36 +16,22 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import requests
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import batching, export_zoo, loadtest, p50_in_process, serving, write_config  # noqa: E402
+from harness import (Served, batching, export_zoo, loadtest, ort_b1_model, p50_in_process, serving,  # noqa: E402
+                     write_config)
 
 from latlab import procs  # noqa: E402
-from latlab.server.config import load_config  # noqa: E402
-from latlab.server.runtime import OnnxModel  # noqa: E402
 
-SUMS = {"latlab_batcher_compute_duration_seconds_sum": "run_s", "latlab_batcher_compute_duration_seconds_count": "runs",
-        "latlab_batcher_queue_duration_seconds_sum": "queue_s"}
+DEPLOYMENT = "ffn-b1"  # the name ort_b1_model looks for
 
-
-def totals(url: str) -> dict[str, float]:
-    """The server's summed run time, run count and queue wait so far (one deployment is served)."""
-    found = {}
-    for line in requests.get(f"{url}/metrics", timeout=10).text.splitlines():
-        name = line.split("{", 1)[0]
-        if name in SUMS:
-            found[SUMS[name]] = float(line.split()[-1])
-    return found
+COMPUTE = "latlab_batcher_compute_duration_seconds"
+QUEUE = "latlab_batcher_queue_duration_seconds"
 
 
-def hot_loop_run(config: Path) -> float:
-    """The median of ORT batch-1 runs back to back in this process, with the served session options."""
-    model = OnnxModel(load_config(config).deployments[0])
-    spec = model.inputs[0]
-    x = np.random.default_rng(0).standard_normal([1, *spec.shape[1:]]).astype(spec.dtype)
-    return p50_in_process(model.run, {spec.name: x}, n=500)
+def totals(served: Served) -> dict[str, float]:
+    """The server's summed run time, run count and queue wait so far."""
+    return {"run_s": served.value(f"{COMPUTE}_sum", DEPLOYMENT), "runs": served.value(f"{COMPUTE}_count", DEPLOYMENT),
+            "queue_s": served.value(f"{QUEUE}_sum", DEPLOYMENT)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -60,20 +46,21 @@ def main(argv: list[str] | None = None) -> None:
     if ffn is None:
         raise SystemExit("could not export ffn")
     port = procs.free_port()
-    config = write_config(work / "b1.toml", port, {"ffn-b1": (ffn, batching(1, 0.0))})
-    print(f"ORT batch 1 in a hot loop, in process: {hot_loop_run(config) * 1e3:.3f} ms")
+    config = write_config(work / "b1.toml", port, {DEPLOYMENT: (ffn, batching(1, 0.0))})
+    model, feeds = ort_b1_model(config)
+    print(f"ORT batch 1 in a hot loop, in process: {p50_in_process(model.run, feeds, n=500) * 1e3:.3f} ms")
     with serving(config, port, work / "server.log") as served:
         worker = served.worker()
         for rate in (float(r) for r in args.rates.split(",")):
-            loadtest(served.url, ["ffn-b1"], work / "warm-up", "--rates", f"{rate:g}", "--step-seconds", "2",
+            loadtest(served.url, [DEPLOYMENT], work / "warm-up", "--rates", f"{rate:g}", "--step-seconds", "2",
                      "--warmup-seconds", "0")
-            before, cpu_before, started = totals(served.url), worker.cpu_times(), time.monotonic()
-            step = loadtest(served.url, ["ffn-b1"], work / f"step-{rate:g}", "--rates", f"{rate:g}",
+            before, cpu_before, started = totals(served), worker.cpu_times(), time.monotonic()
+            step = loadtest(served.url, [DEPLOYMENT], work / f"step-{rate:g}", "--rates", f"{rate:g}",
                             "--step-seconds", "6", "--warmup-seconds", "0", "--max-windows", "3")[0]["steps"][0]
-            after, cpu_after, wall = totals(served.url), worker.cpu_times(), time.monotonic() - started
+            after, cpu_after, wall = totals(served), worker.cpu_times(), time.monotonic() - started
             runs = after["runs"] - before["runs"]
             run_s = after["run_s"] - before["run_s"]
-            cores = (sum(cpu_after[:2]) - sum(cpu_before[:2])) / wall
+            cores = (cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system) / wall
             print(f"{rate:6.0f}/s: achieved {step['achieved_rps']:6.0f}/s  p99 {step['p99_s'] * 1e3:6.1f} ms  "
                   f"run {run_s / runs * 1e3:.3f} ms  instance busy {run_s / wall:4.0%}  "
                   f"queue wait {(after['queue_s'] - before['queue_s']) / runs * 1e3:6.2f} ms  "

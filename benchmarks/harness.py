@@ -21,7 +21,8 @@ import requests
 from onnx import TensorProto, helper
 
 from latlab import procs
-from latlab.server.config import BatcherSettings
+from latlab.server.config import BatcherSettings, load_config
+from latlab.server.runtime import OnnxModel
 
 CLI = [sys.executable, "-m", "latlab.cli"]
 
@@ -94,6 +95,13 @@ class Served:
                 bound = line.split('le="')[1].split('"')[0]
                 buckets[float("inf") if bound == "+Inf" else float(bound)] = float(line.split()[-1])
         return dict(sorted(buckets.items()))
+
+    def value(self, name: str, deployment: str) -> float:
+        """One sample of one deployment (a counter, or a histogram's `_sum` or `_count`); 0 before any."""
+        for line in requests.get(f"{self.url}/metrics", timeout=10).text.splitlines():
+            if line.startswith(f"{name}{{") and f'deployment="{deployment}"' in line:
+                return float(line.split()[-1])
+        return 0.0
 
 
 @contextlib.contextmanager
@@ -170,6 +178,14 @@ def p50_in_process(run, feeds: dict[str, np.ndarray], n: int = 2000) -> float:
         run(feeds)
         times.append(time.perf_counter() - started)
     return float(np.median(times))
+
+
+def ort_b1_model(config: Path) -> tuple[OnnxModel, dict[str, np.ndarray]]:
+    """In-process ORT with the same session options as the served batch-1 deployment, and a batch-1 input."""
+    deployment = next(d for d in load_config(config).deployments if d.name == "ffn-b1")
+    model = OnnxModel(deployment)
+    spec = model.inputs[0]
+    return model, {spec.name: np.random.default_rng(0).standard_normal([1, *spec.shape[1:]]).astype(spec.dtype)}
 
 
 class RssSampler:

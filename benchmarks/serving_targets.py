@@ -16,11 +16,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import (RssSampler, batching, build_cheap_model, export_zoo, loadtest, p50_in_process,  # noqa: E402
-                     quantile, serving, write_config)
+from harness import (RssSampler, batching, build_cheap_model, export_zoo, loadtest, ort_b1_model,  # noqa: E402
+                     p50_in_process, quantile, serving, write_config)
 
 from latlab import procs  # noqa: E402
-from latlab.server.config import load_config  # noqa: E402
 from latlab.server.runtime import OnnxModel  # noqa: E402
 
 IMAGE = [3, 224, 224]
@@ -151,14 +150,6 @@ def soak_growth(served, work: Path, deployment: str, rate: float, seconds: float
              "--warmup-seconds", "5", "--max-windows", "3")
     rss = [b / 2**20 for t, b in sampler.stop() if t >= started + 5]
     return {"start": rss[0], "end": rss[-1], "max": max(rss), "growth": rss[-1] / rss[0] - 1}
-
-
-def ort_b1_model(config: Path) -> tuple[OnnxModel, dict[str, np.ndarray]]:
-    """In-process ORT with the same session options as the served batch-1 deployment, and a batch-1 input."""
-    deployment = next(d for d in load_config(config).deployments if d.name == "ffn-b1")
-    model = OnnxModel(deployment)
-    spec = model.inputs[0]
-    return model, {spec.name: np.random.default_rng(0).standard_normal([1, *spec.shape[1:]]).astype(spec.dtype)}
 
 
 def image_figures(args: argparse.Namespace, work: Path) -> list[tuple]:
