@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tomllib
@@ -17,6 +18,7 @@ EXECUTION_MODES = ("sequential", "parallel")
 CONV_ALGO_SEARCHES = ("exhaustive", "heuristic", "default")
 ARENA_EXTEND_STRATEGIES = ("next_power_of_two", "same_as_requested")
 LOAD_FAILURE_POLICIES = ("fail", "skip")
+BUCKET_SESSIONS = ("auto", "shared", "per_bucket")
 AUTH_TOKEN_ENV = "LATLAB_AUTH_TOKEN"
 MIN_TOKEN_LENGTH = 16
 # RFC 6750's b64token: what may follow "Bearer " in an Authorization header.
@@ -48,6 +50,16 @@ class BatcherSettings:
     before lower levels, FIFO within a level; max_queue_size counts all levels together."""
     default_priority_level: int = 1
     """The level of a request whose `parameters.priority` is 0 or absent; in 1..priority_levels."""
+    batch_buckets: tuple[int, ...] = ()
+    """The batch sizes a model run may have: a batch is padded (rows repeated, never returned) up to the
+    smallest bucket that holds it, so each run has one of a few fixed shapes (ONNX Runtime's CUDA Conv
+    rebuilds its cuDNN plan whenever a shape changes). Ascending, >= 1, the last = max_batch_size; [] turns
+    it off. Unset: powers of two up to max_batch_size (itself included) on cuda and tensorrt, off on cpu."""
+    bucket_sessions: str = "auto"
+    """How buckets run: "per_bucket" gives each bucket its own session (the weights once per bucket) so no
+    Conv sees a shape other than its last one; "shared" runs every bucket on one session; "auto" is
+    per_bucket on cuda for a model with Conv nodes, else shared. With enable_cuda_graph: one session and
+    one captured graph per bucket, whatever this says."""
 
 
 @dataclass(frozen=True)
@@ -90,15 +102,23 @@ class CudaOptions:
     """How cuDNN picks convolution kernels per shape: "exhaustive" (benchmarks all, best but slow first
     run per shape: warm-up pays it), "heuristic" or "default"."""
     enable_cuda_graph: bool = False
-    """Capture the model once as a CUDA graph and replay it: cuts kernel-launch overhead on small models.
-    Needs fixed shapes, so only with max_batch_size = 1 and a model without other dynamic dimensions
-    (refused otherwise); inputs and outputs then live in fixed device buffers."""
+    """Capture one CUDA graph per batch bucket (run option gpu_graph_id) and replay it: cuts kernel-launch
+    overhead on small models. Needs every node on CUDA, no control flow (If/Loop/Scan) and no dynamic
+    dimension besides the batch; such a model is refused, naming why, unless cuda_graph_fallback."""
     gpu_mem_limit: int = 0
     """Most bytes ORT's device arena may hold; 0: no limit."""
     arena_extend_strategy: str = "next_power_of_two"
     """How the arena grows: "next_power_of_two" (fewer, larger allocations) or "same_as_requested"."""
     copy_in_default_stream: bool = True
     """Copy between host and device on the compute stream (safe); false uses a separate copy stream."""
+    cuda_graph_fallback: bool = False
+    """With enable_cuda_graph: serve a model that cannot be captured without graphs (said in the log and in
+    the deployment's environment) instead of refusing to start."""
+    use_tf32: bool = True
+    """Let MatMul and Conv use TF32 tensor cores on Ampere and newer (ORT's default: on): faster, ~1e-3
+    relative error in FP32 models. Off gives FP32 results (~1e-7)."""
+    fuse_conv_bias: bool = False
+    """Let cuDNN fuse a Conv's bias (and activation) into the convolution (ORT's default: off)."""
 
 
 @dataclass(frozen=True)
@@ -243,12 +263,10 @@ def _deployment(raw: dict, base_dir: Path) -> DeploymentConfig:
     if provider not in PROVIDERS:
         raise ConfigError(f"deployment '{name}': provider must be one of {PROVIDERS}, got {provider!r}")
     batcher_table = _table(raw.pop("batcher", {}), f"deployment '{name}' batcher")
-    if "preferred_batch_sizes" in batcher_table:
-        preferred = batcher_table["preferred_batch_sizes"]
-        if not isinstance(preferred, list):
-            raise ConfigError(f"deployment '{name}': preferred_batch_sizes must be a list, got {preferred!r}")
-        batcher_table["preferred_batch_sizes"] = tuple(preferred)
+    _tuple_setting(batcher_table, "preferred_batch_sizes", name)
+    _tuple_setting(batcher_table, "batch_buckets", name)
     batcher = _build(BatcherSettings, batcher_table, f"deployment '{name}' [batcher]")
+    batcher = _with_buckets(batcher, provider, name, explicit="batch_buckets" in batcher_table)
     if batcher.max_batch_size < 1 or batcher.max_queue_size < 1 or batcher.instances < 1:
         raise ConfigError(f"deployment '{name}': max_batch_size, max_queue_size and instances must be >= 1")
     if not all(type(p) is int and 1 <= p <= batcher.max_batch_size for p in batcher.preferred_batch_sizes):
@@ -263,6 +281,41 @@ def _deployment(raw: dict, base_dir: Path) -> DeploymentConfig:
     raw.setdefault("model", model_path.parent.name)
     return _build(DeploymentConfig, raw, f"deployment '{name}'", model_path=model_path, batcher=batcher, cpu=cpu,
                   cuda=cuda, tensorrt=tensorrt, padding=padding)
+
+
+def _tuple_setting(table: dict, key: str, name: str) -> None:
+    """A list setting of the [batcher] table, as a tuple (frozen settings stay hashable)."""
+    if key in table:
+        if not isinstance(table[key], list):
+            raise ConfigError(f"deployment '{name}': {key} must be a list, got {table[key]!r}")
+        table[key] = tuple(table[key])
+
+
+def default_buckets(provider: str, max_batch_size: int) -> tuple[int, ...]:
+    """Powers of two below max_batch_size, then max_batch_size itself, on a device; none on the CPU, whose
+    kernels do not depend on the previous run's shape."""
+    if provider == "cpu":
+        return ()
+    sizes = [1 << i for i in range(max_batch_size.bit_length()) if 1 << i < max_batch_size]
+    return (*sizes, max_batch_size)
+
+
+def _with_buckets(batcher: BatcherSettings, provider: str, name: str, explicit: bool) -> BatcherSettings:
+    """The batcher settings with batch_buckets resolved (when not `explicit`: the provider's default) and
+    checked."""
+    if batcher.bucket_sessions not in BUCKET_SESSIONS:
+        raise ConfigError(f"deployment '{name}': [batcher] bucket_sessions must be one of {BUCKET_SESSIONS}, "
+                          f"got {batcher.bucket_sessions!r}")
+    buckets = batcher.batch_buckets
+    if not explicit:
+        return dataclasses.replace(batcher, batch_buckets=default_buckets(provider, batcher.max_batch_size))
+    if not all(type(b) is int and b >= 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
+        raise ConfigError(f"deployment '{name}': batch_buckets must be ascending, distinct integers >= 1, "
+                          f"got {list(buckets)}")
+    if buckets and buckets[-1] != batcher.max_batch_size:
+        raise ConfigError(f"deployment '{name}': the last of batch_buckets must be max_batch_size "
+                          f"({batcher.max_batch_size}) so every batch has a bucket, got {list(buckets)}")
+    return batcher
 
 
 def _padding(table: dict, name: str) -> PaddingSettings:
@@ -300,10 +353,10 @@ def _provider_options(raw: dict, name: str, batcher: BatcherSettings
     if cuda.enable_cuda_graph and raw.get("provider") == "tensorrt":
         raise ConfigError(f"deployment '{name}': [cuda] enable_cuda_graph is for provider \"cuda\" only (TensorRT "
                           "builds its own engines)")
-    if cuda.enable_cuda_graph and batcher.max_batch_size != 1:
-        # A CUDA graph replays fixed shapes; the batcher's batches vary in size (see CudaOptions).
-        raise ConfigError(f"deployment '{name}': [cuda] enable_cuda_graph needs max_batch_size = 1 (a captured graph "
-                          f"has fixed shapes), got {batcher.max_batch_size}")
+    if cuda.enable_cuda_graph and batcher.max_batch_size != 1 and not batcher.batch_buckets:
+        # A CUDA graph replays fixed shapes: one graph per bucket, so batches need buckets.
+        raise ConfigError(f"deployment '{name}': [cuda] enable_cuda_graph with max_batch_size "
+                          f"{batcher.max_batch_size} needs batch_buckets (a captured graph has fixed shapes)")
     return cpu, cuda, tensorrt
 
 

@@ -81,6 +81,9 @@ def cuda_provider_options(cuda: CudaOptions) -> dict[str, str]:
         "arena_extend_strategy": _ARENA[cuda.arena_extend_strategy],
         "do_copy_in_default_stream": "1" if cuda.copy_in_default_stream else "0",
         "enable_cuda_graph": "1" if cuda.enable_cuda_graph else "0",
+        # Always stated, even at ORT's own defaults (TF32 on, no fusion): a results file says what ran.
+        "use_tf32": "1" if cuda.use_tf32 else "0",
+        "fuse_conv_bias": "1" if cuda.fuse_conv_bias else "0",
     }
     if cuda.gpu_mem_limit:
         options["gpu_mem_limit"] = str(cuda.gpu_mem_limit)

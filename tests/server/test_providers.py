@@ -64,8 +64,10 @@ def test_every_option_is_read() -> None:
     ({"tensorrt": {"fp16": 1}}, "[tensorrt]: fp16 must be true or false"),
     ({"tensorrt": {"max_workspace_bytes": -1}}, "[tensorrt] max_workspace_bytes must be >= 0"),
     ({"cuda": []}, "deployment 'a' cuda must be a table"),
-    ({"cuda": {"enable_cuda_graph": True}, "batcher": {"max_batch_size": 8}},
-     "[cuda] enable_cuda_graph needs max_batch_size = 1 (a captured graph has fixed shapes), got 8"),
+    ({"cuda": {"enable_cuda_graph": True}, "batcher": {"max_batch_size": 8, "batch_buckets": []}},
+     "[cuda] enable_cuda_graph with max_batch_size 8 needs batch_buckets (a captured graph has fixed shapes)"),
+    ({"cuda": {"use_tf32": 0}}, "[cuda]: use_tf32 must be true or false"),
+    ({"cuda": {"fuse_conv_bias": "on"}}, "[cuda]: fuse_conv_bias must be true or false"),
     ({"warmup": "no"}, "warmup must be true or false"),
 ])
 def test_bad_settings_are_one_line_errors(tables: dict, message: str) -> None:
@@ -77,6 +79,12 @@ def test_bad_settings_are_one_line_errors(tables: dict, message: str) -> None:
 
 def test_cuda_graph_with_batch_size_one_is_accepted() -> None:
     assert config(cuda={"enable_cuda_graph": True}, batcher={"max_batch_size": 1}).cuda.enable_cuda_graph
+
+
+def test_cuda_graph_with_buckets_is_accepted() -> None:
+    """One graph per bucket: max_batch_size > 1 is fine once batches have buckets (the default on cuda)."""
+    deployment = config(provider="cuda", cuda={"enable_cuda_graph": True}, batcher={"max_batch_size": 8})
+    assert deployment.batcher.batch_buckets == (1, 2, 4, 8)
 
 
 def test_cuda_graph_is_refused_under_tensorrt() -> None:
@@ -108,11 +116,14 @@ def test_a_real_session_gets_the_options(tiny_model: Path) -> None:
 def test_cuda_provider_options_in_ort_names() -> None:
     assert cuda_provider_options(CudaOptions()) == {
         "device_id": "0", "cudnn_conv_algo_search": "EXHAUSTIVE", "arena_extend_strategy": "kNextPowerOfTwo",
-        "do_copy_in_default_stream": "1", "enable_cuda_graph": "0"}  # no gpu_mem_limit: no limit
+        "do_copy_in_default_stream": "1", "enable_cuda_graph": "0",
+        "use_tf32": "1", "fuse_conv_bias": "0"}  # ORT's defaults, stated; no gpu_mem_limit: no limit
     options = cuda_provider_options(CudaOptions(1, "default", True, 123, "same_as_requested", False))
     assert options == {"device_id": "1", "cudnn_conv_algo_search": "DEFAULT", "arena_extend_strategy":
                        "kSameAsRequested", "do_copy_in_default_stream": "0", "enable_cuda_graph": "1",
-                       "gpu_mem_limit": "123"}
+                       "gpu_mem_limit": "123", "use_tf32": "1", "fuse_conv_bias": "0"}
+    explicit = cuda_provider_options(CudaOptions(use_tf32=False, fuse_conv_bias=True))
+    assert (explicit["use_tf32"], explicit["fuse_conv_bias"]) == ("0", "1")
 
 
 def test_tensorrt_provider_options() -> None:
