@@ -82,6 +82,8 @@ class Deployment:
         """The batcher's model run: `outputs` when the whole batch asked for the same ones (else all), and on
         a device the transfer times reported apart."""
         results, timings = self.model.run_timed(inputs, None if outputs is None else list(outputs))
+        rows = next((array.shape[0] for array in inputs.values() if array.ndim), 0)
+        self.observer.rows_run(self.model.bucket_for(rows), rows)
         if timings is not None:
             self.observer.transfer_done(timings.input_s, timings.output_s)
         return results
@@ -140,7 +142,7 @@ def environment(model: OnnxModel) -> dict:
     device = model.deployment.cuda.device_id if model.deployment.provider != "cpu" else 0
     gpu = next((g.name for g in gpus if g.index == device), None)
     return {"onnxruntime": ort.__version__, "providers": model.session.get_providers(),
-            "cpu": cpu_model(), "cores": os.cpu_count(), "gpu": gpu}
+            "cpu": cpu_model(), "cores": os.cpu_count(), "gpu": gpu, **model.run_settings()}
 
 
 def request_timeout_s(parameters: dict) -> float | None:

@@ -69,6 +69,13 @@ class ServerMetrics:
         self.batches = Counter(
             "latlab_batcher_batches", "Model runs, by outcome.",
             (*LABELS, "outcome"), registry=registry)
+        # Batch buckets: a run's rows = the batch's samples + padded rows (never returned, never requests).
+        self.run_rows = Counter(
+            "latlab_batcher_run_rows", "Rows computed by model runs, padded rows included.",
+            LABELS, registry=registry)
+        self.padded_rows = Counter(
+            "latlab_batcher_padded_rows", "Rows added to batches to reach their batch bucket (computed, "
+            "never returned).", LABELS, registry=registry)
 
     def for_deployment(self, labels: dict[str, str]) -> "DeploymentObserver":
         return DeploymentObserver(self, labels)
@@ -86,6 +93,8 @@ class DeploymentObserver:
         self._batch_size = metrics.batch_size.labels(**labels)
         self.request_duration = metrics.request_duration.labels(**labels)
         self.inflight = metrics.inflight.labels(**labels)
+        self._run_rows = metrics.run_rows.labels(**labels)
+        self._padded_rows = metrics.padded_rows.labels(**labels)  # at 0 from the start: no padding is a figure
         self._outcomes: dict[tuple[Counter, str], Counter] = {}  # (counter, outcome) -> child, see _child
 
     def queue_depth(self, depth: int) -> None:
@@ -100,6 +109,12 @@ class DeploymentObserver:
         self._compute.observe(compute_s)
         self._batch_size.observe(size)
         self._child(self._metrics.batches, "ok" if ok else "error").inc()
+
+    def rows_run(self, rows: int, samples: int) -> None:
+        """A model run of `rows` rows for `samples` requested samples: the rest were padding."""
+        self._run_rows.inc(rows)
+        if rows > samples:
+            self._padded_rows.inc(rows - samples)
 
     def transfer_done(self, input_s: float, output_s: float) -> None:
         """A device run's host-to-device and device-to-host copy times (never called on CPU)."""

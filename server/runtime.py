@@ -14,7 +14,8 @@ bound to a device by ORT, so models with any run through `session.run` on every 
 
 from __future__ import annotations
 
-import threading
+import dataclasses
+import logging
 import time
 from collections.abc import Iterator, Set
 from dataclasses import dataclass
@@ -22,10 +23,15 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
+from latlab.server.buckets import bucket_for, capture_refusal, cut_rows, has_conv, pad_rows
 from latlab.server.config import DeploymentConfig
 from latlab.server.errors import BadRequest, ConfigError
+from latlab.server.graphs import GRAPH_WARMUP_RUNS, CudaGraphRunner, RunTimings
 from latlab.server.protocol import datatype_of, shown
 from latlab.server.providers import create_session, provider_load_error  # noqa: F401  (re-exported)
+
+__all__ = ["CudaGraphRunner", "OnnxModel", "RunTimings", "TensorSpec", "run_bound"]
+log = logging.getLogger("latlab.server.runtime")
 
 # ORT's type strings for the tensor element types we serve; strings are numpy object arrays.
 _ORT_TYPES = {
@@ -55,15 +61,6 @@ class TensorSpec:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
 
 
-@dataclass(frozen=True)
-class RunTimings:
-    """Where one bound run's time went: host-to-device copy, the run itself, device-to-host copy."""
-
-    input_s: float
-    compute_s: float
-    output_s: float
-
-
 def _spec(node: ort.NodeArg) -> TensorSpec:
     if node.type not in _ORT_TYPES:
         raise ConfigError(f"tensor '{node.name}' has type {node.type}, which this server does not serve")
@@ -72,11 +69,16 @@ def _spec(node: ort.NodeArg) -> TensorSpec:
 
 
 class OnnxModel:
-    """One ONNX Runtime session on the deployment's provider, refusing to start on a silent fallback."""
+    """A deployment's ONNX Runtime session(s) on its provider, refusing to start on a silent fallback.
+
+    With batch buckets a run is padded up to its bucket and cut back; each bucket runs on the shared
+    session, on its own session (`bucket_mode` "per_bucket") or as its own captured CUDA graph
+    ("cuda_graph")."""
 
     def __init__(self, deployment: DeploymentConfig) -> None:
         self.deployment = deployment
-        self.session = create_session(deployment)
+        self.session, self.graph_refused = open_session(deployment)
+        """The session, and why CUDA graphs are off although enable_cuda_graph asked for them (or None)."""
         self.inputs = [_spec(i) for i in self.session.get_inputs()]
         self.outputs = [_spec(o) for o in self.session.get_outputs()]
         self._output_names = [o.name for o in self.outputs]
@@ -88,10 +90,43 @@ class OnnxModel:
         self.device = "cpu" if deployment.provider == "cpu" else "cuda"
         self.bound = self.device != "cpu" and not has_strings
         """Whether runs go through I/O binding (CUDA and TensorRT, unless the model has string tensors)."""
-        self._graph = CudaGraphRunner(self) if deployment.cuda.enable_cuda_graph and self.bound else None
-        if deployment.cuda.enable_cuda_graph and self.device != "cpu" and self._graph is None:
-            raise ConfigError(f"deployment '{deployment.name}': enable_cuda_graph needs I/O binding, which "
-                              "models with string tensors cannot use")
+        fixed = {spec.shape[0] for spec in self.inputs if spec.shape and spec.shape[0] != -1}
+        self.buckets: tuple[int, ...] = tuple(sorted(fixed)) if fixed else deployment.batcher.batch_buckets
+        """The batch sizes runs are padded to (empty: none; a fixed batch dimension is its own only bucket)."""
+        self._graph = self._graph_runner(has_strings) if self.graph_refused is None else None
+        self.bucket_mode = "cuda_graph" if self._graph else self._session_mode()
+        """How buckets run: "off" (no buckets), "shared", "per_bucket" or "cuda_graph"."""
+        self._sessions = {size: self.session if i == 0 else create_session(deployment)
+                          for i, size in enumerate(self.buckets)} if self.bucket_mode == "per_bucket" else {}
+
+    def _graph_runner(self, has_strings: bool) -> CudaGraphRunner | None:
+        """One graph per bucket when the deployment asks for CUDA graphs on CUDA and the model allows them."""
+        config = self.deployment
+        if not (config.cuda.enable_cuda_graph and config.provider == "cuda"):
+            return None
+        dynamic = [s.name for s in (*self.inputs, *self.outputs) if not s.shape or -1 in s.shape[1:]]
+        why = capture_refusal(config.model_path, dynamic, has_strings)
+        if why is not None:  # found after the session was made with graphs on: make it again without
+            self.session, self.graph_refused = _without_graphs(config, why), why
+            return None
+        specs = lambda specs: [(s.name, s.dtype, s.shape) for s in specs]  # noqa: E731
+        return CudaGraphRunner(self.session, specs(self.inputs), specs(self.outputs),
+                               self.buckets or (config.batcher.max_batch_size,), "cuda", config.cuda.device_id)
+
+    def _session_mode(self) -> str:
+        if len(self.buckets) < 2:
+            return "off" if not self.buckets else "shared"
+        wanted = self.deployment.batcher.bucket_sessions
+        if wanted == "auto":
+            # Only CUDA's Conv re-plans on a shape change (gpu-findings item 2); elsewhere a copy of the
+            # weights per bucket would buy nothing.
+            conv = self.deployment.provider == "cuda" and has_conv(self.deployment.model_path)
+            return "per_bucket" if conv else "shared"
+        return wanted
+
+    def bucket_for(self, rows: int) -> int:
+        """The batch size a batch of `rows` runs at (padded rows = the difference)."""
+        return bucket_for(rows, self.buckets)
 
     def run(self, inputs: dict[str, np.ndarray], outputs: list[str] | None = None) -> dict[str, np.ndarray]:
         """Run one (batched) forward pass; `outputs` names the outputs to return (None: all)."""
@@ -99,25 +134,51 @@ class OnnxModel:
 
     def run_timed(self, inputs: dict[str, np.ndarray], outputs: list[str] | None = None
                   ) -> tuple[dict[str, np.ndarray], RunTimings | None]:
-        """A run and, on a device, where its time went (None on the host: nothing is transferred)."""
+        """A run and, on a device, where its time went (None on the host: nothing is transferred). A batch is
+        padded up to its bucket and the padded rows cut from the outputs."""
         names = self._output_names if outputs is None else list(outputs)
+        rows = _rows(inputs)
+        bucket = self.bucket_for(rows) if rows else rows
+        if bucket != rows:
+            inputs = pad_rows(inputs, bucket)
+        results, timings = self._run_at(bucket, inputs, names)
+        return (cut_rows(results, rows) if bucket != rows else results), timings
+
+    def _run_at(self, bucket: int, inputs: dict[str, np.ndarray], names: list[str]
+                ) -> tuple[dict[str, np.ndarray], RunTimings | None]:
         if self._graph is not None:
             return self._graph.run(inputs, names)
+        session = self._sessions.get(bucket, self.session)
         if self.bound:
-            return run_bound(self.session, inputs, names, self.device, self.deployment.cuda.device_id)
+            return run_bound(session, inputs, names, self.device, self.deployment.cuda.device_id)
         if self._string_inputs:
             inputs = {name: _to_ort(array) for name, array in inputs.items()}
-        results = self.session.run(names, inputs)
+        results = session.run(names, inputs)
         return dict(zip(names, results)), None
 
     def warmup_batches(self, max_batch_size: int, length: int = WARMUP_LENGTH) -> Iterator[dict[str, np.ndarray]]:
-        """Zero inputs for every batch size the batcher can form (1..max_batch_size; only the model's own
-        size when its batch dimension is fixed); other dynamic dimensions get `length`."""
-        fixed = {spec.shape[0] for spec in self.inputs if spec.shape and spec.shape[0] != -1}
-        sizes = sorted(fixed) if fixed else range(1, max_batch_size + 1)
+        """Zero inputs for every batch size a run can have: each bucket (the model's own size when its batch
+        dimension is fixed), else 1..max_batch_size; other dynamic dimensions get `length`. With CUDA graphs
+        each bucket comes GRAPH_WARMUP_RUNS times, so its graph is captured before ready."""
+        sizes = self.buckets or range(1, max_batch_size + 1)
+        repeats = GRAPH_WARMUP_RUNS if self._graph is not None else 1
         for size in sizes:
-            yield {spec.name: _zeros((size, *(length if d == -1 else d for d in spec.shape[1:])), spec.dtype)
-                   for spec in self.inputs if spec.shape}
+            for _ in range(repeats):
+                yield {spec.name: _zeros((size, *(length if d == -1 else d for d in spec.shape[1:])), spec.dtype)
+                       for spec in self.inputs if spec.shape}
+
+    def run_settings(self) -> dict:
+        """How runs are made, for the deployment's environment: buckets, their sessions or graphs, and on a
+        device the precision and cuDNN choices in force."""
+        settings: dict = {"batch_buckets": list(self.buckets), "bucket_mode": self.bucket_mode,
+                          "sessions": len(self._sessions) or 1}
+        if self.device != "cpu":
+            cuda = self.deployment.cuda
+            settings.update(use_tf32=cuda.use_tf32, cudnn_conv_algo_search=cuda.cudnn_conv_algo_search,
+                            fuse_conv_bias=cuda.fuse_conv_bias,
+                            cuda_graph="per bucket" if self._graph else
+                            (f"off: {self.graph_refused}" if self.graph_refused else "off"))
+        return settings
 
     def validate(self, inputs: dict[str, np.ndarray], finite: Set[str] = frozenset()) -> int:
         """Check a request's inputs against the signature before it is queued; returns its batch size.
@@ -170,6 +231,37 @@ class OnnxModel:
         }
 
 
+def open_session(deployment: DeploymentConfig) -> tuple[ort.InferenceSession, str | None]:
+    """The deployment's session, and why CUDA graphs are off although it asked for them (None otherwise).
+    A model with control flow is found before ORT is asked; nodes ORT places off CUDA when it refuses."""
+    if not (deployment.cuda.enable_cuda_graph and deployment.provider == "cuda"):
+        return create_session(deployment), None
+    why = capture_refusal(deployment.model_path, (), False)
+    if why is None:
+        try:
+            return create_session(deployment), None
+        except ConfigError as exc:
+            if "graph capture" not in str(exc):
+                raise
+            why = f"ONNX Runtime refused it ({str(exc).split(': ', 1)[-1]})"
+    return _without_graphs(deployment, why), why
+
+
+def _without_graphs(deployment: DeploymentConfig, why: str) -> ort.InferenceSession:
+    """A session without CUDA graphs when the config allows serving so (said in the log), else ConfigError."""
+    if not deployment.cuda.cuda_graph_fallback:
+        raise ConfigError(f"deployment '{deployment.name}': enable_cuda_graph cannot capture {deployment.model_path}"
+                          f": {why}; set [cuda] cuda_graph_fallback = true to serve it without graphs")
+    log.warning("deployment '%s': served without CUDA graphs: %s", deployment.name, why)
+    cuda = dataclasses.replace(deployment.cuda, enable_cuda_graph=False)
+    return create_session(dataclasses.replace(deployment, cuda=cuda))
+
+
+def _rows(inputs: dict[str, np.ndarray]) -> int:
+    """A batch's rows (its inputs' first dimension); 0 when no input has a batch axis."""
+    return next((array.shape[0] for array in inputs.values() if array.ndim), 0)
+
+
 def _zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     if dtype == object:
         return np.full(shape, "", dtype=object)
@@ -204,41 +296,3 @@ def run_bound(session: ort.InferenceSession, inputs: dict[str, np.ndarray], outp
     results = [value.numpy() for value in binding.get_outputs()]
     finished = time.perf_counter()
     return dict(zip(outputs, results)), RunTimings(copied_in - started, computed - copied_in, finished - computed)
-
-
-class CudaGraphRunner:
-    """Runs a model captured as a CUDA graph: fixed-shape device buffers for every input and output,
-    bound once; a run copies the inputs into them, replays the graph and copies the outputs out."""
-
-    def __init__(self, model: OnnxModel, device: str = "cuda") -> None:
-        config = model.deployment
-        dynamic = [s.name for s in (*model.inputs, *model.outputs) if -1 in s.shape[1:] or not s.shape]
-        if dynamic:
-            raise ConfigError(f"deployment '{config.name}': enable_cuda_graph needs fixed shapes, but "
-                              f"{dynamic} have dynamic dimensions besides the batch")
-        self._session = model.session
-        device_id = config.cuda.device_id
-
-        def buffer(spec: TensorSpec) -> ort.OrtValue:
-            shape = [1 if spec.shape[0] == -1 else spec.shape[0], *spec.shape[1:]]
-            return ort.OrtValue.ortvalue_from_shape_and_type(shape, spec.dtype.type, device, device_id)
-
-        self._inputs = {spec.name: buffer(spec) for spec in model.inputs}
-        self._outputs = {spec.name: buffer(spec) for spec in model.outputs}
-        self._binding = model.session.io_binding()
-        self._lock = threading.Lock()  # one set of buffers: batches in flight (instances > 1) take turns
-        for name, value in self._inputs.items():
-            self._binding.bind_ortvalue_input(name, value)
-        for name, value in self._outputs.items():
-            self._binding.bind_ortvalue_output(name, value)
-
-    def run(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> tuple[dict[str, np.ndarray], RunTimings]:
-        with self._lock:
-            started = time.perf_counter()
-            for name, array in inputs.items():
-                self._inputs[name].update_inplace(np.ascontiguousarray(array))
-            copied_in = time.perf_counter()
-            self._session.run_with_iobinding(self._binding)
-            computed = time.perf_counter()
-            results = {name: self._outputs[name].numpy() for name in outputs}
-        return results, RunTimings(copied_in - started, computed - copied_in, time.perf_counter() - computed)
