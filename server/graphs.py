@@ -35,17 +35,19 @@ class _Bucket:
 class CudaGraphRunner:
     """Runs each bucket through its own fixed-shape, fixed-address device buffers, bound once; on CUDA each
     bucket's run carries the run option `gpu_graph_id` = bucket index + 1, so ORT captures one graph per
-    bucket and replays it. With device "cpu" the same buffers and bindings run without graph ids (ORT's CPU
-    provider captures nothing), which is how this bookkeeping is tested off a GPU box.
+    bucket and replays it. With device "cpu" the same buffers, bindings and run options run on ORT's CPU
+    provider, which captures nothing: that is how this bookkeeping is tested off a GPU box.
 
     `inputs` and `outputs` are (name, dtype, shape) with the batch axis first; a run's inputs must already
     have a bucket's batch size (OnnxModel pads them)."""
 
     def __init__(self, session: ort.InferenceSession, inputs: Sequence[tuple[str, np.dtype, tuple[int, ...]]],
                  outputs: Sequence[tuple[str, np.dtype, tuple[int, ...]]], buckets: Sequence[int],
-                 device: str = "cuda", device_id: int = 0) -> None:
+                 device: str = "cuda", device_id: int = 0, graph_ids: bool | None = None) -> None:
         self._session = session
         self.device = device
+        # On CUDA always; tests set graph_ids on the CPU device, whose provider ignores the option.
+        graph_ids = device == "cuda" if graph_ids is None else graph_ids
         self._buckets: dict[int, _Bucket] = {}
         for index, size in enumerate(buckets):
             def buffer(spec: tuple[str, np.dtype, tuple[int, ...]]) -> ort.OrtValue:
@@ -58,7 +60,7 @@ class CudaGraphRunner:
                 bucket.binding.bind_ortvalue_input(name, value)
             for name, value in bucket.outputs.items():
                 bucket.binding.bind_ortvalue_output(name, value)
-            if device == "cuda":  # ORT's CPU provider has no graphs to name
+            if graph_ids:
                 bucket.run_options.add_run_config_entry("gpu_graph_id", str(index + 1))
             self._buckets[size] = bucket
         # ORT forbids concurrent Run() on a session with graphs; batches in flight (instances > 1) take turns.
@@ -68,10 +70,12 @@ class CudaGraphRunner:
     def buckets(self) -> tuple[int, ...]:
         return tuple(self._buckets)
 
-    def graph_id(self, size: int) -> str | None:
-        """The `gpu_graph_id` a bucket's runs carry (None on the CPU device)."""
-        return self._buckets[size].run_options.get_run_config_entry("gpu_graph_id") if self.device == "cuda" \
-            else None
+    def graph_id(self, size: int) -> int | None:
+        """The `gpu_graph_id` a bucket's runs carry (None without graph ids)."""
+        try:
+            return int(self._buckets[size].run_options.get_run_config_entry("gpu_graph_id"))
+        except RuntimeError:  # ORT's answer for an entry never set
+            return None
 
     def buffer_address(self, size: int, name: str) -> int:
         """Where a bucket's buffer lives: a captured graph replays on these addresses, so they never move."""
