@@ -208,7 +208,8 @@ X = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
 
 @pytest.mark.gpu
 def test_cuda_model_binds_and_matches_cpu(cuda: None, tiny_model: Path) -> None:
-    model = OnnxModel(config(tiny_model, provider="cuda"))
+    # TF32 (ORT's default on Ampere and newer) carries ~1e-3 relative error: parity is checked in FP32.
+    model = OnnxModel(config(tiny_model, provider="cuda", cuda={"use_tf32": False}))
     assert model.bound and model.device == "cuda"
     outputs, timings = model.run_timed({"x": X})
     w, b = tiny_weights()
