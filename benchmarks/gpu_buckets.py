@@ -126,7 +126,7 @@ def memory_probe(path: Path, provider: str, mode: str) -> dict:
     after_gpu = gpu_used_bytes()
     return {"rss_mb": round((psutil.Process().memory_info().rss - rss) / 2**20, 1),
             "gpu_mb": None if gpu is None or after_gpu is None else round((after_gpu - gpu) / 2**20, 1),
-            "sessions": built.run_settings()["sessions"]}
+            "sessions": built.bucket_runs()["sessions"]}
 
 
 def memory(path: Path, provider: str) -> dict:

@@ -119,6 +119,7 @@ class Deployment:
             **({"cuda": dataclasses.asdict(self.config.cuda)} if self.config.provider != "cpu" else {}),
             **({"tensorrt": dataclasses.asdict(self.config.tensorrt)} if self.config.provider == "tensorrt" else {}),
             "io_binding": self.model.bound,
+            "bucket_runs": self.model.bucket_runs(),
             "warmup": self.config.warmup,
             "allow_non_finite": self.config.allow_non_finite,
             "environment": self.environment,
@@ -142,7 +143,7 @@ def environment(model: OnnxModel) -> dict:
     device = model.deployment.cuda.device_id if model.deployment.provider != "cpu" else 0
     gpu = next((g.name for g in gpus if g.index == device), None)
     return {"onnxruntime": ort.__version__, "providers": model.session.get_providers(),
-            "cpu": cpu_model(), "cores": os.cpu_count(), "gpu": gpu, **model.run_settings()}
+            "cpu": cpu_model(), "cores": os.cpu_count(), "gpu": gpu, **model.precision()}
 
 
 def request_timeout_s(parameters: dict) -> float | None:

@@ -167,18 +167,20 @@ class OnnxModel:
                 yield {spec.name: _zeros((size, *(length if d == -1 else d for d in spec.shape[1:])), spec.dtype)
                        for spec in self.inputs if spec.shape}
 
-    def run_settings(self) -> dict:
-        """How runs are made, for the deployment's environment: buckets, their sessions or graphs, and on a
-        device the precision and cuDNN choices in force."""
-        settings: dict = {"batch_buckets": list(self.buckets), "bucket_mode": self.bucket_mode,
-                          "sessions": len(self._sessions) or 1}
-        if self.device != "cpu":
-            cuda = self.deployment.cuda
-            settings.update(use_tf32=cuda.use_tf32, cudnn_conv_algo_search=cuda.cudnn_conv_algo_search,
-                            fuse_conv_bias=cuda.fuse_conv_bias,
-                            cuda_graph="per bucket" if self._graph else
-                            (f"off: {self.graph_refused}" if self.graph_refused else "off"))
-        return settings
+    def bucket_runs(self) -> dict:
+        """How this deployment's runs are made: its buckets, how they run, sessions held, CUDA graphs."""
+        graphs = "per bucket" if self._graph else (f"off: {self.graph_refused}" if self.graph_refused else "off")
+        return {"batch_buckets": list(self.buckets), "bucket_mode": self.bucket_mode,
+                "sessions": len(self._sessions) or 1, **({"cuda_graph": graphs} if self.device != "cpu" else {})}
+
+    def precision(self) -> dict:
+        """On a device, the precision and cuDNN choices in force (stated even at ORT's defaults); {} on cpu."""
+        if self.device == "cpu":
+            return {}
+        cuda = self.deployment.cuda
+        return {"use_tf32": cuda.use_tf32, "cudnn_conv_algo_search": cuda.cudnn_conv_algo_search,
+                "fuse_conv_bias": cuda.fuse_conv_bias}
+
 
     def validate(self, inputs: dict[str, np.ndarray], finite: Set[str] = frozenset()) -> int:
         """Check a request's inputs against the signature before it is queued; returns its batch size.

@@ -106,7 +106,7 @@ def test_capture_refusals_name_why(tmp_path: Path) -> None:
 def test_padded_runs_equal_each_request_run_alone(tmp_path: Path, sessions: str) -> None:
     model = OnnxModel(config(build_tiny_model(tmp_path / "t.onnx"),
                              batcher={"max_batch_size": 8, "batch_buckets": BUCKETS, "bucket_sessions": sessions}))
-    assert model.bucket_mode == sessions and model.run_settings()["sessions"] == (4 if sessions == "per_bucket" else 1)
+    assert model.bucket_mode == sessions and model.bucket_runs()["sessions"] == (4 if sessions == "per_bucket" else 1)
     w, b = tiny_weights()
     rng = np.random.default_rng(0)
     for rows in range(1, 9):
@@ -135,7 +135,7 @@ def test_per_bucket_sessions_each_see_one_shape(tmp_path: Path) -> None:
 
 def test_auto_shares_one_session_on_cpu_even_with_conv(tmp_path: Path) -> None:
     model = OnnxModel(config(conv_model(tmp_path / "c.onnx"), batcher={"max_batch_size": 4, "batch_buckets": [2, 4]}))
-    assert (model.bucket_mode, model.run_settings()["sessions"]) == ("shared", 1)
+    assert (model.bucket_mode, model.bucket_runs()["sessions"]) == ("shared", 1)
 
 
 def test_no_buckets_on_cpu_by_default(tmp_path: Path) -> None:
@@ -201,7 +201,8 @@ def test_padded_rows_are_counted_apart_from_requests(tmp_path: Path) -> None:
         assert value("latlab_batcher_padded_rows_total") == 1  # 3 -> 4; 1 is a bucket
         assert value("latlab_batcher_run_rows_total") == 5
         assert value("latlab_batcher_batch_size_sum") == 4  # samples asked for, not rows run
-        assert deployment.describe()["environment"]["batch_buckets"] == BUCKETS
+        assert deployment.describe()["bucket_runs"] == {"batch_buckets": BUCKETS, "bucket_mode": "shared",
+                                                        "sessions": 1}
     finally:
         deployment.close()
 

@@ -72,7 +72,7 @@ def test_tf32_on_shows_its_error_and_off_is_fp32(cuda: None, tmp_path: Path) -> 
 def test_cuda_buckets_run_a_conv_net_on_one_session_per_bucket(cuda: None, tmp_path: Path) -> None:
     model = OnnxModel(config(conv_model(tmp_path / "c.onnx"), cuda=FP32, batcher={"max_batch_size": 8}))
     assert model.buckets == (1, 2, 4, 8) and model.bucket_mode == "per_bucket"
-    assert model.run_settings()["sessions"] == 4
+    assert model.bucket_runs()["sessions"] == 4
     x = np.random.default_rng(2).standard_normal((8, 2, 5, 5)).astype(np.float32)
     alone = np.concatenate([model.run({"x": x[i:i + 1]})["y"] for i in range(8)])
     for rows in (3, 7, 5, 8, 2, 6, 4, 1):
@@ -83,7 +83,7 @@ def test_cuda_buckets_run_a_conv_net_on_one_session_per_bucket(cuda: None, tmp_p
 def test_cuda_graph_per_bucket_replays_every_bucket(cuda: None, tmp_path: Path) -> None:
     model = OnnxModel(config(build_tiny_model(tmp_path / "t.onnx"), cuda={**FP32, "enable_cuda_graph": True},
                              batcher={"max_batch_size": 8}))
-    assert model.bucket_mode == "cuda_graph" and model.run_settings()["cuda_graph"] == "per bucket"
+    assert model.bucket_mode == "cuda_graph" and model.bucket_runs()["cuda_graph"] == "per bucket"
     for batch in model.warmup_batches(8):  # captures each bucket's graph
         model.run(batch)
     w, b = tiny_weights()
@@ -101,6 +101,6 @@ def test_cuda_graph_fallback_serves_dynamic_shapes_without_graphs_and_says_so(cu
     model = OnnxModel(config(path, cuda={"enable_cuda_graph": True, "cuda_graph_fallback": True},
                              batcher={"max_batch_size": 4}))
     assert model.bucket_mode == "shared"
-    assert model.run_settings()["cuda_graph"].startswith("off: ['ids', 'n'] have dynamic dimensions")
+    assert model.bucket_runs()["cuda_graph"].startswith("off: ['ids', 'n'] have dynamic dimensions")
     ids = np.arange(6, dtype=np.int64).reshape(3, 2)
     np.testing.assert_array_equal(model.run({"ids": ids})["n"], ids + 1)

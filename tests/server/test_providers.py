@@ -246,6 +246,12 @@ def test_cuda_deployment_observes_transfers(cuda: None, tiny_model: Path) -> Non
         for name in ("input", "output"):
             count = registry.get_sample_value(f"latlab_batcher_{name}_transfer_duration_seconds_count", labels)
             assert count == 1  # warm-up runs are not observed
-        assert deployment.describe()["environment"]["gpu"]
+        environment = deployment.describe()["environment"]
+        assert environment["gpu"]
+        # results files say which precision ran (ORT's defaults stated, not implied)
+        assert (environment["use_tf32"], environment["cudnn_conv_algo_search"], environment["fuse_conv_bias"]) == \
+            (True, "exhaustive", False)
+        assert deployment.describe()["bucket_runs"] == {"batch_buckets": [1, 2, 4], "bucket_mode": "shared",
+                                                        "sessions": 1, "cuda_graph": "off"}
     finally:
         deployment.close()
