@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import onnx
@@ -65,6 +65,18 @@ def op_types(path: Path | str) -> frozenset[str]:
 def has_conv(path: Path | str) -> bool:
     """Whether the model has a convolution, the op whose CUDA plan depends on the previous run's shape."""
     return bool(op_types(path) & CONV_OPS)
+
+
+def session_mode(provider: str, wanted: str, buckets: Sequence[int], conv: Callable[[], bool]) -> str:
+    """How buckets run without CUDA graphs: "off" (no buckets), "shared" or "per_bucket". "auto" is
+    per_bucket only on cuda for a model with a convolution (`conv`, asked only then: it reads the graph),
+    the one case measured to re-plan on a shape change (gpu-findings item 2); elsewhere a copy of the
+    weights per bucket would buy nothing."""
+    if len(buckets) < 2:
+        return "shared" if buckets else "off"
+    if wanted != "auto":
+        return wanted
+    return "per_bucket" if provider == "cuda" and conv() else "shared"
 
 
 def capture_refusal(path: Path | str, dynamic: Sequence[str], string_tensors: bool) -> str | None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnxruntime as ort
 
-from latlab.server.buckets import bucket_for, capture_refusal, cut_rows, has_conv, pad_rows
+from latlab.server.buckets import bucket_for, capture_refusal, cut_rows, has_conv, pad_rows, session_mode
 from latlab.server.config import DeploymentConfig
 from latlab.server.errors import BadRequest, ConfigError
 from latlab.server.graphs import GRAPH_WARMUP_RUNS, CudaGraphRunner, RunTimings
@@ -94,7 +94,9 @@ class OnnxModel:
         self.buckets: tuple[int, ...] = tuple(sorted(fixed)) if fixed else deployment.batcher.batch_buckets
         """The batch sizes runs are padded to (empty: none; a fixed batch dimension is its own only bucket)."""
         self._graph = self._graph_runner(has_strings) if self.graph_refused is None else None
-        self.bucket_mode = "cuda_graph" if self._graph else self._session_mode()
+        self.bucket_mode = "cuda_graph" if self._graph else session_mode(
+            deployment.provider, deployment.batcher.bucket_sessions, self.buckets,
+            lambda: has_conv(deployment.model_path))
         """How buckets run: "off" (no buckets), "shared", "per_bucket" or "cuda_graph"."""
         self._sessions = {size: self.session if i == 0 else create_session(deployment)
                           for i, size in enumerate(self.buckets)} if self.bucket_mode == "per_bucket" else {}
@@ -112,17 +114,6 @@ class OnnxModel:
         specs = lambda specs: [(s.name, s.dtype, s.shape) for s in specs]  # noqa: E731
         return CudaGraphRunner(self.session, specs(self.inputs), specs(self.outputs),
                                self.buckets or (config.batcher.max_batch_size,), "cuda", config.cuda.device_id)
-
-    def _session_mode(self) -> str:
-        if len(self.buckets) < 2:
-            return "off" if not self.buckets else "shared"
-        wanted = self.deployment.batcher.bucket_sessions
-        if wanted == "auto":
-            # Only CUDA's Conv re-plans on a shape change (gpu-findings item 2); elsewhere a copy of the
-            # weights per bucket would buy nothing.
-            conv = self.deployment.provider == "cuda" and has_conv(self.deployment.model_path)
-            return "per_bucket" if conv else "shared"
-        return wanted
 
     def bucket_for(self, rows: int) -> int:
         """The batch size a batch of `rows` runs at (padded rows = the difference)."""

@@ -12,7 +12,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from prometheus_client import CollectorRegistry
 
-from latlab.server.buckets import bucket_for, capture_refusal, cut_rows, has_conv, op_types, pad_rows
+from latlab.server.buckets import (bucket_for, capture_refusal, cut_rows, has_conv, op_types, pad_rows,
+                                  session_mode)
 from latlab.server.config import parse_config
 from latlab.server.deployment import Deployment
 from latlab.server.graphs import CudaGraphRunner
@@ -89,6 +90,22 @@ def test_op_types_find_conv_and_control_flow_in_subgraphs(tmp_path: Path) -> Non
     assert has_conv(conv_model(tmp_path / "c.onnx"))
     assert not has_conv(build_tiny_model(tmp_path / "t.onnx"))
     assert {"If", "Add", "Sub"} <= op_types(if_model(tmp_path / "i.onnx"))  # branch bodies included
+
+
+@pytest.mark.parametrize(("provider", "wanted", "buckets", "conv", "mode"), [
+    ("cuda", "auto", BUCKETS, True, "per_bucket"),     # the measured case: Conv re-plans on CUDA
+    ("cuda", "auto", BUCKETS, False, "shared"),        # MatMul/attention models: no penalty measured
+    ("tensorrt", "auto", BUCKETS, True, "shared"),     # TensorRT builds its own engines
+    ("cpu", "auto", BUCKETS, True, "shared"),
+    ("cpu", "per_bucket", BUCKETS, False, "per_bucket"),
+    ("cuda", "shared", BUCKETS, True, "shared"),
+    ("cuda", "per_bucket", [8], True, "shared"),       # one bucket: one session whatever was asked
+    ("cuda", "auto", [], True, "off"),
+])
+def test_session_mode(provider: str, wanted: str, buckets: list, conv: bool, mode: str) -> None:
+    asked = []
+    assert session_mode(provider, wanted, buckets, lambda: asked.append(1) or conv) == mode
+    assert len(asked) <= (provider == "cuda" and wanted == "auto")  # the graph is read only when it decides
 
 
 def test_capture_refusals_name_why(tmp_path: Path) -> None:
