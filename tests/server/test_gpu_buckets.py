@@ -76,7 +76,8 @@ def test_cuda_buckets_run_a_conv_net_on_one_session_per_bucket(cuda: None, tmp_p
     x = np.random.default_rng(2).standard_normal((8, 2, 5, 5)).astype(np.float32)
     alone = np.concatenate([model.run({"x": x[i:i + 1]})["y"] for i in range(8)])
     for rows in (3, 7, 5, 8, 2, 6, 4, 1):
-        np.testing.assert_allclose(model.run({"x": x[:rows]})["y"], alone[:rows], rtol=1e-5, atol=1e-5)
+        # each bucket's session may pick another cuDNN algorithm (FP32, TF32 off): equal to rounding
+        np.testing.assert_allclose(model.run({"x": x[:rows]})["y"], alone[:rows], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.gpu
