@@ -32,7 +32,7 @@ def pad_rows(inputs: Tensors, rows: int) -> Tensors:
     divides by zero in mean pooling) and a NaN in a padded row is still a NaN in the run."""
     padded = {}
     for name, array in inputs.items():
-        missing = rows - array.shape[0]
+        missing = rows - array.shape[0] if array.ndim else 0  # a scalar input has no rows to pad
         padded[name] = array if missing <= 0 else np.concatenate([array, np.repeat(array[-1:], missing, axis=0)])
     return padded
 

@@ -100,6 +100,10 @@ class OnnxModel:
         """How buckets run: "off" (no buckets), "shared", "per_bucket" or "cuda_graph"."""
         self._sessions = {size: self.session if i == 0 else create_session(deployment)
                           for i, size in enumerate(self.buckets)} if self.bucket_mode == "per_bucket" else {}
+        if self.buckets:
+            log.info("deployment '%s': batch buckets %s, run %s", deployment.name, list(self.buckets),
+                     {"shared": "on one session", "per_bucket": "on one session each",
+                      "cuda_graph": "as one CUDA graph each"}[self.bucket_mode])
 
     def _graph_runner(self, has_strings: bool) -> CudaGraphRunner | None:
         """One graph per bucket when the deployment asks for CUDA graphs on CUDA and the model allows them."""

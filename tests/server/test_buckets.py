@@ -80,6 +80,8 @@ def test_pad_rows_repeats_the_last_row_and_cut_rows_drops_it() -> None:
     np.testing.assert_array_equal(padded["x"], [[0, 1], [2, 3], [4, 5], [4, 5]])
     assert padded["s"].tolist() == [["a"], ["b"], ["b"], ["b"]]
     assert pad_rows({"x": x}, 3)["x"] is x  # already a bucket: no copy
+    scalar = np.array(2.0, np.float32)
+    assert pad_rows({"x": x, "t": scalar}, 4)["t"] is scalar  # no batch axis, nothing to pad
     np.testing.assert_array_equal(cut_rows(padded, 3)["x"], x)
 
 
