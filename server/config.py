@@ -113,7 +113,7 @@ class CudaOptions:
     """Copy between host and device on the compute stream (safe); false uses a separate copy stream."""
     cuda_graph_fallback: bool = False
     """With enable_cuda_graph: serve a model that cannot be captured without graphs (said in the log and in
-    the deployment's environment) instead of refusing to start."""
+    the deployment's /config, `bucket_runs.cuda_graph`) instead of refusing to start."""
     use_tf32: bool = True
     """Let MatMul and Conv use TF32 tensor cores on Ampere and newer (ORT's default: on): faster, ~1e-3
     relative error in FP32 models. Off gives FP32 results (~1e-7)."""
