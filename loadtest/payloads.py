@@ -53,14 +53,20 @@ class Body:
 
 def random_bodies(metadata: dict, seed: int, options: PayloadOptions = PayloadOptions()) -> list[Body]:
     """Valid infer bodies of batch 1 with random data, from the model's metadata; as many as fit the budget."""
-    if options.text and not any(spec["datatype"] == "BYTES" for spec in metadata["inputs"]):
-        raise ValueError(f"--text: model '{metadata.get('name')}' takes no text (BYTES) input; its inputs are "
-                         f"{[spec['name'] for spec in metadata['inputs']]} (serve it with a [deployments.tokenizer])")
+    if options.text:
+        require_text(metadata)
     rng = np.random.default_rng(seed)
     bodies = [_body(metadata, rng, options)]
     count = max(1, min(MAX_BODIES, BODY_BUDGET_BYTES // max(len(bodies[0].data), 1)))
     bodies += [_body(metadata, rng, options) for _ in range(count - 1)]
     return bodies
+
+
+def require_text(metadata: dict) -> None:
+    """ValueError naming the model unless it takes text (a BYTES input: a text deployment's sentences)."""
+    if not any(spec["datatype"] == "BYTES" for spec in metadata["inputs"]):
+        raise ValueError(f"--text: model '{metadata.get('name')}' takes no text (BYTES) input; its inputs are "
+                         f"{[spec['name'] for spec in metadata['inputs']]} (serve it with a [deployments.tokenizer])")
 
 
 def _body(metadata: dict, rng: np.random.Generator, options: PayloadOptions) -> Body:
