@@ -57,22 +57,36 @@ def median_seconds(call, n: int) -> float:
     return float(np.median(times))
 
 
-def in_process_costs(config: Path, seq_len: int, n: int) -> dict[str, float]:
-    """Median seconds: tokenizing one sentence (one request), per sentence of a 32-sentence batch, and one
-    ORT batch-1 run of the same tokens with the served deployment's session options."""
+def tokenize_costs(front: TextFrontEnd, seq_len: int, n: int) -> tuple[float, float, dict[str, np.ndarray]]:
+    """Median seconds per sentence: 32 one-sentence requests one at a time, and one request of all 32
+    (tokenizers' batch encoding); and the token tensors of one request, to feed the model."""
+    rng = random.Random(seq_len)
+    requests = []
+    for _ in range(32):
+        one = np.empty(1, dtype=object)
+        one[0] = sentence(rng, seq_len).encode()
+        requests.append({"text": one})
+    many = np.empty(32, dtype=object)
+    many[:] = [r["text"][0] for r in requests]
+    rounds = max(n // 32, 20)
+    single = median_seconds(lambda: [front.encode(r) for r in requests], rounds) / 32
+    batched = median_seconds(lambda: front.encode({"text": many}), rounds) / 32
+    return single, batched, front.encode(requests[0])[0]
+
+
+def in_process_costs(config: Path, lengths: list[int], n: int) -> dict[int, dict[str, float]]:
+    """Per length in tokens: tokenizing per request and per sentence of a 32-sentence request, and one ORT
+    batch-1 run of the same tokens with the served deployment's session options (median seconds)."""
     deployments = {d.name: d for d in load_config(config).deployments}
     text = deployments["minilm-text"]
     model = OnnxModel(deployments["minilm-ids"])
     front = TextFrontEnd(text.tokenizer, {s.name: s.dtype for s in model.inputs}, text.name)
-    rng = random.Random(0)
-    one = np.empty(1, dtype=object)
-    one[0] = sentence(rng, seq_len).encode()
-    many = np.empty(32, dtype=object)
-    many[:] = [sentence(rng, seq_len).encode() for _ in range(32)]
-    feeds, _ = front.encode({"text": one})
-    return {"tokenize_request_s": median_seconds(lambda: front.encode({"text": one}), n),
-            "tokenize_batch32_per_sentence_s": median_seconds(lambda: front.encode({"text": many}), max(n // 10, 20)) / 32,
-            "ort_b1_s": median_seconds(lambda: model.run(feeds), max(n // 5, 50))}
+    costs = {}
+    for length in lengths:
+        single, batched, feeds = tokenize_costs(front, length, n)
+        costs[length] = {"tokenize_request_s": single, "tokenize_batch32_per_sentence_s": batched,
+                         "ort_b1_s": median_seconds(lambda: model.run(feeds), max(n // 10, 30))}
+    return costs
 
 
 def slo_search(url: str, names: list[str], out: Path, args: argparse.Namespace) -> dict[str, dict]:
@@ -95,6 +109,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resolution", type=float, default=0.1)
     parser.add_argument("--rounds", type=int, default=1, help="repeat the searches, alternating their order")
     parser.add_argument("--in-process-runs", type=int, default=2000)
+    parser.add_argument("--lengths", default="16,64,256", help="in process: sentence lengths in tokens to time")
+    parser.add_argument("--in-process-only", action="store_true", help="skip the served SLO searches")
     parser.add_argument("--models-dir", default="models/bench")
     parser.add_argument("--out", default=f"runs/text-serving-{time.strftime('%Y%m%d-%H%M%S')}")
     args = parser.parse_args(argv)
@@ -106,7 +122,11 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("could not export minilm")
     port = procs.free_port()
     config = write_config(work / "text.toml", port, model, args.provider, args.max_batch_size, args.delay_ms)
-    costs = in_process_costs(config, args.seq_len, args.in_process_runs)
+    lengths = sorted({args.seq_len, *(int(v) for v in args.lengths.split(",") if v)})
+    costs = in_process_costs(config, lengths, args.in_process_runs)
+    print_costs(args, costs)
+    if args.in_process_only:
+        return
     rounds = []
     with serving(config, port, work / "server.log") as served:
         for i in range(args.rounds):
@@ -114,19 +134,22 @@ def main(argv: list[str] | None = None) -> None:
             rounds.append(slo_search(served.url, names, work / f"slo-{i}", args))
         count = served.value("latlab_server_preprocess_duration_seconds_count", "minilm-text")
         total = served.value("latlab_server_preprocess_duration_seconds_sum", "minilm-text")
-    report(args, costs, rounds, total / count if count else float("nan"))
+    report(args, rounds, total / count if count else float("nan"))
     print(f"\n{time.monotonic() - started:.0f} s; load average before {load}; results in {work}")
 
 
-def report(args: argparse.Namespace, costs: dict[str, float], rounds: list[dict], served_tokenize_s: float) -> None:
-    us = 1e6
+def print_costs(args: argparse.Namespace, costs: dict[int, dict[str, float]]) -> None:
+    print(f"\nin process, median per sentence (provider {args.provider}, one ORT thread):")
+    print(f"{'tokens':>6} {'tokenize per request':>22} {'per sentence of 32':>20} {'ORT batch-1 run':>16} {'share':>7}")
+    for length, cost in costs.items():
+        print(f"{length:>6} {cost['tokenize_request_s'] * 1e6:>19.1f} us {cost['tokenize_batch32_per_sentence_s'] * 1e6:>17.1f} us "
+              f"{cost['ort_b1_s'] * 1e6:>13.1f} us {cost['tokenize_request_s'] / cost['ort_b1_s']:>7.1%}")
+
+
+def report(args: argparse.Namespace, rounds: list[dict], served_tokenize_s: float) -> None:
     print(f"\nminilm, {args.seq_len} tokens per request, provider {args.provider}, batcher "
           f"{args.max_batch_size}/{args.delay_ms:g} ms, p99 <= {args.slo_ms:g} ms")
-    print(f"tokenize one request (in process, median)       {costs['tokenize_request_s'] * us:8.1f} us")
-    print(f"tokenize per sentence in a batch of 32          {costs['tokenize_batch32_per_sentence_s'] * us:8.1f} us")
-    print(f"ORT batch-1 run of the same tokens (median)     {costs['ort_b1_s'] * us:8.1f} us  "
-          f"(tokenizing is {costs['tokenize_request_s'] / costs['ort_b1_s']:.1%} of it)")
-    print(f"tokenize per request, served (histogram mean)   {served_tokenize_s * us:8.1f} us")
+    print(f"tokenize per request, served (histogram mean over the searches): {served_tokenize_s * 1e6:.1f} us")
     for i, found in enumerate(rounds):
         ids, text = (found.get(name, {}) for name in DEPLOYMENTS)
         ids_rate, text_rate = ids.get("rate") or 0.0, text.get("rate") or 0.0

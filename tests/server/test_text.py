@@ -203,3 +203,26 @@ def test_decoded_text_reaches_the_tokenizer_as_sent() -> None:
     reference = Tokenizer.from_file(str(TOKENIZER))
     reference.no_padding()  # the file pads to 128 itself; the server pads only inside a batch
     assert list(tensors["input_ids"][0]) == reference.encode("Grüße ✓").ids
+
+
+@pytest.mark.gpu
+def test_a_text_deployment_on_cuda_equals_the_cpu_one(tmp_path: Path) -> None:
+    """The tokenizer runs on the host either way; the token tensors go to the device through I/O binding."""
+    from latlab.server.providers import provider_load_error
+
+    if provider_load_error("CUDAExecutionProvider"):
+        pytest.skip("CUDAExecutionProvider does not load here")
+    model = token_model(tmp_path / "toy" / "model.onnx")
+    cpu = {**text_deployment(model, max_batch_size=4), "name": "on-cpu"}
+    gpu = {**text_deployment(model, max_batch_size=4), "name": "on-cuda", "provider": "cuda"}
+    app = create_app(parse_config({"deployments": [cpu, gpu]}), CollectorRegistry())
+    try:
+        body = text_body(["a sentence on the device", "long " * 40])
+        answers = [app.test_client().post(f"/v2/models/{name}/infer", data=body.data, headers=body.headers)
+                   for name in ("on-cpu", "on-cuda")]
+        assert [a.status_code for a in answers] == [200, 200]
+        assert app.extensions["latlab"].deployments["on-cuda"].model.bound
+        np.testing.assert_allclose(embedding_of(answers[1], None), embedding_of(answers[0], None), rtol=1e-5, atol=1e-6)
+        assert answers[1].json["parameters"] == {"truncated": 1}
+    finally:
+        app.extensions["latlab"].close()
