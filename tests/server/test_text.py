@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 
 from latlab.loadtest.payloads import HEADER_LENGTH, text_body
 from latlab.server.app import create_app
-from latlab.server.config import TokenizerSettings, parse_config
+from latlab.server.config import PaddingSettings, TokenizerSettings, parse_config
 from latlab.server.errors import BadRequest, ConfigError
 from latlab.server.protocol import decode_request
 from latlab.server.text import TextFrontEnd
@@ -52,6 +52,13 @@ def test_long_sentences_are_cut_at_max_length_and_counted() -> None:
     tensors, truncated = front(max_length=8).encode(text(b"word " * 50, b"short", b"two " * 7))
     assert tensors["input_ids"].shape == (3, 8) and truncated == 2
     assert tensors["input_ids"][0, -1] == 102  # [SEP] still ends a cut sentence
+
+
+def test_the_batcher_pads_token_inputs_and_keeps_the_configured_length_buckets() -> None:
+    padding = front(inputs=("input_ids", "attention_mask", "token_type_ids")).padding(PaddingSettings(bucket=16))
+    assert padding == PaddingSettings(axis=1, values={"input_ids": 0, "attention_mask": 0, "token_type_ids": 0},
+                                      bucket=16)
+    assert front().padding(PaddingSettings(values={"input_ids": 7})).values == {"input_ids": 7, "attention_mask": 0}
 
 
 def test_token_type_ids_are_zeros_when_the_model_takes_them() -> None:
