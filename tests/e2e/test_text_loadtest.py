@@ -82,3 +82,15 @@ def test_text_against_a_token_deployment_is_one_readable_line(host: str, tmp_pat
     assert result.returncode == 2, result.stderr[-2000:]
     assert "deployment 'tiny'" in result.stderr and "takes no text" in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_plain_locust_with_the_shipped_locustfile_sends_sentences(host: str, tmp_path: Path) -> None:
+    """`locust -f loadtest/locustfile.py --latlab-text ...` on its own, headless, for a few seconds."""
+    before = preprocess(host, "count")
+    locustfile = Path(__file__).resolve().parents[2] / "loadtest" / "locustfile.py"
+    result = subprocess.run([sys.executable, "-m", "locust", "-f", str(locustfile), "--headless", "--users", "1",
+                             "--spawn-rate", "1", "--run-time", "3s", "--host", host, "--latlab-deployment", "text",
+                             "--latlab-text", "--latlab-rate", "20", "--latlab-seq-len", "10", "--latlab-binary",
+                             "--only-summary"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert preprocess(host, "count") - before >= 20  # ~60 sentences in 3 s at 20/s, all tokenized
