@@ -85,6 +85,11 @@ def _print_summary(meta: dict, args: argparse.Namespace, seconds: float) -> None
               f"max rel error {parity['max_rel_error']:.3e} (tolerance {parity['tolerance_rel']:.0e})")
     if meta.get("warning"):
         print(f"warning: {meta['warning']}")
+    text = meta.get("text_deployment")
+    if text:
+        folder = args.models_dir / meta["name"]
+        print(f"sentences in: serve with [deployments.tokenizer] file = \"{folder / text['tokenizer']['file']}\", "
+              f"max_length = {text['tokenizer']['max_length']} (input '{text['input']['name']}', BYTES)")
     if meta.get("fp16_variant"):
         from latlab.export.onnx_export import load_metadata
 

@@ -162,6 +162,15 @@ def random_tokens(batch: int, seq: int, vocab: int) -> dict[str, torch.Tensor]:
     return {"input_ids": ids * mask, "attention_mask": mask}
 
 
+def text_deployment(max_seq_length: int) -> dict:
+    """What a server config needs to serve this export with sentences in (the metadata says it): the
+    [deployments.tokenizer] table, relative to the model's folder, and the input a client then sends."""
+    return {"tokenizer": {"file": "tokenizer/tokenizer.json", "max_length": max_seq_length},
+            "input": {"name": "text", "datatype": "BYTES", "shape": [-1]},
+            "note": "add the tokenizer table under the deployment as [deployments.tokenizer], with file "
+                    "relative to the config file; max_length is sentence-transformers' max_seq_length"}
+
+
 def build(seq_len: int = 16, batch: int = 2) -> ZooModel:
     """all-MiniLM-L6-v2 ready to export, with its tokenizer files to copy beside the model."""
     folder = model_dir()
@@ -179,5 +188,6 @@ def build(seq_len: int = 16, batch: int = 2) -> ZooModel:
                 "tokenizer": {"folder": "tokenizer", "files": list(TOKENIZER_FILES), "source": str(folder),
                               "load_with": "tokenizers.Tokenizer.from_file('tokenizer/tokenizer.json')",
                               "max_seq_length": st_config["max_seq_length"], "pad_id": PAD_ID,
-                              "note": "ids [CLS] ... [SEP], pad with 0 at the end, mask 1 for real tokens"}},
+                              "note": "ids [CLS] ... [SEP], pad with 0 at the end, mask 1 for real tokens"},
+                "text_deployment": text_deployment(st_config["max_seq_length"])},
         files={f"tokenizer/{name}": folder / name for name in TOKENIZER_FILES})

@@ -117,6 +117,11 @@ def _add_loadtest(sub: argparse._SubParsersAction) -> None:
                       help="send tensors with the binary tensor extension (and ask for binary outputs)")
     load.add_argument("--seq-len", type=int, default=8,
                       help="length of the model's dynamic non-batch dimensions, e.g. tokens per sequence")
+    load.add_argument("--text", action="store_true",
+                      help="the deployments take text (a [deployments.tokenizer]): send real-looking sentences of "
+                           "--seq-len tokens, refuse a deployment without a text input")
+    load.add_argument("--seq-len-max", type=int, default=0,
+                      help="above --seq-len: each sentence's length drawn uniformly from --seq-len..this many tokens")
     load.add_argument("--client", choices=("lean", "locust"), default="lean",
                       help="infer requests through latlab's lean HTTP client (http:// only, about half the CPU "
                            "per request) or Locust's FastHttpSession (https, or to compare)")
@@ -205,6 +210,22 @@ def cmd_serve(args: argparse.Namespace) -> None:
     serve(args.config, args.host, args.port)
 
 
+def _require_text(host: str, deployments: list[str]) -> None:
+    """--text: every deployment must take sentences; one readable line otherwise, before any load is sent."""
+    import requests
+
+    from latlab.loadtest.payloads import require_text
+    from latlab.loadtest.scrape import fetch
+
+    for deployment in deployments:
+        try:
+            response = fetch(host, f"/v2/models/{deployment}")
+            response.raise_for_status()
+            require_text(response.json())
+        except (requests.RequestException, ValueError) as exc:
+            raise UserError(f"--text: deployment '{deployment}': {exc}") from None
+
+
 def cmd_loadtest(args: argparse.Namespace) -> None:
     from latlab.loadtest.sweep import SweepPlan, run_sweep  # first: Locust patches sockets
 
@@ -215,6 +236,10 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
         raise UserError("loadtest needs --host and at least one --deployment")
     if args.seq_len < 1:
         raise UserError(f"--seq-len must be >= 1, got {args.seq_len}")
+    if args.text and args.seq_len < 3:
+        raise UserError(f"--text: a sentence needs at least 3 tokens ([CLS], a word, [SEP]), got --seq-len {args.seq_len}")
+    if args.seq_len_max and args.seq_len_max < args.seq_len:
+        raise UserError(f"--seq-len-max ({args.seq_len_max}) must be at least --seq-len ({args.seq_len})")
     out = args.out or Path("runs") / new_run_id()
     out.mkdir(parents=True, exist_ok=True)
     loads = parse_rates(args.rates) if args.mode == "open" else [float(int(u)) for u in parse_rates(args.users)]
@@ -228,12 +253,15 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
                      loads=loads, mode=args.mode, warmup_seconds=args.warmup_seconds,
                      window_seconds=args.step_seconds / 3, max_windows=max(3, args.max_windows),
                      poisson=not args.constant, binary=args.binary, seq_len=args.seq_len, client=args.client,
+                     text=args.text, seq_len_max=args.seq_len_max,
                      stop_at_saturation=not args.no_stop, slo_p99_s=slo,
                      search=bool(slo) and not args.sweep and args.mode == "open", search_resolution=args.resolution,
                      workers=args.workers, expect_workers=args.expect_workers,
                      master_bind_host=args.master_bind_host,
                      master_port=procs.free_port() if args.workers and args.master_port == 5557 else args.master_port,
                      metrics_port=args.metrics_port, log_dir=out)
+    if args.text:
+        _require_text(args.host, plan.deployments)
     run_one = None
     if args.overload is not None:
         from latlab.loadtest.overload import OverloadPlan

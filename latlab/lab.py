@@ -51,10 +51,23 @@ def write_config(run_dir: Path, models: dict[str, Path], port: int, plan: LabPla
             options = f"[deployments.cpu]\n{cpu}" if provider == "cpu" else ""
             blocks.append(f"[[deployments]]\nname = \"{name}\"\nmodel = \"{model.name}\"\n"
                           f"model_path = \"{models[model.name]}\"\nprovider = \"{provider}\"\n"
-                          f"{options}[deployments.batcher]\n{settings}")
+                          f"{options}[deployments.batcher]\n{settings}"
+                          + (tokenizer_table(models[model.name]) if plan.is_text(model, name) else ""))
     config = run_dir / "lab.toml"
     config.write_text("\n".join(blocks))
     return config
+
+
+def tokenizer_table(model_path: Path) -> str:
+    """A text deployment's [deployments.tokenizer], as the model's export describes it (text_deployment)."""
+    import json
+
+    meta = json.loads((model_path.parent / "metadata.json").read_text())
+    # exports from before text deployments carry only the tokenizer's folder and sentence-transformers' limit
+    text = meta.get("text_deployment", {}).get("tokenizer") or {
+        "file": f"{meta['tokenizer']['folder']}/tokenizer.json", "max_length": meta["tokenizer"]["max_seq_length"]}
+    return (f"[deployments.tokenizer]\nfile = \"{model_path.parent / text['file']}\"\n"
+            f"max_length = {text['max_length']}\n")
 
 
 def start_prometheus(run_dir: Path, jobs: dict[str, list[str]]) -> subprocess.Popen | None:

@@ -20,6 +20,9 @@ class ModelPlan:
     """Load with the binary tensor extension (big inputs: JSON text would measure the parser)."""
     seq_len: int = 8
     """Tokens per request for models with a dynamic sequence axis."""
+    text: bool = False
+    """Also serve the model with sentences in (its export's tokenizer, [deployments.tokenizer]): deployments
+    named <model>-text-..., loaded with sentences of seq_len tokens, beside the token-id ones."""
 
 
 @dataclass(frozen=True)
@@ -48,10 +51,17 @@ class LabPlan:
     def deployments(self, model: ModelPlan) -> list[tuple[str, str, dict]]:
         """(deployment name, provider, batcher settings) of one model: batching off and on per provider."""
         off, on = {"max_batch_size": 1}, model.batching
+        names = [model.name, f"{model.name}-text"] if model.text else [model.name]
         if self.providers == ("cpu",):
-            return [(f"{model.name}-b1", "cpu", off), (f"{model.name}-batch", "cpu", on)]
-        return [(f"{model.name}-{provider}-{mode}", provider, settings)
+            return [(f"{name}-{mode}", "cpu", settings) for name in names
+                    for mode, settings in (("b1", off), ("batch", on))]
+        return [(f"{name}-{provider}-{mode}", provider, settings) for name in names
                 for provider in self.providers for mode, settings in (("b1", off), ("batch", on))]
+
+    @staticmethod
+    def is_text(model: ModelPlan, deployment: str) -> bool:
+        """Whether one of `model`'s deployments takes sentences (see ModelPlan.text)."""
+        return model.text and deployment.startswith(f"{model.name}-text-")
 
 
 MLP = ModelPlan("mlp", {}, rates=(100, 250, 500, 750, 1000, 1250, 1500, 1750, 2000, 2500, 3000))
@@ -60,7 +70,7 @@ FFN = ModelPlan("ffn", {"d_model": 128, "n_layers": 128},
 # ResNet-18 at 224x224 takes tens of ms per image on one core: a few requests per second saturate it.
 CNN = ModelPlan("cnn", {}, rates=(2, 5, 10, 15, 20, 30, 40), binary=True,
                 batching={"max_batch_size": 8, "max_queue_delay_ms": 5.0})
-MINILM = ModelPlan("minilm", {}, rates=(10, 25, 50, 100, 150, 200, 300, 400), seq_len=16,
+MINILM = ModelPlan("minilm", {}, rates=(10, 25, 50, 100, 150, 200, 300, 400), seq_len=16, text=True,
                    batching={"max_batch_size": 32, "max_queue_delay_ms": 3.0})
 
 PLANS = {

@@ -114,7 +114,8 @@ class LoadDriver:
         rate = load / max(self.processes, 1) if self.plan.mode == "open" else 0.0
         message = {"deployment": deployment, "rate": rate, "poisson": self.plan.poisson,
                    "payload": {"binary": self.plan.binary, "seq_len": self.plan.seq_len,
-                               "client": self.plan.client}}
+                               "client": self.plan.client, "text": self.plan.text,
+                               "seq_len_max": self.plan.seq_len_max}}
         self.state.update(message)
         if self.distributed:
             for client_id in self.live_workers:

@@ -1,12 +1,16 @@
-"""Request bodies the load generator sends: random valid inputs from a model's metadata, as JSON
-tensors or with the binary tensor extension."""
+"""Request bodies the load generator sends: random valid inputs from a model's metadata (sentences for a
+text deployment's BYTES input), as JSON tensors or with the binary tensor extension."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import random
+
 import numpy as np
 import orjson
+
+from latlab.loadtest.sentences import sentence, token_length
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 JSON_HEADERS = {"Content-Type": "application/json"}
@@ -34,6 +38,11 @@ class PayloadOptions:
     client: str = "lean"
     """How infer requests are sent: "lean" (loadtest/lean_http.py, for http:// hosts) or "locust"
     (Locust's FastHttpSession: https, or to compare the two generators' costs)."""
+    text: bool = False
+    """The deployment must take text (a BYTES input of sentences); refused with a clear error otherwise.
+    A BYTES input gets sentences of `seq_len` tokens either way."""
+    seq_len_max: int = 0
+    """When above seq_len: each sentence's length in tokens is drawn uniformly from seq_len..seq_len_max."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +53,8 @@ class Body:
 
 def random_bodies(metadata: dict, seed: int, options: PayloadOptions = PayloadOptions()) -> list[Body]:
     """Valid infer bodies of batch 1 with random data, from the model's metadata; as many as fit the budget."""
+    if options.text:
+        require_text(metadata)
     rng = np.random.default_rng(seed)
     bodies = [_body(metadata, rng, options)]
     count = max(1, min(MAX_BODIES, BODY_BUDGET_BYTES // max(len(bodies[0].data), 1)))
@@ -51,21 +62,47 @@ def random_bodies(metadata: dict, seed: int, options: PayloadOptions = PayloadOp
     return bodies
 
 
+def require_text(metadata: dict) -> None:
+    """ValueError naming the model unless it takes text (a BYTES input: a text deployment's sentences)."""
+    if not any(spec["datatype"] == "BYTES" for spec in metadata["inputs"]):
+        raise ValueError(f"--text: model '{metadata.get('name')}' takes no text (BYTES) input; its inputs are "
+                         f"{[spec['name'] for spec in metadata['inputs']]} (serve it with a [deployments.tokenizer])")
+
+
 def _body(metadata: dict, rng: np.random.Generator, options: PayloadOptions) -> Body:
     tensors = []
     for spec in metadata["inputs"]:
         shape = [1] + [d if d > 0 else options.seq_len for d in spec["shape"][1:]]
-        tensors.append((spec["name"], spec["datatype"], shape, random_tensor(rng, spec, shape)))
-    if not options.binary:
-        doc = {"inputs": [{"name": n, "shape": s, "datatype": t, "data": a.reshape(-1)} for n, t, s, a in tensors]}
+        if spec["datatype"] == "BYTES":
+            tensors.append((spec["name"], "BYTES", shape, random_sentences(rng, shape, options)))
+        else:
+            tensors.append((spec["name"], spec["datatype"], shape, random_tensor(rng, spec, shape)))
+    return encode_body(tensors, options.binary)
+
+
+def text_body(sentences: list[str], binary: bool = False, name: str = "text") -> Body:
+    """An infer body for a text deployment: `sentences` as one BYTES input of shape [n]."""
+    array = np.empty(len(sentences), dtype=object)
+    array[:] = [s.encode("utf-8") for s in sentences]
+    return encode_body([(name, "BYTES", [len(sentences)], array)], binary)
+
+
+def encode_body(tensors: list[tuple[str, str, list[int], np.ndarray]], binary: bool) -> Body:
+    """(name, datatype, shape, array) tensors as a JSON body or with the binary tensor extension
+    (BYTES elements: a 4-byte little-endian length, then the bytes)."""
+    if not binary:
+        doc = {"inputs": [{"name": n, "shape": s, "datatype": t,
+                           "data": _json_strings(a) if t == "BYTES" else a.reshape(-1)} for n, t, s, a in tensors]}
         return Body(orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY), JSON_HEADERS)
+    raws = [_bytes_wire(a) if t == "BYTES" else np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<"),
+                                                                                copy=False).tobytes()
+            for _, t, _, a in tensors]
     header = orjson.dumps({
-        "inputs": [{"name": n, "shape": s, "datatype": t, "parameters": {"binary_data_size": a.nbytes}}
-                   for n, t, s, a in tensors],
+        "inputs": [{"name": n, "shape": s, "datatype": t, "parameters": {"binary_data_size": len(raw)}}
+                   for (n, t, s, _), raw in zip(tensors, raws)],
         "parameters": {"binary_data_output": True},
     })
-    raw = b"".join(np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
-                   for *_, a in tensors)
+    raw = b"".join(raws)
     return Body(header + raw, {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(header))})
 
 
@@ -83,3 +120,20 @@ def random_tensor(rng: np.random.Generator, spec: dict, shape: list[int]) -> np.
     if "mask" in spec["name"].lower():
         return np.ones(shape, dtype)
     return rng.integers(0, 100, shape).astype(dtype)
+
+
+def random_sentences(rng: np.random.Generator, shape: list[int], options: PayloadOptions) -> np.ndarray:
+    """A BYTES tensor of real-looking UTF-8 sentences, each `seq_len` tokens long (or drawn up to seq_len_max)."""
+    words = random.Random(int(rng.integers(2**32)))
+    array = np.empty(int(np.prod(shape)), dtype=object)
+    array[:] = [sentence(words, token_length(words, options.seq_len, options.seq_len_max)).encode("utf-8")
+                for _ in range(array.size)]
+    return array.reshape(shape)
+
+
+def _json_strings(array: np.ndarray) -> list[str]:
+    return [item.decode("utf-8") for item in array.flat]
+
+
+def _bytes_wire(array: np.ndarray) -> bytes:
+    return b"".join(len(item).to_bytes(4, "little") + item for item in array.flat)

@@ -50,6 +50,10 @@ class SweepPlan:
     """Length of every dynamic non-batch input dimension (e.g. tokens per sequence)."""
     client: str = "lean"
     """The generator's HTTP client for infer requests: "lean" or "locust" (see PayloadOptions)."""
+    text: bool = False
+    """Every deployment must take text; sentences of seq_len tokens are sent (see PayloadOptions)."""
+    seq_len_max: int = 0
+    """Above seq_len: sentence lengths drawn uniformly from seq_len..seq_len_max tokens."""
     stop_at_saturation: bool = True
     max_error_ratio: float = 0.01
     slo_p99_s: float | None = None
@@ -86,7 +90,7 @@ def run_sweep(plan: SweepPlan, out_path: Path, run_id: str, progress: Callable[[
            "machine": machine.describe(), "mode": plan.mode,
            "arrivals": ("poisson" if plan.poisson else "constant") if plan.mode == "open" else "closed loop",
            "payload": {"encoding": "binary" if plan.binary else "json", "seq_len": plan.seq_len,
-                       "client": plan.client},
+                       "client": plan.client, "text": plan.text, "seq_len_max": plan.seq_len_max},
            "slo_p99_s": plan.slo_p99_s, "deployments": [], "events": []}
     driver = LoadDriver(plan, metrics, progress)
     doc["events"] = driver.events  # the fleet's events (a worker lost), as they happen

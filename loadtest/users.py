@@ -58,7 +58,12 @@ def _add_arguments(parser) -> None:
     parser.add_argument("--latlab-rate", type=float, default=10.0, help="open loop: arrivals/s of this process")
     parser.add_argument("--latlab-constant", action="store_true", help="constant gaps instead of Poisson")
     parser.add_argument("--latlab-binary", action="store_true", help="send tensors with the binary extension")
-    parser.add_argument("--latlab-seq-len", type=int, default=8, help="length of dynamic non-batch dimensions")
+    parser.add_argument("--latlab-seq-len", type=int, default=8,
+                        help="length of dynamic non-batch dimensions; a text input's sentence length in tokens")
+    parser.add_argument("--latlab-seq-len-max", type=int, default=0,
+                        help="above --latlab-seq-len: sentence lengths drawn uniformly up to this many tokens")
+    parser.add_argument("--latlab-text", action="store_true",
+                        help="the deployment must take text (a BYTES input of sentences): refuse it otherwise")
     parser.add_argument("--latlab-client", choices=("lean", "locust"), default="lean",
                         help="infer requests via latlab's lean HTTP client (http:// only) or Locust's FastHttpSession")
     parser.add_argument("--latlab-metrics-port", type=int, default=0,
@@ -75,7 +80,8 @@ def _init_state(environment, **_kwargs) -> None:
                                        poisson=not (options and options.latlab_constant))
         if options is not None:
             environment.latlab.payload = PayloadOptions(options.latlab_binary, options.latlab_seq_len,
-                                                        options.latlab_client)
+                                                        options.latlab_client, options.latlab_text,
+                                                        options.latlab_seq_len_max)
     state: LoadState = environment.latlab
     if isinstance(environment.runner, WorkerRunner):
         environment.runner.register_message(LOAD_MESSAGE, lambda environment, msg, **_: state.update(msg.data))

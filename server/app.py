@@ -133,7 +133,7 @@ def openapi() -> Response:
 @routes.get("/v2/models/<name>")
 @routes.get("/v2/models/<name>/versions/<version>")
 def model_metadata(name: str, version: str | None = None) -> Response:
-    return _json(_state().get(name, version).model.metadata())
+    return _json(_state().get(name, version).metadata())
 
 
 @routes.get("/v2/models/<name>/ready")

@@ -77,6 +77,20 @@ class PaddingSettings:
 
 
 @dataclass(frozen=True)
+class TokenizerSettings:
+    """A text deployment's tokenizer: the model then takes a BYTES input of UTF-8 sentences (see text.py)."""
+
+    file: Path = Path()
+    """The model's own tokenizer.json (Hugging Face `tokenizers`), relative to the config file's folder."""
+    max_length: int = 0
+    """Most tokens per sentence ([CLS] and [SEP] included); longer sentences are cut there, and every
+    response says how many of its sentences were (parameters.truncated)."""
+
+
+MAX_TOKENIZER_LENGTH = 8192
+
+
+@dataclass(frozen=True)
 class CpuOptions:
     """ONNX Runtime session options that shape CPU execution (they apply on every provider's session)."""
 
@@ -153,6 +167,8 @@ class DeploymentConfig:
     """Whether floating-point inputs may hold NaN or ±Inf. Off by default: a model fed NaN answers NaN
     (or garbage) with a 200, so such a request is refused with 400 naming the input. JSON cannot carry
     them anyway (orjson refuses `NaN` and numbers beyond the datatype's range); this guards binary data."""
+    tokenizer: TokenizerSettings | None = None
+    """When set, the deployment takes text (a [deployments.tokenizer] table) instead of token tensors."""
 
 
 @dataclass(frozen=True)
@@ -278,9 +294,30 @@ def _deployment(raw: dict, base_dir: Path) -> DeploymentConfig:
                           f"1..priority_levels, got {batcher.priority_levels} and {batcher.default_priority_level}")
     padding = _padding(_table(raw.pop("padding", {}), f"deployment '{name}' padding"), name)
     cpu, cuda, tensorrt = _provider_options(raw, name, batcher)
+    tokenizer = _tokenizer(raw.pop("tokenizer", None), name, base_dir)
     raw.setdefault("model", model_path.parent.name)
     return _build(DeploymentConfig, raw, f"deployment '{name}'", model_path=model_path, batcher=batcher, cpu=cpu,
-                  cuda=cuda, tensorrt=tensorrt, padding=padding)
+                  cuda=cuda, tensorrt=tensorrt, padding=padding, tokenizer=tokenizer)
+
+
+def _tokenizer(value: object, name: str, base_dir: Path) -> TokenizerSettings | None:
+    """[deployments.tokenizer]: `file` must name an existing file, `max_length` a sensible token count."""
+    if value is None:
+        return None
+    table = _table(value, f"deployment '{name}' tokenizer")
+    where = f"deployment '{name}' [tokenizer]"
+    raw_file = table.pop("file", None)
+    if not isinstance(raw_file, str) or not raw_file:
+        raise ConfigError(f"{where}: file must name the model's tokenizer.json, got {raw_file!r}")
+    if "max_length" not in table:
+        raise ConfigError(f"{where}: max_length is required (tokens per sentence, e.g. 256 for all-MiniLM-L6-v2)")
+    settings = _build(TokenizerSettings, table, where, file=(base_dir / raw_file).resolve())
+    if not 2 < settings.max_length <= MAX_TOKENIZER_LENGTH:
+        raise ConfigError(f"{where}: max_length must be in 3..{MAX_TOKENIZER_LENGTH}, got {settings.max_length}")
+    if not settings.file.is_file():
+        raise ConfigError(f"{where}: file {settings.file} does not exist (latlab export minilm writes "
+                          "tokenizer/tokenizer.json beside model.onnx)")
+    return settings
 
 
 def _tuple_setting(table: dict, key: str, name: str) -> None:

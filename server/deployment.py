@@ -17,6 +17,7 @@ from latlab.server.errors import BadRequest, ConfigError
 from latlab.server.metrics import DeploymentObserver, ServerMetrics
 from latlab.server.protocol import InferRequest
 from latlab.server.runtime import OnnxModel
+from latlab.server.text import text_front_end, timed_encode
 
 log = logging.getLogger("latlab.server.deployment")
 WARMUP_WAIT_S = 2.0
@@ -38,8 +39,10 @@ class Deployment:
         metrics.queue_capacity.labels(**labels).set(config.batcher.max_queue_size)
         self.observer: DeploymentObserver = metrics.for_deployment(labels)
         _check_padding(config, {spec.name for spec in self.model.inputs})
+        self.text = text_front_end(config, {spec.name: spec.dtype for spec in self.model.inputs})
+        padding = config.padding if self.text is None else self.text.padding(config.padding)
         self.batcher = DynamicBatcher(self._run_batch, config.batcher, self.observer, name=config.name,
-                                      padding=config.padding)
+                                      padding=padding)
         self._output_names = {o.name for o in self.model.outputs}
         self._output_order = [o.name for o in self.model.outputs]
         self.environment = environment(self.model)
@@ -100,8 +103,13 @@ class Deployment:
             if unknown:
                 raise BadRequest(f"model '{self.config.name}' has no output(s) {unknown}; "
                                  f"it has {sorted(self._output_names)}")
-        size = self.model.validate(request.inputs, request.finite)
-        outputs = self.batcher.infer(request.inputs, size, request_timeout_s(request.parameters),
+        inputs = request.inputs
+        if self.text is not None:  # tokenized here, before queueing: a bad sentence fails its request alone
+            inputs, truncated, seconds = timed_encode(self.text, inputs)
+            self.observer.preprocessed(seconds)
+            request.response_parameters["truncated"] = truncated
+        size = self.model.validate(inputs, request.finite)
+        outputs = self.batcher.infer(inputs, size, request_timeout_s(request.parameters),
                                      request.parameters.get("priority", 0), self.selection(request.outputs))
         if request.outputs is None:
             return outputs
@@ -123,7 +131,14 @@ class Deployment:
             "warmup": self.config.warmup,
             "allow_non_finite": self.config.allow_non_finite,
             "environment": self.environment,
+            **({"tokenizer": {"file": str(self.text.file), "max_length": self.text.max_length}}
+               if self.text is not None else {}),
         }
+
+    def metadata(self) -> dict:
+        """The protocol's model metadata: a text deployment shows its text input, not the token tensors."""
+        metadata = self.model.metadata()
+        return metadata if self.text is None else self.text.metadata(metadata)
 
     def close(self) -> None:
         self._closing.set()

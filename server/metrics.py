@@ -66,6 +66,10 @@ class ServerMetrics:
             "latlab_batcher_output_transfer_duration_seconds",
             "Time copying one batch's requested outputs from the device to the host.",
             LABELS, registry=registry, buckets=LATENCY_BUCKETS)
+        self.preprocess_duration = Histogram(
+            "latlab_server_preprocess_duration_seconds",
+            "Time turning one request's input into the model's tensors (a text deployment's tokenization), "
+            "on the request thread before queueing.", LABELS, registry=registry, buckets=LATENCY_BUCKETS)
         self.batches = Counter(
             "latlab_batcher_batches", "Model runs, by outcome.",
             (*LABELS, "outcome"), registry=registry)
@@ -120,6 +124,10 @@ class DeploymentObserver:
         """A device run's host-to-device and device-to-host copy times (never called on CPU)."""
         self._metrics.input_transfer_duration.labels(**self.labels).observe(input_s)
         self._metrics.output_transfer_duration.labels(**self.labels).observe(output_s)
+
+    def preprocessed(self, seconds: float) -> None:
+        """One request's tokenization time (text deployments only)."""
+        self._metrics.preprocess_duration.labels(**self.labels).observe(seconds)
 
     def answered(self, outcome: str, seconds: float) -> None:
         self.request_duration.observe(seconds)

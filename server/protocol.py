@@ -65,6 +65,8 @@ class InferRequest:
     finite: set[str] = field(default_factory=set)
     """Floating-point inputs known to hold no NaN or infinity: those sent as JSON, which has neither (a value
     a narrower type cannot hold is refused while decoding), so validation need not look again."""
+    response_parameters: dict = field(default_factory=dict)
+    """What the server adds to the response's `parameters` (a text deployment: sentences truncated)."""
 
 
 def decode_request(body: bytes, header_length: int | None = None) -> InferRequest:
@@ -318,6 +320,8 @@ def encode_response(model_name: str, model_version: str, request: InferRequest,
     doc = {"model_name": model_name, "model_version": model_version, "outputs": tensors}
     if request.id is not None:
         doc["id"] = request.id
+    if request.response_parameters:
+        doc["parameters"] = request.response_parameters
     header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if not chunks:
         return header, None

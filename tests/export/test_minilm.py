@@ -114,6 +114,14 @@ def test_tokenizer_files_are_copied_and_described(exported: tuple[ZooModel, dict
     assert json.loads((folder / "metadata.json").read_text())["tokenizer"]["max_seq_length"] == 256
 
 
+def test_metadata_says_how_to_serve_it_with_sentences_in(exported: tuple[ZooModel, dict, Path]) -> None:
+    """The [deployments.tokenizer] a text deployment needs, relative to the model's folder, is in the metadata."""
+    text = json.loads((exported[2] / "metadata.json").read_text())["text_deployment"]
+    assert text["tokenizer"] == {"file": "tokenizer/tokenizer.json", "max_length": 256}
+    assert (exported[2] / text["tokenizer"]["file"]).is_file()
+    assert text["input"] == {"name": "text", "datatype": "BYTES", "shape": [-1]}
+
+
 def test_flops_are_counted_at_the_example_length(exported: tuple[ZooModel, dict, Path]) -> None:
     _, metadata, _ = exported
     seq, hidden, inner, layers = 8, 384, 1536, 6

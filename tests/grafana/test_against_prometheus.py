@@ -39,6 +39,7 @@ import requests
 from latlab import procs, prometheus
 from tests.conftest import build_tiny_model
 from tests.grafana import shipped
+from tests.text_models import TOKENIZER, token_model
 
 pytestmark = pytest.mark.e2e
 CLI = [sys.executable, "-m", "latlab.cli"]
@@ -47,7 +48,7 @@ CLI = [sys.executable, "-m", "latlab.cli"]
 GRAFANA_BUILTINS = {"__rate_interval": "8s", "__interval": "2s"}
 GPU_ONLY = re.compile(r"latlab_gpu_(utilization_ratio|memory_used_bytes|memory_total_bytes)"
                       r"|latlab_batcher_(input|output)_transfer_duration")
-DEPLOYMENTS = ("tiny-cpu", "tiny-b1", "tiny-tight")
+DEPLOYMENTS = ("tiny-cpu", "tiny-b1", "tiny-tight", "tiny-text")
 SERVER_CONFIG = """
 [server]
 port = {port}
@@ -77,8 +78,18 @@ max_batch_size = 8
 max_queue_delay_ms = 300
 max_queue_size = 1
 timeout_ms = 100
+
+# Sentences in (a toy encoder over all-MiniLM-L6-v2's vocabulary): the tokenization panel has data.
+[[deployments]]
+name = "tiny-text"
+model = "tiny"
+model_path = "{text_model}"
+[deployments.tokenizer]
+file = "{tokenizer}"
+max_length = 32
 """
 ONE_SAMPLE = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0.1, 0.2, 0.3, 0.4]}]}
+ONE_SENTENCE = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a short sentence"]}]}
 
 
 @dataclass
@@ -169,12 +180,14 @@ class SideTraffic(threading.Thread):
         self.stopping = threading.Event()
 
     def post(self, deployment: str) -> int:
-        return requests.post(f"{self.host}/v2/models/{deployment}/infer", json=ONE_SAMPLE, timeout=10).status_code
+        body = ONE_SENTENCE if deployment == "tiny-text" else ONE_SAMPLE
+        return requests.post(f"{self.host}/v2/models/{deployment}/infer", json=body, timeout=10).status_code
 
     def run(self) -> None:
         with ThreadPoolExecutor(8) as pool:
             while not self.stopping.is_set():
                 self.codes += [self.post("tiny-b1") for _ in range(5)]
+                self.codes += [self.post("tiny-text") for _ in range(2)]
                 self.codes += pool.map(lambda _: self.post("tiny-tight"), range(8))
                 self.stopping.wait(0.5)
 
@@ -202,7 +215,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     model = build_tiny_model(tmp / "tiny" / "model.onnx")
     server_port, loadgen_port, prom_port = procs.free_port(), procs.free_port(), procs.free_port()
     config = tmp / "server.toml"
-    config.write_text(SERVER_CONFIG.format(port=server_port, model=model))
+    config.write_text(SERVER_CONFIG.format(port=server_port, model=model, tokenizer=TOKENIZER,
+                                           text_model=token_model(tmp / "tiny-text" / "model.onnx")))
     server, loadgen = f"127.0.0.1:{server_port}", f"127.0.0.1:{loadgen_port}"
     prom_config = shipped_prometheus_config(tmp / "prometheus", server, loadgen)
     started: list[subprocess.Popen] = []

@@ -1,0 +1,49 @@
+"""The lab serves minilm both ways: token-id deployments and text deployments (the export's tokenizer), on
+every provider of the plan; the server config it writes gives only the text ones a [deployments.tokenizer]."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from latlab.lab import write_config
+from latlab.lab_plan import MINILM, MLP, PLANS, LabPlan
+from latlab.server.config import load_config
+from tests.text_models import TOKENIZER
+
+
+def test_minilm_is_planned_with_token_ids_and_with_text_on_every_provider() -> None:
+    assert [name for name, _, _ in PLANS["cpu"].deployments(MINILM)] == [
+        "minilm-b1", "minilm-batch", "minilm-text-b1", "minilm-text-batch"]
+    gpu = PLANS["gpu"]
+    (minilm,) = [m for m in gpu.models if m.name == "minilm"]
+    names = {(name, provider) for name, provider, _ in gpu.deployments(minilm)}
+    assert {("minilm-text-cuda-batch", "cuda"), ("minilm-text-cpu-b1", "cpu"), ("minilm-cuda-b1", "cuda")} <= names
+    assert len(names) == 8
+    assert [name for name, _, _ in PLANS["cpu"].deployments(MLP)] == ["mlp-b1", "mlp-batch"]  # no text for mlp
+
+
+def export_like(folder: Path, with_text_deployment: bool) -> Path:
+    """What `latlab export minilm` leaves behind, without the 90 MB model: metadata and the tokenizer."""
+    (folder / "tokenizer").mkdir(parents=True)
+    shutil.copy(TOKENIZER, folder / "tokenizer" / "tokenizer.json")
+    meta = {"tokenizer": {"folder": "tokenizer", "max_seq_length": 256}}
+    if with_text_deployment:
+        meta["text_deployment"] = {"tokenizer": {"file": "tokenizer/tokenizer.json", "max_length": 128}}
+    (folder / "metadata.json").write_text(json.dumps(meta))
+    (folder / "model.onnx").write_bytes(b"")
+    return folder / "model.onnx"
+
+
+def test_the_lab_config_gives_text_deployments_the_exports_tokenizer(tmp_path: Path) -> None:
+    for with_text, max_length in ((True, 128), (False, 256)):  # an older export: its max_seq_length
+        folder = tmp_path / str(with_text)
+        model = export_like(folder / "minilm", with_text)
+        config = load_config(write_config(folder, {"minilm": model}, 8000, LabPlan(models=(MINILM,))))
+        tokenizers = {d.name: d.tokenizer for d in config.deployments}
+        assert tokenizers["minilm-b1"] is None and tokenizers["minilm-batch"] is None
+        for name in ("minilm-text-b1", "minilm-text-batch"):
+            assert tokenizers[name].file == folder / "minilm" / "tokenizer" / "tokenizer.json"
+            assert tokenizers[name].max_length == max_length
+        assert {d.model for d in config.deployments} == {"minilm"}
