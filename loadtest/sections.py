@@ -30,14 +30,20 @@ def environment_section(results_docs: list[dict], bench_docs: list[dict]) -> str
             rows.append(row)
     for doc in bench_docs:
         rows.append(_machine_row("bench", doc, doc.get("machine", {}), _details(doc.get("machine", {}))))
-    return ("<h2>Environment</h2><table><tr><th>source</th><th>machine</th><th>details</th></tr>"
-            f"{''.join(rows)}</table>")
+    return ("<details><summary>Environment: every machine a number came from</summary>"
+            "<table><tr><th>source</th><th>machine</th><th>details</th></tr>"
+            f"{''.join(rows)}</table></details>")
 
 
 def _machine_row(kind: str, doc: dict, machine: dict, details: str) -> str:
     origin = " (reference data)" if doc.get("_reference") else ""
-    return (f"<tr><td>{esc(kind + origin)}</td><td>{esc(machine.get('hostname', '?'))}</td>"
+    return (f"<tr><td>{esc(kind + origin)}</td><td>{esc(doc_machine_name(machine))}</td>"
             f"<td>{esc(details)}</td></tr>")
+
+
+def doc_machine_name(machine: dict) -> str:
+    """A run's or bench's machine by what it is (`name`, GPU, CPU model), not by its hostname."""
+    return str(machine.get("name") or machine.get("gpu") or machine.get("cpu") or "unnamed machine")
 
 
 def _details(machine: dict) -> str:
@@ -156,6 +162,7 @@ def steps_table(curve: dict) -> str:
         p = {k: (f"{s[k] * 1e3:.2f}" if s.get(k) is not None else "–") for k in ("p50_s", "p90_s", "p99_s", "max_s")}
         batch = f"{s['avg_batch_size']:.1f}" if s.get("avg_batch_size") else "–"
         flags = (" (generator-bound)" if s.get("generator_bound") else "") + \
+                (f" (too few samples: {s.get('samples', '?')})" if s.get("too_few_samples") else "") + \
                 ("" if s.get("stable", True) else " (unstable)")
         if s.get("server_interrupted"):
             flags += f" (server interrupted: {s.get('interruption')})"
