@@ -191,10 +191,11 @@ def answer_table(curves: list[dict], slos_s: list[float], prices: dict) -> str:
         for provider in providers:
             row = found[provider]
             best = settings(row.curve) if row.rate > 0 else "–"
-            cells += (f"<td>{html.escape(best)}</td><td>{html.escape(rate_text(row))}</td>"
+            cells += (f"<td class='text'>{html.escape(best)}</td><td>{html.escape(rate_text(row))}</td>"
                       f"<td>{_money(row.cost) if row.rate > 0 else '–'}</td>")
-        rows.append(f"<tr><td>p99 ≤ {slo * 1e3:g} ms</td>{cells}<td>{html.escape(_winner_cell(list(found.values())))}</td></tr>")
-    return (f"<table class='answer'><tr><th rowspan='2'>SLO</th>{head}<th rowspan='2'>winner</th></tr>"
+        winner_text = html.escape(_winner_cell(list(found.values())))
+        rows.append(f"<tr><td>p99 ≤ {slo * 1e3:g} ms</td>{cells}<td class='text'>{winner_text}</td></tr>")
+    return (f"<table class='answer'><tr><th rowspan='2'>SLO</th>{head}<th rowspan='2'>winner at full load</th></tr>"
             f"<tr>{sub}</tr>{''.join(rows)}</table>")
 
 

@@ -60,14 +60,14 @@ def cost_png(model: str, slo_s: float, lines: list[dict], crossover_rps: float |
     ax.set_ylabel("USD per million inferences")
     ax.set_title(f"{model}: cost at p99 ≤ {slo_s * 1e3:g} ms, machines added as the rate grows")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="lower left")
     return _png(fig)
 
 
 def breakdown_png(model: str, bars: list[dict], parts: tuple[str, ...]) -> bytes:
     """Per deployment (at its highest rate meeting an SLO): the server's time per request stacked by part,
     and beside it the client-measured mean latency."""
-    fig, ax = plt.subplots(figsize=(8, 0.9 + 0.45 * max(1, len(bars))), dpi=110)
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.45 * max(1, len(bars))), dpi=110)
     names = [f"{b['label']}{' [server-bound]' if b.get('server_bound') else ''}" for b in bars]
     y = list(range(len(bars)))
     left = [0.0] * len(bars)
@@ -81,7 +81,7 @@ def breakdown_png(model: str, bars: list[dict], parts: tuple[str, ...]) -> bytes
     ax.invert_yaxis()
     ax.set_xlabel("ms per request (server: its own histograms; grey: client-measured)")
     ax.set_title(f"{model}: where the time goes")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: the bars fill the axes
     return _png(fig)
 
 

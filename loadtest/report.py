@@ -230,6 +230,7 @@ def _page(title: str, body: list[str], slos_s: list[float]) -> str:
 h1{{font-size:1.3em;margin:.2em 0}}h2.model{{font-size:1.1em;margin:.6em 0 .1em}}p.sentence{{margin:.2em 0}}
 table{{border-collapse:collapse;margin:.4em 0 1em}}td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}
 td:first-child{{text-align:left}}table.answer td,table.answer th{{font-size:.9em}}img{{max-width:100%}}
+td.text{{text-align:left}}
 .warning{{background:#fff4e0;padding:.4em}}p.compared{{margin:.2em 0 .4em}}</style></head><body>
 <h1>latlab: which deployment serves each model within p99 ≤ {html.escape(slos)}, and at what cost</h1>
 {"".join(body)}
