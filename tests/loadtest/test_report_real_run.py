@@ -43,6 +43,7 @@ def test_a_real_sweep_records_server_figures_and_the_report_breaks_the_time_down
     assert figures["seconds"] > 0 and figures["request_count"] > 0
     assert 0 < figures["queue_s"] <= figures["request_s"] and 0 < figures["compute_s"] < figures["request_s"]
     assert 0 < figures["busy_share"] < 1
+    assert 0 < figures["process_cpu_cores"] < 2.5  # the server's own process (2 cores here, a little slack)
     assert "input_transfer_s" not in figures  # on CPU ORT reads the arrays in place: no transfer observed
     page = write_report(out, [0.5]).read_text()  # an SLO this run surely meets
     assert "tiny: where the time goes" in page and "No server figures" not in page

@@ -97,7 +97,7 @@ def test_server_step_means_per_request_busy_share_and_transfers(metrics: ServerM
     assert figures["output_transfer_s"] == pytest.approx(0.0003)
     assert figures["busy_s"] == pytest.approx(0.006) and figures["busy_share"] == pytest.approx(0.006 / 4)
     assert "preprocess_s" not in figures                        # a histogram the server does not have
-    assert figures["process_cpu_cores"] is None                 # not exported by this registry
+    assert figures["process_cpu_cores"] >= 0                    # this test's own process, through ServerMetrics
 
 
 def test_server_step_reads_process_cpu_and_preprocess_when_exported() -> None:
@@ -111,3 +111,5 @@ def test_server_step_reads_process_cpu_and_preprocess_when_exported() -> None:
     assert figures["process_cpu_cores"] == pytest.approx(0.75)
     assert figures["preprocess_s"] == pytest.approx(0.005)
     assert server_step(None, after, "fast") is None and server_step(after, before, "fast") is None
+    unexported = server_step((1.0, ""), (2.0, ""), "fast")  # a server without the process collector
+    assert unexported["process_cpu_cores"] is None and unexported["busy_share"] is None
