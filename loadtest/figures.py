@@ -52,15 +52,15 @@ def cost_png(model: str, slo_s: float, lines: list[dict], crossover_rps: float |
         ax.axvline(line["capacity_rps"], color=f"C{i % 10}", linestyle=":", linewidth=1)
     if crossover_rps:
         ax.axvline(crossover_rps, color="black", linewidth=1.5)
-        ax.annotate(f"crossover {crossover_rps:.0f} req/s", (crossover_rps, 0.95), xycoords=("data", "axes fraction"),
-                    fontsize=8, ha="left", va="top")
+        ax.annotate(f" crossover {crossover_rps:.0f} req/s", (crossover_rps, 0.03), xycoords=("data", "axes fraction"),
+                    fontsize=8, ha="left", va="bottom")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("sustained rate (requests/s); dotted: one machine's max rate under the SLO")
     ax.set_ylabel("USD per million inferences")
     ax.set_title(f"{model}: cost at p99 ≤ {slo_s * 1e3:g} ms, machines added as the rate grows")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower left")
+    ax.legend(fontsize=7, loc="upper right")  # costs fall with the rate: the top right stays empty
     return _png(fig)
 
 

@@ -231,8 +231,9 @@ h1{{font-size:1.3em;margin:.2em 0}}h2.model{{font-size:1.1em;margin:.6em 0 .1em}
 table{{border-collapse:collapse;margin:.4em 0 1em}}td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}
 td:first-child{{text-align:left}}table.answer td,table.answer th{{font-size:.9em}}img{{max-width:100%}}
 td.text{{text-align:left}}
-.warning{{background:#fff4e0;padding:.4em}}p.compared{{margin:.2em 0 .4em}}</style></head><body>
+.warning{{background:#fff4e0;padding:.4em}}p.compared{{margin:.2em 0 .4em}}p.runs{{margin:0;color:#666}}</style></head><body>
 <h1>latlab: which deployment serves each model within p99 ≤ {html.escape(slos)}, and at what cost</h1>
+<p class='runs'>Runs: {html.escape(title)}</p>
 {"".join(body)}
 <details><summary>How this was measured</summary><p>Latency is measured by an open-loop load generator from each
 request's <em>intended</em> send time (Poisson arrivals), so queueing inside the server and the client both count.

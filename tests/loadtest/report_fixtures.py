@@ -52,8 +52,8 @@ def cpu_run(tmp_path: Path) -> Path:
         step(5, 9, samples=50),  # a p99 of 50 requests: marked, never decides
         step(100, 12, server=server(10, 3, 6, 1.2, 3.0)), step(240, 22, server=server(18, 8, 9, 1.6, 6.5)),
         step(480, 90, achieved=300)], env, saturated=True)
-    run = tmp_path / "cpu-run"
-    write_results(run / "results-minilm.json", {"run_id": "cpu-run", "machine": {"hostname": "vm", **env},
+    run = tmp_path / "SYNTHETIC-cpu-run"
+    write_results(run / "results-minilm.json", {"run_id": "SYNTHETIC-cpu-run", "machine": {"hostname": "vm", **env},
                                                 "deployments": [b1, batch]})
     return run
 
@@ -65,7 +65,17 @@ def gpu_run(tmp_path: Path, saturated: bool = False) -> Path:
              step(1000, 12, server=server(8, 3, 2.5, 0.8, 1.6, transfer_ms=0.4)),
              step(1347, 21, server=server(15, 9, 3, 0.97, 2.0, transfer_ms=0.5))]
     gpu = curve("minilm-cuda-batch", "cuda", 32, steps, env, saturated=saturated, rate_cap_rps=1347)
-    run = tmp_path / "gpu-run"
-    write_results(run / "results-minilm.json", {"run_id": "gpu-run", "machine": {"hostname": "vm", **env},
+    run = tmp_path / "SYNTHETIC-h100-run"
+    write_results(run / "results-minilm.json", {"run_id": "SYNTHETIC-h100-run", "machine": {"hostname": "vm", **env},
                                                 "deployments": [gpu]})
     return run
+
+
+if __name__ == "__main__":  # the synthetic report behind docs/report-first-screen.png
+    import sys
+
+    from latlab.loadtest.report import write_report
+
+    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/synthetic-report")
+    print(write_report([cpu_run(folder), gpu_run(folder)], [0.010, 0.025, 0.050, 0.100],
+                       prices={"cpu": 0.80, "cuda": 2.50}, out=folder / "report"))
