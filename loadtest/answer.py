@@ -199,14 +199,18 @@ def answer_table(curves: list[dict], slos_s: list[float], prices: dict) -> str:
             f"<tr>{sub}</tr>{''.join(rows)}</table>")
 
 
-def answer_section(by_model: dict[str, list[dict]], slos_s: list[float], prices: dict, prices_note: str) -> str:
-    """The first screen: what is compared, then per model its sentence and table; what is missing, if anything."""
+def answer_section(by_model: dict[str, list[dict]], slos_s: list[float], prices: dict, prices_note: str,
+                   bench_gpu: bool = False) -> str:
+    """The first screen: what is compared, then per model its sentence and table; what is missing, if anything.
+    `bench_gpu`: an in-process bench with GPU points is merged in (it answers per model size, not served)."""
     every = [c for group in by_model.values() for c in group]
     parts = [f"<section id='answer'><p class='compared'><strong>Compared: {html.escape(compared(every))}.</strong> "
              f"{prices_note}</p>"]
     if not any(is_gpu(c) for c in every):
-        parts.append(f"<p class='warning'><strong>No GPU data</strong>: this report cannot say whether a GPU pays off. "
-                     f"{html.escape(ADD_GPU)}.</p>")
+        what = ("No served GPU data</strong>: the bench below compares CPU and GPU in process, per model size; "
+                "served under load, this report cannot say whether a GPU pays off." if bench_gpu else
+                "No GPU data</strong>: this report cannot say whether a GPU pays off.")
+        parts.append(f"<p class='warning'><strong>{what} {html.escape(ADD_GPU)}.</p>")
     for model, curves in by_model.items():
         parts.append(f"<h2 class='model'>{html.escape(model)}</h2>"
                      f"<p class='sentence'>{html.escape(sentence(model, curves, slos_s, prices))}</p>"

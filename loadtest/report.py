@@ -80,7 +80,9 @@ def write_report(run_dirs: Path | list[Path], slos_s: list[float], prices: dict[
     for curve in curves:
         by_model[curve.get("model") or curve["name"]].append(curve)
     # First screen: the answer. Then the pictures, then the details (folded where long).
-    body = [answer.answer_section(by_model, slos_s, prices, _prices_line(prices, example_prices))]
+    bench_gpu = any(p.get("backend", "").endswith("cuda") for d in bench for e in d.get("experiments", [])
+                    for p in e.get("points", []))
+    body = [answer.answer_section(by_model, slos_s, prices, _prices_line(prices, example_prices), bench_gpu)]
     for model, model_curves in by_model.items():
         for kind, (text, png) in (("cost", pictures.cost_section(model, model_curves, slos_s, prices)),
                                   ("time", pictures.time_section(model, model_curves, slos_s))):

@@ -182,3 +182,14 @@ def test_results_without_server_figures_say_so(tmp_path: Path) -> None:
     write_results(run / "results.json", {"run_id": "old", "machine": {"cpu": "Old CPU"}, "deployments": [old]})
     page = (write_report(run, SLOS).parent / REPORT_FILE).read_text()
     assert "No server figures in these results" in page and "Server-bound" not in page
+
+
+def test_a_gpu_bench_without_served_gpu_curves_is_named_on_the_first_screen(tmp_path: Path) -> None:
+    from .test_report import gpu_run as bench_and_served_gpu_run
+
+    reference = bench_and_served_gpu_run(tmp_path / "reference")
+    (reference / "results.json").unlink()  # the bench alone, as loadtest/reference/h100/ holds it
+    page = write_report(cpu_run(tmp_path), SLOS, with_reference=True, reference_dir=reference).read_text()
+    first_screen = page.split("<table class='answer'")[0]
+    assert "No served GPU data</strong>: the bench below compares CPU and GPU in process" in first_screen
+    assert "latlab lab --plan gpu" in first_screen

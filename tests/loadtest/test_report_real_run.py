@@ -13,6 +13,8 @@ import pytest
 from latlab import procs
 from latlab.loadtest.report import write_report
 
+from .test_report_browser import first_screen_problems, probe
+
 pytestmark = pytest.mark.e2e
 CLI = [sys.executable, "-m", "latlab.cli"]
 
@@ -45,6 +47,9 @@ def test_a_real_sweep_records_server_figures_and_the_report_breaks_the_time_down
     assert 0 < figures["busy_share"] < 1
     assert 0 < figures["process_cpu_cores"] < 2.5  # the server's own process (2 cores here, a little slack)
     assert "input_transfer_s" not in figures  # on CPU ORT reads the arrays in place: no transfer observed
-    page = write_report(out, [0.5]).read_text()  # an SLO this run surely meets
+    report = write_report(out, [0.5])  # an SLO this run surely meets
+    page = report.read_text()
     assert "tiny: where the time goes" in page and "No server figures" not in page
     assert (out / "time-tiny.png").is_file()
+    # What `make lab` gives on a CPU box, in a real browser: the answer on the first screen, every image loaded.
+    assert first_screen_problems(probe(report, tmp_path / "profile")) == []
