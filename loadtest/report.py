@@ -83,12 +83,7 @@ def write_report(run_dirs: Path | list[Path], slos_s: list[float], prices: dict[
     bench_gpu = any(p.get("backend", "").endswith("cuda") for d in bench for e in d.get("experiments", [])
                     for p in e.get("points", []))
     body = [answer.answer_section(by_model, slos_s, prices, _prices_line(prices, example_prices), bench_gpu)]
-    for model, model_curves in by_model.items():
-        for kind, (text, png) in (("cost", pictures.cost_section(model, model_curves, slos_s, prices)),
-                                  ("time", pictures.time_section(model, model_curves, slos_s))):
-            if png:
-                (out / f"{kind}-{_slug(model)}.png").write_bytes(png)
-            body.append(text)
+    body += _pictures(by_model, slos_s, prices, out)
     body.append(_gpu_notice(curves, bench, with_reference, reference_dir))
     for model, model_curves in by_model.items():
         png = curve_png(model, model_curves, slos_s)
@@ -104,6 +99,18 @@ def write_report(run_dirs: Path | list[Path], slos_s: list[float], prices: dict[
     page = out / REPORT_FILE
     page.write_text(_page(title, body, slos_s))
     return page
+
+
+def _pictures(by_model: dict[str, list[dict]], slos_s: list[float], prices: dict, out: Path) -> list[str]:
+    """Per model the cost picture and where the time goes, their PNGs also written beside the page."""
+    body = []
+    for model, model_curves in by_model.items():
+        for kind, (text, png) in (("cost", pictures.cost_section(model, model_curves, slos_s, prices)),
+                                  ("time", pictures.time_section(model, model_curves, slos_s))):
+            if png:
+                (out / f"{kind}-{_slug(model)}.png").write_bytes(png)
+            body.append(text)
+    return body
 
 
 def _flat_prices(prices: dict, curves: list[dict]) -> dict[str, float]:
@@ -232,8 +239,8 @@ def _page(title: str, body: list[str], slos_s: list[float]) -> str:
 h1{{font-size:1.3em;margin:.2em 0}}h2.model{{font-size:1.1em;margin:.6em 0 .1em}}p.sentence{{margin:.2em 0}}
 table{{border-collapse:collapse;margin:.4em 0 1em}}td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}
 td:first-child{{text-align:left}}table.answer td,table.answer th{{font-size:.9em}}img{{max-width:100%}}
-td.text{{text-align:left}}
-.warning{{background:#fff4e0;padding:.4em}}p.compared{{margin:.2em 0 .4em}}p.runs{{margin:0;color:#666}}</style></head><body>
+td.text{{text-align:left}}.warning{{background:#fff4e0;padding:.4em}}
+p.compared{{margin:.2em 0 .4em}}p.runs{{margin:0;color:#666}}</style></head><body>
 <h1>latlab: which deployment serves each model within p99 ≤ {html.escape(slos)}, and at what cost</h1>
 <p class='runs'>Runs: {html.escape(title)}</p>
 {"".join(body)}
