@@ -24,6 +24,10 @@ def curve_png(model: str, curves: list[dict], slos_s: list[float]) -> bytes:
         color = f"C{i % 10}"
         ax.plot(x, [s["p99_s"] * 1e3 for s in steps], "o-", color=color, label=f"{name} p99")
         ax.plot(x, [s["p50_s"] * 1e3 for s in steps], "s--", color=color, alpha=0.6, label=f"{name} p50")
+        few = [s for s in steps if s.get("too_few_samples")]
+        if few:  # their p99 is the maximum of a handful of requests: shown, hollow, never deciding an SLO
+            ax.plot([s["achieved_rps"] for s in few], [s["p99_s"] * 1e3 for s in few], "o", markersize=11,
+                    markerfacecolor="none", color="black", label="too few samples" if i == 0 else None)
         bound = [s for s in steps if s.get("generator_bound")]
         if bound:  # the generator, not the server, may be what these points measure
             ax.plot([s["achieved_rps"] for s in bound], [s["p99_s"] * 1e3 for s in bound], "x", color="red",

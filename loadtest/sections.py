@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 
+from latlab.loadtest.breakdown import server_bound
 from latlab.loadtest.predict import ASSUMPTIONS, predict_deployment
 from latlab.loadtest.verdict import best_per_provider, label, machine_name, max_rate_under, sustained_rate
 
@@ -163,6 +164,7 @@ def steps_table(curve: dict) -> str:
         batch = f"{s['avg_batch_size']:.1f}" if s.get("avg_batch_size") else "–"
         flags = (" (generator-bound)" if s.get("generator_bound") else "") + \
                 (f" (too few samples: {s.get('samples', '?')})" if s.get("too_few_samples") else "") + \
+                (" (server-bound)" if server_bound(s, curve) else "") + \
                 ("" if s.get("stable", True) else " (unstable)")
         if s.get("server_interrupted"):
             flags += f" (server interrupted: {s.get('interruption')})"

@@ -166,6 +166,7 @@ def test_report_flags_the_server_bound_step_and_shows_where_the_time_goes(tmp_pa
     out = tmp_path / "out"
     page = write_report([cpu_run(tmp_path), gpu_run(tmp_path)], SLOS, prices=PRICES, out=out).read_text()
     assert "<strong>Server-bound</strong>: minilm-cuda-batch @ 1347/s." in page
+    assert page.count("(server-bound)") == 1  # and in the steps table, on that step only
     assert (out / "time-minilm.png").read_bytes().startswith(PNG_HEADER)
     row = re.search(r"<tr><td>minilm-cuda-batch \(cuda[^<]*</td><td>1347 \(p99 ≤ 25 ms\)</td>(.*?)</tr>", page)
     cells = re.findall(r"<td>([^<]*)</td>", row.group(1))
