@@ -169,6 +169,8 @@ def _winner_cell(rows: list[Best]) -> str:
     if best is None:
         return "none meets it"
     met = [r for r in rows if r.rate > 0]
+    if len(rows) == 1:
+        return f"{best.provider} (only provider measured)"
     why = "only one meeting it" if len(met) == 1 else ("cheaper per inference" if best.cost is not None
                                                        else "higher rate (no price to compare)")
     return f"{best.provider} ({why})"
