@@ -32,8 +32,7 @@ class Best:
         saturated, and this is its last rate. A curve that does not say counts as saturated."""
         if self.curve is None or self.step is None or self.curve.get("saturated") is not False:
             return False
-        return self.step["target_rps" if "target_rps" in self.step else "offered_rps"] >= max(
-            s.get("target_rps", s.get("offered_rps", 0.0)) or 0.0 for s in self.curve["steps"])
+        return _target(self.step) >= max(_target(s) for s in self.curve["steps"])
 
     @property
     def cost(self) -> float | None:
@@ -41,6 +40,11 @@ class Best:
         if self.price is None or self.rate <= 0:
             return None
         return self.price.per_hour / (self.rate * 3600) * 1e6
+
+
+def _target(step: dict) -> float:
+    """The load a step was asked for (a rate, or users in closed loop), else what was offered."""
+    return float(step.get("target_rps") or step.get("target") or step.get("offered_rps") or 0.0)
 
 
 def best_per_provider(curves: list[dict], slo_s: float, prices: dict) -> list[Best]:

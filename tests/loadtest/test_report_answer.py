@@ -64,6 +64,8 @@ def test_a_maximum_at_the_last_rate_of_an_unsaturated_sweep_is_a_lower_bound(tmp
         gpu["saturated"] = saturated
     (row,) = answer.best_per_provider([gpu], 0.025, PRICES)
     assert answer.rate_text(row) == shown
+    closed = {**gpu, "steps": [{**s, "target_rps": None} for s in gpu["steps"]]}  # closed loop: no target rate
+    assert answer.rate_text(answer.best_per_provider([closed], 0.025, PRICES)[0]) == shown
     # Below the last rate the maximum is a measured one even when the sweep never saturated.
     (tight,) = answer.best_per_provider([gpu], 0.010, PRICES)
     assert answer.rate_text(tight) == "250"
