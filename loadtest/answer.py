@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from latlab.loadtest import costs
 from latlab.loadtest.verdict import is_gpu, max_rate_under
 
-ADD_GPU = ("`latlab report RUN --with-reference` merges the committed H100 data (in-process bench); for served GPU "
-           "curves run the gpu plan on a GPU box, `latlab lab --plan gpu`, and merge: `latlab report CPU_RUN GPU_RUN`")
+ADD_SERVED_GPU = ("for served GPU curves run the gpu plan on a GPU box, `latlab lab --plan gpu`, and merge: "
+                  "`latlab report CPU_RUN GPU_RUN`")
+ADD_GPU = f"`latlab report RUN --with-reference` merges the committed H100 data (in-process bench); {ADD_SERVED_GPU}"
 
 
 @dataclass
@@ -214,9 +215,10 @@ def answer_section(by_model: dict[str, list[dict]], slos_s: list[float], prices:
              f"{prices_note}</p>"]
     if not any(is_gpu(c) for c in every):
         what = ("No served GPU data</strong>: the bench below compares CPU and GPU in process, per model size; "
-                "served under load, this report cannot say whether a GPU pays off." if bench_gpu else
-                "No GPU data</strong>: this report cannot say whether a GPU pays off.")
-        parts.append(f"<p class='warning'><strong>{what} {html.escape(ADD_GPU)}.</p>")
+                "served under load, this report cannot say whether a GPU pays off. "
+                f"{html.escape(ADD_SERVED_GPU[0].upper() + ADD_SERVED_GPU[1:])}" if bench_gpu else
+                f"No GPU data</strong>: this report cannot say whether a GPU pays off. {html.escape(ADD_GPU)}")
+        parts.append(f"<p class='warning'><strong>{what}.</p>")
     for model, curves in by_model.items():
         parts.append(f"<h2 class='model'>{html.escape(model)}</h2>"
                      f"<p class='sentence'>{html.escape(sentence(model, curves, slos_s, prices))}</p>"
