@@ -195,4 +195,4 @@ def test_a_gpu_bench_without_served_gpu_curves_is_named_on_the_first_screen(tmp_
     page = write_report(cpu_run(tmp_path), SLOS, with_reference=True, reference_dir=reference).read_text()
     first_screen = page.split("<table class='answer'")[0]
     assert "No served GPU data</strong>: the bench below compares CPU and GPU in process" in first_screen
-    assert "latlab lab --plan gpu" in first_screen
+    assert "latlab lab --plan gpu" in first_screen and "--with-reference" not in first_screen  # already merged
