@@ -176,6 +176,15 @@ def steps_table(curve: dict) -> str:
                     f"<td>{p['p90_s']}</td><td>{p['p99_s']}</td><td>{p['max_s']}</td><td>{s['errors']}</td>"
                     f"<td>{dropped}</td><td>{batch}</td><td>{cpu}{esc(flags)}</td></tr>")
     return (f"<details><summary>{esc(curve['name'])} on {esc(machine_name(curve))}: {len(curve['steps'])} steps — "
-            f"{esc(curve.get('stop_reason', ''))}</summary><table><tr><th>offered/s</th><th>achieved/s</th>"
+            f"{esc(curve.get('stop_reason', ''))}{esc(_saturation(curve))}</summary>"
+            "<table><tr><th>offered/s</th><th>achieved/s</th>"
             f"<th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>max ms</th><th>errors</th><th>dropped</th>"
             f"<th>avg batch</th><th>generator CPU, flags</th></tr>{''.join(rows)}</table></details>")
+
+
+def _saturation(curve: dict) -> str:
+    """Whether the sweep found the deployment's limit (issue 18's fields; absent in older results)."""
+    cap = f", rate cap {curve['rate_cap_rps']:g} req/s" if curve.get("rate_cap_rps") else ""
+    if curve.get("saturated") is False:
+        return f" (not saturated{cap})"
+    return f" (saturated{cap})" if curve.get("saturated") else ""

@@ -40,6 +40,7 @@ def test_merged_report_opens_with_the_answer_the_crossover_and_the_cost_picture(
     assert "crossover" not in page.split("<table class='answer'")[0]  # the picture follows the table
     assert "below 303 req/s the CPU is cheaper" in page.split("cost against sustained rate")[1]
     assert "No GPU data" not in page and CPU_NAME in page and GPU_NAME in page and ">vm<" not in page
+    assert "synthetic (not saturated, rate cap 1347 req/s)</summary>" in page  # the GPU's steps, folded
 
 
 def test_cpu_only_report_says_what_is_missing_and_the_command_that_adds_it(tmp_path: Path) -> None:
