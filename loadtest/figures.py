@@ -1,4 +1,5 @@
-"""The report's charts as PNG bytes: latency-vs-throughput curves with SLO lines (bench figures: latlab.bench_plot)."""
+"""The report's charts as PNG bytes: latency-vs-throughput curves with SLO lines, the cost picture and where
+a request's time goes (bench figures: latlab.bench_plot)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import matplotlib
 matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
+from latlab.loadtest.costs import fleet_cost_per_million, rate_grid  # noqa: E402
+from latlab.loadtest.verdict import machine_name  # noqa: E402
+
 def curve_png(model: str, curves: list[dict], slos_s: list[float]) -> bytes:
     """p99 (solid) and p50 (dashed) against achieved throughput, one colour per deployment and machine."""
     fig, ax = plt.subplots(figsize=(8, 4.8), dpi=110)
@@ -16,10 +20,14 @@ def curve_png(model: str, curves: list[dict], slos_s: list[float]) -> bytes:
         # A step the server's restart interrupted says nothing about the load: left off the curve.
         steps = [s for s in curve["steps"] if s.get("p99_s") is not None and not s.get("server_interrupted")]
         x = [s["achieved_rps"] for s in steps]
-        name = f"{curve['name']} @ {(curve.get('machine') or {}).get('hostname', '?')}"
+        name = f"{curve['name']} @ {machine_name(curve)}"
         color = f"C{i % 10}"
         ax.plot(x, [s["p99_s"] * 1e3 for s in steps], "o-", color=color, label=f"{name} p99")
         ax.plot(x, [s["p50_s"] * 1e3 for s in steps], "s--", color=color, alpha=0.6, label=f"{name} p50")
+        few = [s for s in steps if s.get("too_few_samples")]
+        if few:  # their p99 is the maximum of a handful of requests: shown, hollow, never deciding an SLO
+            ax.plot([s["achieved_rps"] for s in few], [s["p99_s"] * 1e3 for s in few], "o", markersize=11,
+                    markerfacecolor="none", color="black", label="too few samples" if i == 0 else None)
         bound = [s for s in steps if s.get("generator_bound")]
         if bound:  # the generator, not the server, may be what these points measure
             ax.plot([s["achieved_rps"] for s in bound], [s["p99_s"] * 1e3 for s in bound], "x", color="red",
@@ -34,6 +42,50 @@ def curve_png(model: str, curves: list[dict], slos_s: list[float]) -> bytes:
     ax.set_title(f"{model}: latency vs throughput")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
+    return _png(fig)
+
+
+def cost_png(model: str, slo_s: float, lines: list[dict], crossover_rps: float | None, top_rps: float) -> bytes:
+    """Cost per million inferences against sustained rate, one staircase per provider's best deployment
+    (`lines`: {"label", "capacity_rps", "price_per_hour"}), the crossover as a vertical line."""
+    fig, ax = plt.subplots(figsize=(8, 4.2), dpi=110)
+    grid = rate_grid(top_rps)
+    for i, line in enumerate(lines):
+        costs = [fleet_cost_per_million(r, line["capacity_rps"], line["price_per_hour"]) for r in grid]
+        ax.plot(grid, costs, color=f"C{i % 10}", label=line["label"])
+        ax.axvline(line["capacity_rps"], color=f"C{i % 10}", linestyle=":", linewidth=1)
+    if crossover_rps:
+        ax.axvline(crossover_rps, color="black", linewidth=1.5)
+        ax.annotate(f" crossover {crossover_rps:.0f} req/s", (crossover_rps, 0.03), xycoords=("data", "axes fraction"),
+                    fontsize=8, ha="left", va="bottom")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("sustained rate (requests/s); dotted: one machine's max rate under the SLO")
+    ax.set_ylabel("USD per million inferences")
+    ax.set_title(f"{model}: cost at p99 ≤ {slo_s * 1e3:g} ms, machines added as the rate grows")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper right")  # costs fall with the rate: the top right stays empty
+    return _png(fig)
+
+
+def breakdown_png(model: str, bars: list[dict], parts: tuple[str, ...]) -> bytes:
+    """Per deployment (at its highest rate meeting an SLO): the server's time per request stacked by part,
+    and beside it the client-measured mean latency."""
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.45 * max(1, len(bars))), dpi=110)
+    names = [f"{b['label']}{' [server-bound]' if b.get('server_bound') else ''}" for b in bars]
+    y = list(range(len(bars)))
+    left = [0.0] * len(bars)
+    for i, part in enumerate(parts):
+        widths = [b["parts"][part] * 1e3 for b in bars]
+        ax.barh([v + 0.2 for v in y], widths, height=0.4, left=left, color=f"C{i}", label=part.replace("_", " "))
+        left = [a + w for a, w in zip(left, widths)]
+    client = [(b["client_mean_s"] or 0.0) * 1e3 for b in bars]
+    ax.barh([v - 0.2 for v in y], client, height=0.4, color="grey", label="client mean (from intended send)")
+    ax.set_yticks(y, names, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per request (server: its own histograms; grey: client-measured)")
+    ax.set_title(f"{model}: where the time goes")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: the bars fill the axes
     return _png(fig)
 
 

@@ -10,14 +10,15 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from latlab.loadtest import sections
+from latlab.loadtest import answer, pictures, sections
 from latlab.bench_plot import plot_bench
+from latlab.loadtest.costs import machine_price, price_unit
 from latlab.loadtest.figures import curve_png
 from latlab.loadtest.predict import bench_fits, request_overheads
 from latlab.loadtest.results import read_results
 # max_rate_under and verdict are also imported from here by older callers.
-from latlab.loadtest.verdict import (DEFAULT_PRICES, GPU_HINT, crossover, is_gpu, max_rate_under,  # noqa: F401
-                                     size_crossover, verdict)
+from latlab.loadtest.verdict import (DEFAULT_PRICES, GPU_HINT, crossover, is_gpu, machine_name,  # noqa: F401
+                                     max_rate_under, size_crossover, verdict)
 
 REPORT_FILE = "report.html"
 BENCH_SCHEMA = "latlab.bench/1"
@@ -78,13 +79,19 @@ def write_report(run_dirs: Path | list[Path], slos_s: list[float], prices: dict[
     by_model: dict[str, list[dict]] = defaultdict(list)
     for curve in curves:
         by_model[curve.get("model") or curve["name"]].append(curve)
-    body = [sections.environment_section(results, bench), _gpu_notice(curves, bench, with_reference, reference_dir),
-            _prices_line(prices, example_prices)]
+    # First screen: the answer. Then the pictures, then the details (folded where long).
+    bench_gpu = any(p.get("backend", "").endswith("cuda") for d in bench for e in d.get("experiments", [])
+                    for p in e.get("points", []))
+    body = [answer.answer_section(by_model, slos_s, prices, _prices_line(prices, example_prices), bench_gpu)]
+    body += _pictures(by_model, slos_s, prices, out)
+    body.append(_gpu_notice(curves, bench, with_reference, reference_dir))
     for model, model_curves in by_model.items():
         png = curve_png(model, model_curves, slos_s)
         (out / f"curve-{_slug(model)}.png").write_bytes(png)
-        body.append(_model_section(model, model_curves, slos_s, prices, fits, overheads, png))
-    body.append(f"<h2>How the predictions are made</h2>{sections.assumptions_list()}")
+        body.append(_model_section(model, model_curves, slos_s, _flat_prices(prices, model_curves), fits,
+                                   overheads, png))
+    body.append(sections.environment_section(results, bench))
+    body.append(f"<details><summary>How the predictions are made</summary>{sections.assumptions_list()}</details>")
     body.append(_bench_section(bench, out))
     events = [(doc["run_id"], event) for doc in results for event in doc.get("events", [])]
     body.append(_events_section(events))
@@ -94,20 +101,44 @@ def write_report(run_dirs: Path | list[Path], slos_s: list[float], prices: dict[
     return page
 
 
+def _pictures(by_model: dict[str, list[dict]], slos_s: list[float], prices: dict, out: Path) -> list[str]:
+    """Per model the cost picture and where the time goes, their PNGs also written beside the page."""
+    body = []
+    for model, model_curves in by_model.items():
+        for kind, (text, png) in (("cost", pictures.cost_section(model, model_curves, slos_s, prices)),
+                                  ("time", pictures.time_section(model, model_curves, slos_s))):
+            if png:
+                (out / f"{kind}-{_slug(model)}.png").write_bytes(png)
+            body.append(text)
+    return body
+
+
+def _flat_prices(prices: dict, curves: list[dict]) -> dict[str, float]:
+    """USD per machine-hour per provider, for the per-deployment tables (a core-hour price times the cores of
+    the provider's first deployment of this model)."""
+    flat = {}
+    for curve in curves:
+        provider = str(curve.get("provider", "?")).lower()
+        price = machine_price(prices, curve)
+        if price is not None and provider not in flat:
+            flat[provider] = price.per_hour
+    return flat
+
+
 def _gpu_notice(curves: list[dict], bench: list[dict], with_reference: bool, reference_dir: Path) -> str:
-    hosts = sorted({str(c["machine"].get("hostname", "?")) for c in curves})
-    gpu_hosts = sorted({str(c["machine"].get("hostname", "?")) for c in curves if is_gpu(c)})
+    machines = sorted({machine_name(c) for c in curves})
+    gpu_machines = sorted({machine_name(c) for c in curves if is_gpu(c)})
     bench_gpu = any(p.get("backend", "").endswith("cuda") for d in bench for e in d.get("experiments", [])
                     for p in e.get("points", []))
-    text = f"<p>Served measurements come from: {html.escape(', '.join(hosts))}."
-    if gpu_hosts:
-        text += f" GPU deployments were measured on: {html.escape(', '.join(gpu_hosts))}."
+    text = f"<h2>Details</h2><p>Served measurements come from: {html.escape('; '.join(machines))}."
+    if gpu_machines:
+        text += f" GPU deployments were measured on: {html.escape('; '.join(gpu_machines))}."
     text += "</p>"
-    if not gpu_hosts and not bench_gpu:
+    if not gpu_machines and not bench_gpu:
         text += (f"<p class='warning'><strong>No GPU measurements</strong>: every figure in this report comes from the "
-                 f"CPU of {html.escape(', '.join(hosts))}; no number here says how a GPU would do. To answer that, "
+                 f"CPU of {html.escape('; '.join(machines))}; no number here says how a GPU would do. To answer that, "
                  f"{html.escape(GPU_HINT)}.</p>")
-    committed = reference_dir.is_dir() and any(reference_dir.glob("*.json"))
+    committed = reference_dir.is_dir() and any(reference_dir.glob("**/*.json"))
     if with_reference and not committed:
         text += f"<p>--with-reference: no reference data are committed under {html.escape(str(reference_dir))}.</p>"
     elif not with_reference and committed:
@@ -116,12 +147,16 @@ def _gpu_notice(curves: list[dict], bench: list[dict], with_reference: bool, ref
     return text
 
 
-def _prices_line(prices: dict[str, float], example: bool) -> str:
-    listed = ", ".join(f"{provider} ${price:.2f}/h" for provider, price in sorted(prices.items()))
+def _prices_line(prices: dict, example: bool) -> str:
+    listed = ", ".join(f"{provider} {_price_text(value)}" for provider, value in sorted(prices.items()))
     origin = ("<strong>example prices</strong>, not quotes: give yours with --price cpu=…,cuda=…" if example
               else "as given with --price")
-    return (f"<p>Hourly prices per machine: {html.escape(listed)} ({origin}). Cost per million inferences = "
-            "price per hour / (max rate under the SLO × 3600) × 10⁶, for a machine kept busy at that rate.</p>")
+    return (f"Prices {html.escape(price_unit(prices))}: {html.escape(listed)} ({origin}). Cost per million inferences "
+            "= machine price per hour / (max rate under the SLO × 3600) × 10⁶, a machine kept busy at that rate.")
+
+
+def _price_text(value: object) -> str:
+    return f"${value:.2f}/h" if isinstance(value, (int, float)) else str(value)
 
 
 def _model_section(model: str, curves: list[dict], slos_s: list[float], prices: dict[str, float],
@@ -137,12 +172,13 @@ def _model_section(model: str, curves: list[dict], slos_s: list[float], prices: 
     flagged = (f"<p class='warning'>Generator-bound steps (the load generator's CPU was saturated; these numbers "
                f"describe it as much as the server): {html.escape('; '.join(bound))}.</p>" if bound else "")
     image = base64.b64encode(png).decode()
-    return (f"<h2>{html.escape(model)}</h2><img alt='latency vs throughput for {html.escape(model)}' "
-            f"src='data:image/png;base64,{image}'>{flagged}"
-            f"<h3>Max throughput under each SLO</h3>{sections.slo_table(curves, slos_s)}"
-            f"<h3>Best settings per provider and cost</h3>{sections.provider_table(curves, slos_s, prices)}"
-            f"<h3>Verdict</h3><ul class='verdict'>{verdicts}</ul>"
-            f"{sections.prediction_section(model, curves, slos_s, fits, overheads)}"
+    return (f"<h3>{html.escape(model)}: latency against throughput</h3>"
+            f"<img alt='latency vs throughput for {html.escape(model)}' src='data:image/png;base64,{image}'>{flagged}"
+            f"<h4>Max throughput under each SLO</h4>{sections.slo_table(curves, slos_s)}"
+            f"<details><summary>{html.escape(model)}: best settings per provider and cost, every verdict</summary>"
+            f"{sections.provider_table(curves, slos_s, prices)}<ul class='verdict'>{verdicts}</ul></details>"
+            f"<details><summary>{html.escape(model)}: predicted vs measured</summary>"
+            f"{sections.prediction_section(model, curves, slos_s, fits, overheads)}</details>"
             f"{''.join(sections.steps_table(c) for c in curves)}")
 
 
@@ -155,7 +191,7 @@ def _bench_section(bench: list[dict], out: Path) -> str:
                                            "no model-size crossover can be given."]
     text += "<ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in crossovers) + "</ul>"
     for doc in bench:
-        host = str(doc.get("machine", {}).get("hostname", "?"))
+        host = sections.doc_machine_name(doc.get("machine", {}))
         text += f"<h3>bench on {html.escape(host)}{' (reference data)' if doc.get('_reference') else ''}</h3>"
         for name, png in plot_bench(doc).items():
             (out / f"bench-{_slug(host)}-{_slug(name)}").write_bytes(png)
@@ -196,17 +232,23 @@ def _slug(text: str) -> str:
 
 
 def _page(title: str, body: list[str], slos_s: list[float]) -> str:
+    slos = ", ".join(f"{s * 1e3:g} ms" for s in slos_s)
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>latlab report {html.escape(title)}</title>
-<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}}
-table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}
-td:first-child{{text-align:left}}img{{max-width:100%}}.warning{{background:#fff4e0;padding:.5em}}</style></head><body>
-<h1>latlab report: {html.escape(title)}</h1>
-<p>Latency is measured by an open-loop load generator from each request's <em>intended</em> send time
-(Poisson arrivals), so queueing inside the server and the client both count. Percentiles are exact.
-Curves end where the deployment saturated (achieved &lt; 90% of offered) or failed.
-SLOs: p99 ≤ {", ".join(f"{s * 1e3:g} ms" for s in slos_s)}.
-Every row and curve names the machine it was measured on.</p>
+<style>body{{font-family:sans-serif;max-width:1100px;margin:1em auto;color:#222;font-size:15px}}
+h1{{font-size:1.3em;margin:.2em 0}}h2.model{{font-size:1.1em;margin:.6em 0 .1em}}p.sentence{{margin:.2em 0}}
+table{{border-collapse:collapse;margin:.4em 0 1em}}td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}
+td:first-child{{text-align:left}}table.answer td,table.answer th{{font-size:.9em}}img{{max-width:100%}}
+td.text{{text-align:left}}.warning{{background:#fff4e0;padding:.4em}}
+p.compared{{margin:.2em 0 .4em}}p.runs{{margin:0;color:#666}}</style></head><body>
+<h1>latlab: which deployment serves each model within p99 ≤ {html.escape(slos)}, and at what cost</h1>
+<p class='runs'>Runs: {html.escape(title)}</p>
 {"".join(body)}
+<details><summary>How this was measured</summary><p>Latency is measured by an open-loop load generator from each
+request's <em>intended</em> send time (Poisson arrivals), so queueing inside the server and the client both count.
+Percentiles are exact; a step with too few requests for its p99 to mean anything is marked and never decides an SLO.
+Curves end where the deployment saturated (achieved &lt; 90% of offered) or failed; "≥ N (not saturated)" marks a
+maximum the sweep never pushed past (a cap or the plan's last rate). Every row and curve names the machine it was
+measured on. docs/report.md explains every part of this page.</p></details>
 </body></html>
 """

@@ -129,3 +129,69 @@ class QueueWatch:
             self._greenlet.kill()
         return {"queue_depth_max": max(self.depths, default=None), "queue_capacity": self.capacity,
                 "queue_samples": len(self.depths)}
+
+
+# --- the server's own account of a step: where a request's time went, how busy the process and device were ---
+
+SERVER_HISTOGRAMS = {
+    "request": "latlab_server_request_duration_seconds",
+    "queue": "latlab_batcher_queue_duration_seconds",
+    "compute": "latlab_batcher_compute_duration_seconds",
+    "input_transfer": "latlab_batcher_input_transfer_duration_seconds",
+    "output_transfer": "latlab_batcher_output_transfer_duration_seconds",
+    "preprocess": "latlab_server_preprocess_duration_seconds",
+}
+"""Step figure name -> the server's histogram (seconds). Request and queue are observed per request;
+compute and the transfers per batch, which every request of that batch waits through."""
+PROCESS_CPU = "process_cpu_seconds_total"
+
+
+def metric_sums(metrics_text: str, deployment: str) -> dict[str, float]:
+    """Every _sum/_count of the server histograms for one deployment, plus the process's CPU seconds
+    (unlabelled, when the server exports it), keyed by sample name."""
+    wanted = {name + suffix for name in SERVER_HISTOGRAMS.values() for suffix in ("_sum", "_count")}
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == PROCESS_CPU:
+                found[PROCESS_CPU] = sample.value
+            elif sample.name in wanted and sample.labels.get("deployment") == deployment:
+                found[sample.name] = found.get(sample.name, 0.0) + sample.value
+    return found
+
+
+def server_step(before: tuple[float, str] | None, after: tuple[float, str] | None, deployment: str,
+                instances: int = 1) -> dict | None:
+    """Mean seconds per request of each server histogram between two (monotonic time, /metrics text)
+    snapshots, the process's CPU use in cores and the share of time the deployment's instances ran batches.
+    None when a snapshot is missing; a histogram the server does not export (or that saw nothing) is absent."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    seconds = after[0] - before[0]
+    start, end = metric_sums(before[1], deployment), metric_sums(after[1], deployment)
+
+    def delta(name: str) -> float | None:
+        return end[name] - start.get(name, 0.0) if name in end else None
+
+    figures: dict = {"seconds": seconds}
+    for key, name in SERVER_HISTOGRAMS.items():
+        total, count = delta(name + "_sum"), delta(name + "_count")
+        if total is not None and count:
+            figures[f"{key}_s"] = total / count
+            figures[f"{key}_count"] = count
+    cpu = delta(PROCESS_CPU)
+    figures["process_cpu_cores"] = cpu / seconds if cpu is not None else None
+    busy = delta(SERVER_HISTOGRAMS["compute"] + "_sum")  # batches run: the device's (or ORT's) busy time
+    figures["busy_s"] = busy
+    figures["busy_share"] = busy / (seconds * max(1, instances)) if busy is not None else None
+    return figures
+
+
+def snapshot(host: str, timeout: float = 5.0) -> tuple[float, str] | None:
+    """(monotonic time, /metrics text) now, or None when /metrics cannot be read."""
+    try:
+        response = requests.get(f"{host.rstrip('/')}/metrics", timeout=timeout)
+        response.raise_for_status()
+    except requests.RequestException:
+        return None
+    return time.monotonic(), response.text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 
+from latlab.loadtest.breakdown import server_bound
 from latlab.loadtest.predict import ASSUMPTIONS, predict_deployment
 from latlab.loadtest.verdict import best_per_provider, label, machine_name, max_rate_under, sustained_rate
 
@@ -30,14 +31,20 @@ def environment_section(results_docs: list[dict], bench_docs: list[dict]) -> str
             rows.append(row)
     for doc in bench_docs:
         rows.append(_machine_row("bench", doc, doc.get("machine", {}), _details(doc.get("machine", {}))))
-    return ("<h2>Environment</h2><table><tr><th>source</th><th>machine</th><th>details</th></tr>"
-            f"{''.join(rows)}</table>")
+    return ("<details><summary>Environment: every machine a number came from</summary>"
+            "<table><tr><th>source</th><th>machine</th><th>details</th></tr>"
+            f"{''.join(rows)}</table></details>")
 
 
 def _machine_row(kind: str, doc: dict, machine: dict, details: str) -> str:
     origin = " (reference data)" if doc.get("_reference") else ""
-    return (f"<tr><td>{esc(kind + origin)}</td><td>{esc(machine.get('hostname', '?'))}</td>"
+    return (f"<tr><td>{esc(kind + origin)}</td><td>{esc(doc_machine_name(machine))}</td>"
             f"<td>{esc(details)}</td></tr>")
+
+
+def doc_machine_name(machine: dict) -> str:
+    """A run's or bench's machine by what it is (`name`, GPU, CPU model), not by its hostname."""
+    return str(machine.get("name") or machine.get("gpu") or machine.get("cpu") or "unnamed machine")
 
 
 def _details(machine: dict) -> str:
@@ -156,6 +163,8 @@ def steps_table(curve: dict) -> str:
         p = {k: (f"{s[k] * 1e3:.2f}" if s.get(k) is not None else "–") for k in ("p50_s", "p90_s", "p99_s", "max_s")}
         batch = f"{s['avg_batch_size']:.1f}" if s.get("avg_batch_size") else "–"
         flags = (" (generator-bound)" if s.get("generator_bound") else "") + \
+                (f" (too few samples: {s.get('samples', '?')})" if s.get("too_few_samples") else "") + \
+                (" (server-bound)" if server_bound(s, curve) else "") + \
                 ("" if s.get("stable", True) else " (unstable)")
         if s.get("server_interrupted"):
             flags += f" (server interrupted: {s.get('interruption')})"
@@ -167,6 +176,15 @@ def steps_table(curve: dict) -> str:
                     f"<td>{p['p90_s']}</td><td>{p['p99_s']}</td><td>{p['max_s']}</td><td>{s['errors']}</td>"
                     f"<td>{dropped}</td><td>{batch}</td><td>{cpu}{esc(flags)}</td></tr>")
     return (f"<details><summary>{esc(curve['name'])} on {esc(machine_name(curve))}: {len(curve['steps'])} steps — "
-            f"{esc(curve.get('stop_reason', ''))}</summary><table><tr><th>offered/s</th><th>achieved/s</th>"
+            f"{esc(curve.get('stop_reason', ''))}{esc(_saturation(curve))}</summary>"
+            "<table><tr><th>offered/s</th><th>achieved/s</th>"
             f"<th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>max ms</th><th>errors</th><th>dropped</th>"
             f"<th>avg batch</th><th>generator CPU, flags</th></tr>{''.join(rows)}</table></details>")
+
+
+def _saturation(curve: dict) -> str:
+    """Whether the sweep found the deployment's limit (issue 18's fields; absent in older results)."""
+    cap = f", rate cap {curve['rate_cap_rps']:g} req/s" if curve.get("rate_cap_rps") else ""
+    if curve.get("saturated") is False:
+        return f" (not saturated{cap})"
+    return f" (saturated{cap})" if curve.get("saturated") else ""

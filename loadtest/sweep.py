@@ -23,6 +23,7 @@ from latlab.loadtest.prom import LoadGenMetrics, start_exporter
 from latlab.loadtest.recorder import Recorder
 from latlab.loadtest.results import write_results
 from latlab.loadtest.scrape import QueueWatch, average_batch, describe, fetch, scrape_batches
+from latlab.loadtest.scrape import server_step, snapshot
 from latlab.loadtest.search import SATURATED_BELOW, is_stable, slo_search
 
 GENERATOR_BOUND_CPU = 90.0  # % of one core used by a generator process during a step
@@ -212,6 +213,7 @@ def measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, d
     recorder = driver.state.recorder
     lag = WORKER_LAG_S if driver.distributed else 0.05
     batches_before = scrape_batches(plan.host, deployment)
+    server_before = snapshot(plan.host)  # the server's histograms: where a request's time went (report)
     driver.generator_cpu()
     start = time.time()
     windows, stable = _windows_until_stable(plan, recorder, start, lag)
@@ -220,6 +222,7 @@ def measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, d
     cpu = driver.generator_cpu()
     stats, latencies, per_source = recorder.window_detail(first, end, time.time())
     batches_after = scrape_batches(plan.host, deployment)
+    server_after = snapshot(plan.host)
     by_status = recorder.by_status(first, end)
     interruption = _interruption(by_status, queue.failures + (batches_before is None) + (batches_after is None))
     step = {
@@ -232,6 +235,7 @@ def measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, d
         "window_seconds": plan.window_seconds,
         "stable": stable,
         "avg_batch_size": average_batch(batches_before, batches_after),
+        "server": server_step(server_before, server_after, deployment),
         "generator_cpu_percent": cpu,
         "generator_bound": cpu > GENERATOR_BOUND_CPU,
         "sent_by_worker": per_source if driver.distributed else None,

@@ -33,7 +33,8 @@ def parse_prices(text: str) -> dict[str, float]:
 
 def max_rate_under(steps: list[dict], slo_s: float) -> dict | None:
     """The step with the highest achieved throughput whose p99 meets the SLO without errors."""
-    good = [s for s in steps if s.get("p99_s") is not None and s["p99_s"] <= slo_s and not s["errors"]]
+    good = [s for s in steps if s.get("p99_s") is not None and s["p99_s"] <= slo_s and not s["errors"]
+            and not s.get("too_few_samples")]  # a "p99" of a handful of requests decides nothing
     return max(good, key=lambda s: s["achieved_rps"], default=None)
 
 
@@ -67,7 +68,15 @@ def label(curve: dict) -> str:
 
 
 def machine_name(curve: dict) -> str:
-    return str((curve.get("machine") or {}).get("hostname", "?"))
+    """What the machine is: its recorded `name` (server environment, then run), else its GPU (for a device
+    deployment) or CPU model. Never the hostname: every lab VM is called `vm`."""
+    environment, run = curve.get("environment") or {}, curve.get("machine") or {}
+    gpu = environment.get("gpu") or run.get("gpu")
+    for name in (environment.get("name"), run.get("name"), gpu if is_gpu(curve) else None,
+                 environment.get("cpu"), run.get("cpu")):
+        if name:
+            return str(name)
+    return "unnamed machine"
 
 
 def verdict(model: str, curves: list[dict], slo_s: float) -> str:
@@ -171,7 +180,7 @@ def size_crossover(bench_docs: list[dict]) -> list[str]:
         pairs = _batch1_pairs(doc)
         if not pairs:
             continue
-        host = (doc.get("machine") or {}).get("hostname", "?")
+        host = (doc.get("machine") or {}).get("name") or (doc.get("machine") or {}).get("gpu") or "?"
         wins = [params for params, cpu_s, gpu_s in pairs if gpu_s < cpu_s]
         sizes = f"{len(pairs)} sizes, {human(pairs[0][0])} to {human(pairs[-1][0])} parameters"
         if not wins:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 from latlab.server.gpu import GpuCollector
 
@@ -25,6 +25,7 @@ class ServerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         registry.register(GpuCollector())
+        ProcessCollector(registry=registry)  # process_cpu_seconds_total: the report's server-bound flag
         self.request_duration = Histogram(
             "latlab_server_request_duration_seconds", "Time from receiving an infer request to its response.",
             LABELS, registry=registry, buckets=LATENCY_BUCKETS)

@@ -55,7 +55,7 @@ def run_dir(tmp_path: Path) -> Path:
     run = tmp_path / "20250101-120000"
     write_results(run / RESULTS_FILE, {
         "run_id": run.name, "created": "2025-01-01T12:00:00+0000", "host": "http://127.0.0.1:8000",
-        "machine": {"hostname": "labbox", "cpu": "Test CPU @ 3GHz", "cores": 8, "memory_gib": 31.3},
+        "machine": {"hostname": "labbox", "name": "labbox", "cpu": "Test CPU @ 3GHz", "cores": 8, "memory_gib": 31.3},
         "deployments": [B1, BATCHED],
     })
     return run
@@ -219,7 +219,7 @@ def gpu_run(tmp_path: Path) -> Path:
            "provider": "cuda", "environment": {"ort_version": "9.9.9", "gpu": "Test GPU 80GB"}}
     bound = {**step(100, 100, 0.002), "generator_bound": True}
     gpu["steps"] = [bound, *gpu["steps"]]
-    write_results(run / "results.json", {"run_id": "gpu-run", "machine": {"hostname": "gpubox", "cpu": "Big CPU",
+    write_results(run / "results.json", {"run_id": "gpu-run", "machine": {"hostname": "gpubox", "name": "gpubox", "cpu": "Big CPU",
                                                                            "cores": 32}, "deployments": [gpu]})
 
     def timing(median_ms: float) -> dict:  # plot_bench draws min-max bars
@@ -233,7 +233,7 @@ def gpu_run(tmp_path: Path) -> Path:
                for p, d, c, g in ((1000, 8, 0.05, 0.4), (10_000_000, 256, 5.0, 0.6))
                for b, t in (("ort-cpu", c), ("ort-cuda", g))]
     (run / "bench.json").write_text(json.dumps({
-        "schema": "latlab.bench/1", "machine": {"hostname": "gpubox", "gpu": "Test GPU 80GB", "ort_version": "9.9.9"},
+        "schema": "latlab.bench/1", "machine": {"hostname": "gpubox", "name": "gpubox", "gpu": "Test GPU 80GB", "ort_version": "9.9.9"},
         "experiments": [{"name": "batch_size", "model": "ffn", "vary": "batch_size", "points": points[:6],
                          "fixed": {"d_model": 128, "n_layers": 128}, "skipped": []},
                         {"name": "d_model", "model": "ffn", "vary": "d_model", "points": points[6:],
@@ -253,7 +253,8 @@ def test_report_merges_two_machines_with_costs_verdict_bench_and_prediction(run_
             "<td>gpubox</td>") in page
     assert f"<td>${2.0 / (7900 * 3600) * 1e6:.3f}</td>" in page and "as given with --price" in page
     assert "from about 10M parameters the GPU wins at batch 1" in page
-    assert page.count("data:image/png;base64,") == 3 and len(list(out.glob("bench-gpubox-*.png"))) == 2
+    assert (out / "cost-ffn.png").read_bytes().startswith(PNG_HEADER)  # the cost picture, CPU and GPU priced
+    assert page.count("data:image/png;base64,") == 4 and len(list(out.glob("bench-gpubox-*.png"))) == 2
     prediction = re.search(r"<table class='prediction'>.*?</table>", page).group(0)
     assert ("ffn-gpu (cuda, batch ≤ 64, wait ≤ 2 ms)</td><td>gpubox</td><td>p99 ≤ 25 ms</td>"
             "<td>0.500 + (0.0010 + c 0.000)·n (bench d_model=128, n_layers=128)</td>") in prediction
@@ -276,11 +277,11 @@ def test_prediction_flags_a_bench_with_other_cpu_threads_than_the_server(tmp_pat
     run = tmp_path / "cpu-run"
     served = {**deployment("ffn-b1", 1, 0.0, B1_STEPS), "cpu": {"intra_op_threads": 1}}
     write_results(run / "results.json",
-                  {"run_id": "cpu-run", "machine": {"hostname": "labbox"}, "deployments": [served]})
+                  {"run_id": "cpu-run", "machine": {"hostname": "labbox", "name": "labbox"}, "deployments": [served]})
     points = [{"backend": "ort-cpu", "batch_size": n, "median_s": n * 1e-4, "min_s": n * 1e-4, "max_s": n * 1e-4}
               for n in (1, 2)]
     (run / "bench.json").write_text(json.dumps({
-        "schema": "latlab.bench/1", "machine": {"hostname": "labbox", "threads": 0},
+        "schema": "latlab.bench/1", "machine": {"hostname": "labbox", "name": "labbox", "threads": 0},
         "experiments": [{"name": "batch_size", "model": "ffn", "vary": "batch_size", "fixed": {}, "points": points}]}))
     page = write_report(run, [0.025]).read_text()
     assert "bench ran ORT with threads=0, the server with intra_op_threads=1 (0 = every core)" in page

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from latlab.loadtest.scrape import average_batch, batch_totals
+from latlab.loadtest.scrape import average_batch, batch_totals, server_step
 from latlab.server.metrics import DeploymentObserver, ServerMetrics
 
 FAST = {"deployment": "fast", "model": "ffn", "provider": "cpu"}
@@ -72,3 +72,44 @@ def test_average_batch_from_nothing_to_something(metrics: ServerMetrics) -> None
     after = scrape(metrics)
     assert batch_totals(before, "fast") == (0.0, 0.0)
     assert average_batch(batch_totals(before, "fast"), batch_totals(after, "fast")) == 6.0
+
+
+# --- server_step: the server's own account of a step ---------------------------------------------------
+
+
+def test_server_step_means_per_request_busy_share_and_transfers(metrics: ServerMetrics) -> None:
+    fast = metrics.for_deployment(FAST)
+    fast.batch_done(2, queue_s=[9.0, 9.0], compute_s=9.0, ok=True)  # before the step: must not count
+    fast.answered("ok", 9.0)
+    before = (100.0, scrape(metrics))
+    fast.batch_done(2, queue_s=[0.001, 0.003], compute_s=0.004, ok=True)
+    fast.batch_done(1, queue_s=[0.002], compute_s=0.002, ok=True)
+    fast.transfer_done(0.0005, 0.0003)
+    for seconds in (0.010, 0.012, 0.008):
+        fast.answered("ok", seconds)
+    metrics.for_deployment(SLOW).batch_done(1, queue_s=[5.0], compute_s=5.0, ok=True)  # another deployment
+    figures = server_step(before, (102.0, scrape(metrics)), "fast", instances=2)
+    assert figures["seconds"] == 2.0
+    assert figures["request_s"] == pytest.approx(0.010) and figures["request_count"] == 3
+    assert figures["queue_s"] == pytest.approx(0.002)          # per request
+    assert figures["compute_s"] == pytest.approx(0.003)        # per batch: what each of its requests waits through
+    assert figures["input_transfer_s"] == pytest.approx(0.0005)
+    assert figures["output_transfer_s"] == pytest.approx(0.0003)
+    assert figures["busy_s"] == pytest.approx(0.006) and figures["busy_share"] == pytest.approx(0.006 / 4)
+    assert "preprocess_s" not in figures                        # a histogram the server does not have
+    assert figures["process_cpu_cores"] >= 0                    # this test's own process, through ServerMetrics
+
+
+def test_server_step_reads_process_cpu_and_preprocess_when_exported() -> None:
+    before = (10.0, 'process_cpu_seconds_total 4.0\n'
+                    'latlab_server_preprocess_duration_seconds_sum{deployment="fast"} 1.0\n'
+                    'latlab_server_preprocess_duration_seconds_count{deployment="fast"} 10.0\n')
+    after = (14.0, 'process_cpu_seconds_total 7.0\n'
+                   'latlab_server_preprocess_duration_seconds_sum{deployment="fast"} 1.5\n'
+                   'latlab_server_preprocess_duration_seconds_count{deployment="fast"} 110.0\n')
+    figures = server_step(before, after, "fast")
+    assert figures["process_cpu_cores"] == pytest.approx(0.75)
+    assert figures["preprocess_s"] == pytest.approx(0.005)
+    assert server_step(None, after, "fast") is None and server_step(after, before, "fast") is None
+    unexported = server_step((1.0, ""), (2.0, ""), "fast")  # a server without the process collector
+    assert unexported["process_cpu_cores"] is None and unexported["busy_share"] is None

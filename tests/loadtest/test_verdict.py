@@ -17,7 +17,7 @@ def steps(*points: tuple[float, float]) -> list[dict]:
 
 
 def curve(name: str, provider: str, batch: int, points: list[dict], host: str = "cpubox") -> dict:
-    return {"name": name, "model": "ffn", "provider": provider, "machine": {"hostname": host},
+    return {"name": name, "model": "ffn", "provider": provider, "machine": {"hostname": host, "name": host},
             "batcher": {"max_batch_size": batch, "max_queue_delay_ms": 2.0}, "steps": points}
 
 
@@ -132,7 +132,7 @@ def bench(pairs: list[tuple[int, float, float]], host: str = "gpubox") -> dict:
     """(params, CPU ms, GPU ms) at batch 1 as a bench document of one width sweep."""
     points = [{"backend": backend, "batch_size": 1, "params": params, "d_model": params, "median_s": ms / 1e3}
               for params, cpu, gpu in pairs for backend, ms in (("ort-cpu", cpu), ("ort-cuda", gpu))]
-    return {"schema": "latlab.bench/1", "machine": {"hostname": host},
+    return {"schema": "latlab.bench/1", "machine": {"hostname": host, "name": host},
             "experiments": [{"name": "width", "model": "ffn", "vary": "d_model", "points": points}]}
 
 

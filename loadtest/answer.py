@@ -1,0 +1,226 @@
+"""The report's first screen: per model, the best deployment per provider under each SLO, its rate and cost,
+the winner, and one plain sentence; or what is missing for a CPU-vs-GPU answer and the command that adds it."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+from latlab.loadtest import costs
+from latlab.loadtest.verdict import is_gpu, max_rate_under
+
+ADD_SERVED_GPU = ("for served GPU curves run the gpu plan on a GPU box, `latlab lab --plan gpu`, and merge: "
+                  "`latlab report CPU_RUN GPU_RUN`")
+ADD_GPU = f"`latlab report RUN --with-reference` merges the committed H100 data (in-process bench); {ADD_SERVED_GPU}"
+
+
+@dataclass
+class Best:
+    """One provider's best deployment under one SLO."""
+
+    provider: str
+    curve: dict | None = None
+    step: dict | None = None
+    price: costs.Price | None = None
+
+    @property
+    def rate(self) -> float:
+        return self.step["achieved_rps"] if self.step else 0.0
+
+    @property
+    def unsaturated(self) -> bool:
+        """The rate is only a lower bound: the sweep ended (cap or rates ran out) before the deployment
+        saturated, and this is its last rate. A curve that does not say counts as saturated."""
+        if self.curve is None or self.step is None or self.curve.get("saturated") is not False:
+            return False
+        return _target(self.step) >= max(_target(s) for s in self.curve["steps"])
+
+    @property
+    def cost(self) -> float | None:
+        """USD per million inferences with one machine kept busy at this rate."""
+        if self.price is None or self.rate <= 0:
+            return None
+        return self.price.per_hour / (self.rate * 3600) * 1e6
+
+
+def _target(step: dict) -> float:
+    """The load a step was asked for (a rate, or users in closed loop), else what was offered."""
+    return float(step.get("target_rps") or step.get("target") or step.get("offered_rps") or 0.0)
+
+
+def best_per_provider(curves: list[dict], slo_s: float, prices: dict) -> list[Best]:
+    """Per provider (cpu first, then device providers), the deployment with the highest rate meeting the SLO."""
+    best: dict[str, Best] = {}
+    for curve in curves:
+        provider = str(curve.get("provider", "?")).lower()
+        step = max_rate_under(curve["steps"], slo_s)
+        current = best.setdefault(provider, Best(provider, curve, None, costs.machine_price(prices, curve)))
+        if step is not None and step["achieved_rps"] > current.rate:
+            best[provider] = Best(provider, curve, step, costs.machine_price(prices, curve))
+    return [best[p] for p in sorted(best, key=lambda p: (p != "cpu", p))]
+
+
+def winner(rows: list[Best]) -> Best | None:
+    """The cheaper per inference when each runs flat out; by rate when a price is missing."""
+    met = [r for r in rows if r.rate > 0]
+    if all(r.cost is not None for r in met):
+        return min(met, key=lambda r: r.cost, default=None)
+    return max(met, key=lambda r: r.rate, default=None)
+
+
+def rate_text(row: Best) -> str:
+    if row.rate <= 0:
+        return "never meets it"
+    return f"≥ {row.rate:.0f} (not saturated)" if row.unsaturated else f"{row.rate:.0f}"
+
+
+def settings(curve: dict) -> str:
+    """The batching settings in a few words."""
+    batcher = curve.get("batcher") or {}
+    size = batcher.get("max_batch_size")
+    if size is None:
+        return "batching unknown"
+    return "batching off" if size == 1 else f"batching ≤ {size}, wait ≤ {batcher.get('max_queue_delay_ms', 0):g} ms"
+
+
+def side(curves: list[dict]) -> str:
+    """What one side of the comparison is: '16 CPU cores', '1 NVIDIA H100 80GB HBM3'."""
+    if curves and is_gpu(curves[0]):
+        names = sorted({str((c.get("environment") or {}).get("gpu") or (c.get("machine") or {}).get("gpu")
+                            or "GPU of unknown model") for c in curves})
+        return " / ".join(f"1 {n}" for n in names)
+    threads = sorted({t for t in (costs.cpu_threads(c) for c in curves) if t})
+    if not threads:
+        return "CPU (thread count not recorded)"
+    count = "/".join(str(t) for t in threads)
+    return f"{count} CPU core{'s' if threads[-1] > 1 else ''}"
+
+
+def compared(curves: list[dict]) -> str:
+    cpu = [c for c in curves if not is_gpu(c)]
+    gpu = [c for c in curves if is_gpu(c)]
+    return " vs ".join(side(group) for group in (cpu, gpu) if group)
+
+
+def headline_slo(curves: list[dict], slos_s: list[float]) -> float | None:
+    """The SLO the sentence speaks of: the tightest that both CPU and GPU meet, else the tightest any meets."""
+    def meets(group: list[dict], slo: float) -> bool:
+        return any(max_rate_under(c["steps"], slo) for c in group)
+    cpu = [c for c in curves if not is_gpu(c)]
+    gpu = [c for c in curves if is_gpu(c)]
+    ordered = sorted(slos_s)
+    both = [s for s in ordered if meets(cpu, s) and meets(gpu, s)]
+    anyone = [s for s in ordered if meets(curves, s)]
+    return (both or anyone or [None])[0]
+
+
+def _money(value: float | None) -> str:
+    if value is None:
+        return "no price"
+    return f"${value:.2f}" if value >= 0.01 else f"${value:.4f}"
+
+
+def _clause(row: Best, first: bool) -> str:
+    who = "the GPU" if is_gpu(row.curve) else "the CPU"
+    what = f"{who} ({side([row.curve])}, {settings(row.curve)})"
+    if row.rate <= 0:
+        return f"{who} never meets it"
+    if row.unsaturated:
+        rate = f"serves ≥ {row.rate:.0f} req/s (not saturated)"
+    else:
+        rate = f"serves {row.rate:.0f} req/s" if first else f"tops out at {row.rate:.0f} req/s"
+    cost = f" at {_money(row.cost)} per million" if row.cost is not None else ""
+    return f"{what} {rate}{cost}"
+
+
+def cost_crossover(cpu: Best, gpu: Best) -> dict | None:
+    """costs.crossover for the two rows, over rates up to 4× the larger capacity; None without both."""
+    if cpu.rate <= 0 or gpu.rate <= 0 or cpu.price is None or gpu.price is None:
+        return None
+    top = 4 * max(cpu.rate, gpu.rate)
+    return {**costs.crossover((cpu.rate, cpu.price.per_hour), (gpu.rate, gpu.price.per_hour), top), "top_rps": top}
+
+
+def crossover_clause(found: dict) -> str:
+    names = {"cpu": "the CPU", "gpu": "the GPU"}
+    low = names[found["cheaper_low"]]
+    if found["from_rps"] is None:
+        return f"{low} is cheaper at every rate up to {found['top_rps']:.0f} req/s"
+    return f"below {found['from_rps']:.0f} req/s {low} is cheaper, above it {names[found['cheaper_high']]}"
+
+
+def sentence(model: str, curves: list[dict], slos_s: list[float], prices: dict) -> str:
+    """The model's answer in one plain sentence, at the headline SLO."""
+    slo = headline_slo(curves, slos_s)
+    if slo is None:
+        return f"{model}: no deployment meets p99 ≤ {max(slos_s) * 1e3:g} ms at any measured load."
+    rows = best_per_provider(curves, slo, prices)
+    cpu = next((r for r in rows if r.provider == "cpu"), None)
+    gpu = max((r for r in rows if r.provider != "cpu"), key=lambda r: r.rate, default=None)
+    ordered = sorted([r for r in (cpu, gpu) if r is not None], key=lambda r: -r.rate)
+    clauses = [_clause(row, i == 0) for i, row in enumerate(ordered)]
+    if cpu is not None and gpu is not None:
+        found = cost_crossover(cpu, gpu)
+        if found:
+            clauses.append(crossover_clause(found))
+    else:
+        clauses.append("no GPU measurements, so whether a GPU pays off is unknown" if gpu is None
+                       else "no CPU measurements to compare with")
+    return f"{model}: at p99 ≤ {slo * 1e3:g} ms " + "; ".join(clauses) + "."
+
+
+def _winner_cell(rows: list[Best]) -> str:
+    best = winner(rows)
+    if best is None:
+        return "none meets it"
+    met = [r for r in rows if r.rate > 0]
+    if len(rows) == 1:
+        return f"{best.provider} (only provider measured)"
+    why = "only one meeting it" if len(met) == 1 else ("cheaper per inference" if best.cost is not None
+                                                       else "higher rate (no price to compare)")
+    return f"{best.provider} ({why})"
+
+
+def _of_provider(curves: list[dict], provider: str) -> list[dict]:
+    return [c for c in curves if str(c.get("provider", "?")).lower() == provider]
+
+
+def answer_table(curves: list[dict], slos_s: list[float], prices: dict) -> str:
+    """One row per SLO; per provider its best settings, max rate (≥ when unsaturated), cost; the winner."""
+    providers = [r.provider for r in best_per_provider(curves, slos_s[0], prices)]
+    head = "".join(f"<th colspan='3'>{html.escape(p)} ({html.escape(side(_of_provider(curves, p)))})</th>"
+                   for p in providers)
+    sub = "<th>best settings</th><th>max req/s</th><th>$ per 1M</th>" * len(providers)
+    rows = []
+    for slo in slos_s:
+        found = {r.provider: r for r in best_per_provider(curves, slo, prices)}
+        cells = ""
+        for provider in providers:
+            row = found[provider]
+            best = settings(row.curve) if row.rate > 0 else "–"
+            cells += (f"<td class='text'>{html.escape(best)}</td><td>{html.escape(rate_text(row))}</td>"
+                      f"<td>{_money(row.cost) if row.rate > 0 else '–'}</td>")
+        winner_text = html.escape(_winner_cell(list(found.values())))
+        rows.append(f"<tr><td>p99 ≤ {slo * 1e3:g} ms</td>{cells}<td class='text'>{winner_text}</td></tr>")
+    return (f"<table class='answer'><tr><th rowspan='2'>SLO</th>{head}<th rowspan='2'>winner at full load</th></tr>"
+            f"<tr>{sub}</tr>{''.join(rows)}</table>")
+
+
+def answer_section(by_model: dict[str, list[dict]], slos_s: list[float], prices: dict, prices_note: str,
+                   bench_gpu: bool = False) -> str:
+    """The first screen: what is compared, then per model its sentence and table; what is missing, if anything.
+    `bench_gpu`: an in-process bench with GPU points is merged in (it answers per model size, not served)."""
+    every = [c for group in by_model.values() for c in group]
+    parts = [f"<section id='answer'><p class='compared'><strong>Compared: {html.escape(compared(every))}.</strong> "
+             f"{prices_note}</p>"]
+    if not any(is_gpu(c) for c in every):
+        what = ("No served GPU data</strong>: the bench below compares CPU and GPU in process, per model size; "
+                "served under load, this report cannot say whether a GPU pays off. "
+                f"{html.escape(ADD_SERVED_GPU[0].upper() + ADD_SERVED_GPU[1:])}" if bench_gpu else
+                f"No GPU data</strong>: this report cannot say whether a GPU pays off. {html.escape(ADD_GPU)}")
+        parts.append(f"<p class='warning'><strong>{what}.</p>")
+    for model, curves in by_model.items():
+        parts.append(f"<h2 class='model'>{html.escape(model)}</h2>"
+                     f"<p class='sentence'>{html.escape(sentence(model, curves, slos_s, prices))}</p>"
+                     f"{answer_table(curves, slos_s, prices)}")
+    return "".join(parts) + "</section>"

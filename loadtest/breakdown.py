@@ -1,0 +1,106 @@
+"""Where a request's time goes inside the server (from its own histograms, per step) and when the serving
+process, not the device, is what limits a deployment (the server-bound rule)."""
+
+from __future__ import annotations
+
+import html
+
+from latlab.loadtest.costs import cpu_threads
+from latlab.loadtest.verdict import is_gpu, label, machine_name, max_rate_under
+
+PARTS = ("queue", "preprocess", "input_transfer", "compute", "output_transfer", "rest")
+"""The stacked bar's parts, bottom to top."""
+SERVER_BOUND_CPU = 0.90
+"""The serving process used at least this share of the cores it could use..."""
+DEVICE_IDLE_BELOW = 0.70
+"""...while the deployment's instances ran batches less than this share of the time."""
+
+
+def parts(server: dict) -> dict[str, float] | None:
+    """Mean seconds per request inside the server: queue wait, preprocess, input transfer, the model run,
+    output transfer and the rest of the server's work (decoding, batching, encoding, the front end).
+    The compute histogram times a whole batch run including its transfers, so they are taken out of it.
+    None when the step has no server figures."""
+    if not server or server.get("request_s") is None:
+        return None
+    figures = {key: server.get(f"{key}_s") or 0.0 for key in ("queue", "preprocess", "input_transfer",
+                                                             "output_transfer")}
+    figures["compute"] = max(0.0, (server.get("compute_s") or 0.0) - figures["input_transfer"]
+                             - figures["output_transfer"])
+    inside = sum(figures.values())
+    figures["rest"] = max(0.0, server["request_s"] - inside)
+    return {key: figures[key] for key in PARTS}
+
+
+def busy_share(server: dict, curve: dict) -> float | None:
+    """Share of the step's time the deployment's instances were running batches (all instances together)."""
+    busy, seconds = server.get("busy_s"), server.get("seconds")
+    if busy is None or not seconds:
+        return server.get("busy_share")
+    instances = int((curve.get("batcher") or {}).get("instances") or 1)
+    return busy / (seconds * instances)
+
+
+def usable_cores(curve: dict, share: float) -> float:
+    """The cores the serving process could keep busy: one for the interpreter (its lock serialises the
+    Python work of decoding, batching and encoding) plus, on CPU, ORT's threads while a batch runs."""
+    if is_gpu(curve):
+        return 1.0
+    return 1.0 + share * (cpu_threads(curve) or 1)
+
+
+def server_bound(step: dict, curve: dict) -> bool | None:
+    """True when the serving process was saturated (CPU ≥ 90% of the cores it could use) while its device
+    was not (instances busy < 70% of the time); None when the server did not export what the rule needs."""
+    server = step.get("server") or {}
+    share = busy_share(server, curve) if server else None
+    cpu = server.get("process_cpu_cores")
+    if share is None or cpu is None:
+        return None
+    return cpu >= SERVER_BOUND_CPU * usable_cores(curve, share) and share < DEVICE_IDLE_BELOW
+
+
+def bars(curves: list[dict], slos_s: list[float]) -> list[dict]:
+    """Per deployment and SLO: the step at its highest rate meeting the SLO, with its server-side parts,
+    client-measured mean and p99, and the server-bound flag. Steps without server figures are left out."""
+    found = []
+    for curve in curves:
+        for slo in sorted(slos_s):
+            step = max_rate_under(curve["steps"], slo)
+            split = parts(step.get("server") or {}) if step else None
+            if split is None or any(b["step"] is step for b in found):
+                continue  # the same step can be the highest under two SLOs: one bar
+            found.append({"curve": curve, "slo_s": slo, "step": step, "parts": split,
+                          "client_mean_s": step.get("mean_s"), "client_p99_s": step.get("p99_s"),
+                          "server_bound": server_bound(step, curve)})
+    return found
+
+
+def bar_label(bar: dict) -> str:
+    return f"{bar['curve']['name']} @ {bar['step']['achieved_rps']:.0f}/s"
+
+
+def breakdown_table(found: list[dict]) -> str:
+    """The bars as numbers (ms), with the server's CPU and busy share and the server-bound flag."""
+    rows = []
+    for bar in found:
+        server, curve = bar["step"]["server"], bar["curve"]
+        share = busy_share(server, curve)
+        cpu = server.get("process_cpu_cores")
+        flag = {True: "server-bound", False: "no", None: "unknown (no process CPU figure)"}[bar["server_bound"]]
+        cells = "".join(f"<td>{bar['parts'][k] * 1e3:.2f}</td>" for k in PARTS)
+        client = "–" if bar["client_mean_s"] is None else f"{bar['client_mean_s'] * 1e3:.2f}"
+        rows.append(f"<tr><td>{html.escape(label(curve))} on {html.escape(machine_name(curve))}</td>"
+                    f"<td>{bar['step']['achieved_rps']:.0f} (p99 ≤ {bar['slo_s'] * 1e3:g} ms)</td>{cells}"
+                    f"<td>{sum(bar['parts'].values()) * 1e3:.2f}</td><td>{client}</td>"
+                    f"<td>{'–' if cpu is None else f'{cpu:.2f}'}</td>"
+                    f"<td>{'–' if share is None else f'{share:.0%}'}</td><td>{flag}</td></tr>")
+    head = "".join(f"<th>{k.replace('_', ' ')} ms</th>" for k in PARTS)
+    return ("<table class='breakdown'><tr><th>deployment</th><th>req/s (highest meeting)</th>"
+            f"{head}<th>server total ms</th><th>client mean ms</th><th>server CPU, cores</th>"
+            f"<th>instances busy</th><th>server-bound</th></tr>{''.join(rows)}</table>")
+
+
+RULE = (f"Server-bound: the serving process used ≥ {SERVER_BOUND_CPU:.0%} of the cores it could use (one for the "
+        "Python interpreter, plus on CPU the ORT threads while a batch ran) while the deployment's instances were "
+        f"running batches less than {DEVICE_IDLE_BELOW:.0%} of the time: the front end, not the model, limits it.")

@@ -1,0 +1,70 @@
+"""The report's second screen per model, as HTML with inlined PNGs: the cost picture (cost per million
+inferences against sustained rate, crossover marked) and where a request's time goes inside the server."""
+
+from __future__ import annotations
+
+import base64
+import html
+
+from latlab.loadtest import answer, breakdown
+from latlab.loadtest.figures import breakdown_png, cost_png
+from latlab.loadtest.verdict import is_gpu
+
+
+def img(png: bytes, alt: str) -> str:
+    return f"<img alt='{html.escape(alt)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+
+
+def cost_lines(curves: list[dict], slo_s: float, prices: dict) -> tuple[list[dict], dict | None]:
+    """Per provider, the best deployment's staircase inputs; and the CPU-vs-GPU crossover when both exist."""
+    rows = [r for r in answer.best_per_provider(curves, slo_s, prices) if r.rate > 0 and r.price is not None]
+    lines = [{"label": f"{r.provider}: {answer.side([r.curve])}, {answer.settings(r.curve)} "
+                       f"({answer.rate_text(r)} req/s each, {r.price.basis})",
+              "capacity_rps": r.rate, "price_per_hour": r.price.per_hour, "row": r} for r in rows]
+    cpu = next((r for r in rows if not is_gpu(r.curve)), None)
+    gpu = max((r for r in rows if is_gpu(r.curve)), key=lambda r: r.rate, default=None)
+    found = answer.cost_crossover(cpu, gpu) if cpu and gpu else None
+    return lines, found
+
+
+def cost_section(model: str, curves: list[dict], slos_s: list[float], prices: dict) -> tuple[str, bytes | None]:
+    """The cost picture at the headline SLO (the one the sentence speaks of); (html, png or None)."""
+    slo = answer.headline_slo(curves, slos_s)
+    title = f"<h3>{html.escape(model)}: cost against sustained rate</h3>"
+    if slo is None:
+        return title + "<p>No deployment meets any SLO: nothing to price.</p>", None
+    lines, found = cost_lines(curves, slo, prices)
+    if not lines:
+        return title + "<p>No priced deployment meets the SLO: give prices with --price.</p>", None
+    top = found["top_rps"] if found else 4 * max(line["capacity_rps"] for line in lines)
+    crossing = found["from_rps"] if found else None
+    png = cost_png(model, slo, lines, crossing, top)
+    if found:
+        words = answer.crossover_clause(found)
+    elif len(lines) == 1:
+        words = "one provider only: no crossover to mark"
+    else:
+        words = "no CPU-vs-GPU pair priced: no crossover"
+    text = (f"{title}{img(png, f'cost per million inferences vs rate for {model}')}"
+            f"<p>At p99 ≤ {slo * 1e3:g} ms: {html.escape(words)}. Each provider serves a rate with "
+            "ceil(rate / its max rate under the SLO) machines kept busy, so its cost falls as a machine fills up "
+            "and jumps when one more is needed; load is assumed spread evenly over the machines.</p>")
+    return text, png
+
+
+def time_section(model: str, curves: list[dict], slos_s: list[float]) -> tuple[str, bytes | None]:
+    """Where the time goes for every deployment step that has server figures; (html, png or None)."""
+    title = f"<h3>{html.escape(model)}: where the time goes</h3>"
+    found = breakdown.bars(curves, slos_s)
+    if not found:
+        return (title + "<p>No server figures in these results (runs before server histograms were recorded "
+                "per step, or /metrics unreachable): re-run the sweep to see them.</p>"), None
+    for bar in found:
+        bar["label"] = breakdown.bar_label(bar)
+    png = breakdown_png(model, found, breakdown.PARTS)
+    flagged = [breakdown.bar_label(b) for b in found if b["server_bound"]]
+    warning = (f"<p class='warning'><strong>Server-bound</strong>: {html.escape('; '.join(flagged))}.</p>"
+               if flagged else "")
+    return (f"{title}{img(png, f'where the time goes for {model}')}{warning}"
+            f"<details><summary>the numbers and the server-bound rule</summary>{breakdown.breakdown_table(found)}"
+            f"<p>{html.escape(breakdown.RULE)}</p></details>"), png
