@@ -13,9 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 MAX_README_LINES = 300
-# Written on other branches of the same release (the GPU guide, the bench guide, the report's guide and
-# screenshot);
-# tolerated while absent so that this branch stands alone. Delete an entry once its file is on main.
+# Written on other branches of the same release (the GPU guide, the bench guide, the report's guide and its
+# screenshot): tolerated while absent so that this branch stands alone. Delete an entry once it is on main.
 PENDING = {"docs/gpu.md", "docs/bench.md", "docs/report.md", "docs/report-first-screen.png"}
 
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
