@@ -64,6 +64,20 @@ def test_relative_links_resolve(doc: Path):
     assert not missing, f"{doc.name} links to missing files: {missing}"
 
 
+def test_every_doc_is_reachable_from_the_readme():
+    # A page nobody links to is a page no newcomer finds: follow links from the README through docs/.
+    seen, todo = set(), [README]
+    while todo:
+        doc = todo.pop()
+        for target in relative_links(doc):
+            path = (doc.parent / target).resolve()
+            if path.suffix == ".md" and path.exists() and path not in seen:
+                seen.add(path)
+                todo.append(path)
+    orphans = [p.name for p in DOCS if p.resolve() not in seen]
+    assert not orphans, f"docs/ pages no link leads to from README.md: {orphans}"
+
+
 def test_readme_shows_commands():
     # Guards the extraction itself: a regex that silently matched nothing would pass every test below.
     assert {"lab", "test"} <= set(shown(MAKE_TARGET))
