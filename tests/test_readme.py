@@ -25,14 +25,22 @@ MAKE_TARGET = re.compile(r"(?:^|\s)make ([a-z][\w-]*)")
 BENCH_SCRIPT = re.compile(r"(?:^|[\s/])(benchmarks/[\w-]+\.py)")
 
 
-def relative_links(path: Path) -> list[str]:
-    """Link targets in a markdown file that point inside the repository (no scheme, not a bare anchor)."""
+def relative_links(path: Path, anchors: bool = False) -> list[str]:
+    """Link targets in a markdown file that point inside the repository (no scheme, not a bare anchor),
+    without their #anchor unless asked."""
     targets = []
     for target in LINK.findall(path.read_text(encoding="utf-8")):
         if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
             continue
-        targets.append(target.split("#", 1)[0])
+        targets.append(target if anchors else target.split("#", 1)[0])
     return targets
+
+
+def heading_anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives a file's headings: lower case, punctuation dropped, spaces to hyphens."""
+    text = FENCE.sub("", path.read_text(encoding="utf-8"))
+    titles = re.findall(r"^#{1,6}\s+(.+?)\s*$", text, re.M)
+    return {re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-") for title in titles}
 
 
 def code_text(path: Path) -> str:
@@ -62,6 +70,17 @@ def test_relative_links_resolve(doc: Path):
         if not resolved.exists() and name not in PENDING:
             missing.append(target)
     assert not missing, f"{doc.name} links to missing files: {missing}"
+
+
+@pytest.mark.parametrize("doc", [README, *DOCS], ids=lambda p: str(p.relative_to(ROOT)))
+def test_anchors_name_headings(doc: Path):
+    wrong = []
+    for target in relative_links(doc, anchors=True):
+        file, _, anchor = target.partition("#")
+        path = (doc.parent / file).resolve()
+        if anchor and path.suffix == ".md" and path.exists() and anchor not in heading_anchors(path):
+            wrong.append(target)
+    assert not wrong, f"{doc.name} links to headings that do not exist: {wrong}"
 
 
 def test_every_doc_is_reachable_from_the_readme():
