@@ -5,11 +5,11 @@ batcher, ORT, metrics; no HTTP, no sockets), with batching off and with adaptive
     PYTHONPATH=/tmp/old/pkg .venv/bin/python benchmarks/request_path.py   # the same for other code
 
 Prints per mode the best per-call time of a hot loop and the median of calls made 7.7 ms apart (as at
-~130 req/s, where an idle VM's caches go cold between requests). To compare two versions of the code, run
+~130 req/s, where an idle machine's caches go cold between requests). To compare two versions of the code, run
 this once per version, alternating (a `git archive` of the other version laid out as the `latlab` package
 and put first on PYTHONPATH). `--profile` adds cProfile's count of Python calls per request and the
 share of the profiled time each part of the path takes; `--instructions` the CPU instructions a request
-executes (`perf stat`), the steadiest figure on a VM whose speed drifts, and `--ablate` what each part
+executes (`perf stat`), the steadiest figure on a shared machine whose speed drifts, and `--ablate` what each part
 of the path adds to it (the count with that part stubbed out). Last, how many garbage
 collections the calls set off and what a full one costs here."""
 
@@ -69,7 +69,7 @@ def profile(call, n: int = 3000) -> str:
 def instructions_per_request(mode: str, stub: str = "", short: int = 2000, long: int = 12000) -> float:
     """CPU instructions one request executes, counted by `perf stat` over two runs of this script that differ
     only in how many calls they make (--calls), so start-up cancels out. Unlike time, the count barely
-    moves with this VM's speed (~1% run to run), which makes it the figure to compare two versions by.
+    moves with the machine's speed (~1% run to run), which makes it the figure to compare two versions by.
     `stub` names a part of the path (STUBS) replaced by a stand-in, so the difference is that part's cost."""
     counts = []
     for calls in (short, long):

@@ -84,8 +84,8 @@ def low_load_p50(served, work: Path, deployments: list[str], rate: float, args: 
                  model: OnnxModel, feeds: dict[str, np.ndarray]) -> dict:
     """Per deployment, the server's own p50 over one open-loop step at a low rate (its request histogram,
     interpolated within a bucket 0.2-0.3 ms wide around 2 ms) and, at the same time, the p50 of in-process
-    ORT batch-1 runs paced at the same rate: this VM's speed drifts by tens of percent within minutes, so
-    the baseline is taken in the step's own window, not before or after it."""
+    ORT batch-1 runs paced at the same rate: a shared VM's speed can drift by tens of percent within minutes,
+    so the baseline is taken in the step's own window, not before or after it."""
     name = "latlab_server_request_duration_seconds"
     before = {d: served.histogram(name, d) for d in deployments}
     paced: list[tuple[float, float]] = []  # (wall-clock time, seconds of one run)
@@ -105,7 +105,7 @@ def low_load_p50(served, work: Path, deployments: list[str], rate: float, args: 
 def paced_runs(model: OnnxModel, feeds: dict[str, np.ndarray], gap_s: float, process) -> list[tuple[float, float]]:
     """Batch-1 runs `gap_s` apart until `process` ends: (wall-clock time, seconds) each. Paced is the fair
     baseline: between requests the 8 MB of weights leave the cache, so an isolated run takes about twice a
-    hot-loop run. At a low rate the two cores have room for these and the server's runs side by side."""
+    hot-loop run. At a low rate even two cores have room for these and the server's runs side by side."""
     runs = []
     while process.poll() is None:
         time.sleep(gap_s)

@@ -63,8 +63,8 @@ def ffn_model(d_model: int, n_layers: int, cache_dir: Path) -> PointModel:
 
 
 def write_ffn_onnx(module: FFN, path: Path) -> None:
-    """Write FFN as MatMul/Relu/Add per block. The dynamo exporter needs ~14 s for 128 blocks here
-    (minutes for the seed's 3840) and cannot write past 2 GiB; the graph is the same arithmetic."""
+    """Write FFN as MatMul/Relu/Add per block. The dynamo exporter takes seconds at 128 blocks
+    (minutes at the seed's 3840) and cannot write past 2 GiB; the graph is the same arithmetic."""
     nodes, weights, prev = [], [], "x"
     blocks = list(module.blocks)
     for i, block in enumerate(blocks):

@@ -1,10 +1,10 @@
 """The generator's HTTP/1.1 client for infer requests: keep-alive connections, requests encoded once.
 
 Locust's FastHttpSession spends most of a request's client CPU on what a load generator never needs
-(URL parsing, cookies, a liveness probe of the socket, response objects); at 2000 req/s that was ~85% of a
-core on this 2-core box, time taken from the server under test. As wrk does, every body is encoded once
-with its request line and headers (`Prepared`), so a request is one `sendall` and a small parse of the
-answer. Responses may carry Content-Length, chunked encoding or neither (read to close).
+(URL parsing, cookies, a liveness probe of the socket, response objects), and when the generator shares
+the server's machine that CPU is taken from the server under test (figures: docs/performance.md). As wrk
+does, every body is encoded once with its request line and headers (`Prepared`), so a request is one
+`sendall` and a small parse of the answer. Responses may carry Content-Length, chunked encoding or neither (read to close).
 
 It runs under gevent (Locust patches `socket`), one connection per outstanding request, reused afterwards.
 """
