@@ -80,7 +80,7 @@ class DynamicBatcher:
 
         A request that finds the queue empty, an instance free and the dispatch rule sending it alone at
         once runs on the calling thread: the batch it would have formed is itself, and the hand-over to a
-        worker and back (two thread wake-ups, ~0.1-0.5 ms on a VM whose idle vCPUs sleep) is saved."""
+        worker and back (two thread wake-ups, dear where idle cores sleep: docs/performance.md) is saved."""
         pending = self._pending(inputs, size, timeout_s, priority, outputs)
         with self._cond:
             free = self._settings.instances - self._busy

@@ -7,8 +7,8 @@ device and only the requested ones are copied back, each step timed apart (`RunT
 
 Pinned host buffers are not used: request tensors arrive as pageable numpy arrays decoded from the body,
 so staging them in pinned memory would add a host copy to save part of a DMA; for the tensors served here
-(kilobytes to a few MB) the copy's fixed latency, not bandwidth, should dominate (reasoned, not measured:
-no GPU was available; measure before adding them). String (BYTES) tensors cannot be
+(kilobytes to a few MB) the copy's fixed latency, not bandwidth, should dominate (reasoned, not yet measured
+on a GPU; measure before adding them). String (BYTES) tensors cannot be
 bound to a device by ORT, so models with any run through `session.run` on every provider.
 """
 
