@@ -16,6 +16,8 @@ import requests
 
 from latlab import procs
 
+from ..loadtest.test_report_browser import first_screen_problems, probe
+
 pytestmark = pytest.mark.e2e
 CLI = [sys.executable, "-m", "latlab.cli"]
 
@@ -109,6 +111,8 @@ def test_lab_runs_end_to_end_and_stops_everything(tmp_path):
         assert doc["payload"]["encoding"] == ("binary" if model == "ffn" else "json")
     left = {p.pid for p in psutil.Process().children(recursive=True)} - before
     assert not left, f"lab left processes running: {left}"
+    # The lab's own report answers on its first screen in a real browser, every picture loaded.
+    assert first_screen_problems(probe(report, tmp_path / "chromium-profile")) == []
 
 
 @pytest.mark.parametrize("content, expected", [
