@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 
+from latlab.loadtest.bench_pivot import gpu_speedup, pivot
 from latlab.loadtest.breakdown import server_bound
 from latlab.loadtest.predict import ASSUMPTIONS, predict_deployment
 from latlab.loadtest.verdict import best_per_provider, label, machine_name, max_rate_under, sustained_rate
@@ -145,16 +146,23 @@ def assumptions_list() -> str:
 
 
 def bench_table(doc: dict) -> str:
-    """Every bench point as numbers, folded (the figures show the same)."""
-    rows = []
+    """Every bench point as numbers, backends side by side per experiment, folded (the figures show the same)."""
+    tables = []
     for experiment in doc.get("experiments", []):
-        for p in experiment.get("points", []):
-            median = f"{p['median_s'] * 1e3:.3f}" if p.get("median_s") is not None else "–"
-            rows.append(f"<tr><td>{esc(experiment.get('name', '?'))}</td><td>{esc(p.get('backend'))}</td>"
-                        f"<td>{esc(p.get('batch_size', '–'))}</td><td>{esc(p.get('params', '–'))}</td>"
-                        f"<td>{median}</td></tr>")
-    return ("<details><summary>bench numbers</summary><table><tr><th>experiment</th><th>backend</th><th>batch</th>"
-            f"<th>params</th><th>median ms</th></tr>{''.join(rows)}</table></details>")
+        backends, rows = pivot(experiment)
+        ratio = {"ort-cpu", "ort-cuda"} <= set(backends)
+        head = "".join(f"<th>{esc(b)} ms</th>" for b in backends) + ("<th>ORT cpu/cuda</th>" if ratio else "")
+        body = []
+        for value, params, ms in rows:
+            cells = "".join(f"<td>{ms[b]:.3f}</td>" if b in ms else "<td>–</td>" for b in backends)
+            if ratio:
+                speedup = gpu_speedup(ms)
+                cells += f"<td>{speedup:.2f}x</td>" if speedup else "<td>–</td>"
+            body.append(f"<tr><td>{esc(value if value is not None else '–')}</td>"
+                        f"<td>{esc(params if params is not None else '–')}</td>{cells}</tr>")
+        tables.append(f"<p>{esc(experiment.get('name', '?'))}</p><table><tr><th>{esc(experiment.get('vary', 'value'))}"
+                      f"</th><th>params</th>{head}</tr>{''.join(body)}</table>")
+    return f"<details><summary>bench numbers</summary>{''.join(tables)}</details>"
 
 
 def steps_table(curve: dict) -> str:

@@ -344,3 +344,21 @@ def test_cli_from_prometheus_takes_exactly_one_folder(run_dir: Path, tmp_path: P
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["report", str(run_dir), str(tmp_path), "--from-prometheus", "http://127.0.0.1:9"]) == 2
     assert "give exactly one RUN folder" in capsys.readouterr().err
+
+
+def test_with_reference_shows_the_committed_h100_seed_bench_cpu_and_gpu_side_by_side(run_dir: Path) -> None:
+    """The committed H100 bench (loadtest/reference/h100/) reaches the report: all four seed experiments, each
+    point's CPU and CUDA medians in one row with ORT's GPU speed-up, read from the unedited files."""
+    reference = report_module.REFERENCE_DIR / "h100"
+    docs = [json.loads((reference / name).read_text())
+            for name in ("bench-seed003-h100.json", "bench-seed003-fixed-params-h100.json")]
+    assert {e["name"] for d in docs for e in d["experiments"]} == {"batch_size", "d_model", "n_layers", "fixed_params"}
+    page = write_report(run_dir, [0.025], with_reference=True).read_text()
+    last = next(p for p in docs[0]["experiments"][0]["points"] if p["batch_size"] == 2048 and p["backend"] == "ort-cpu")
+    cuda = next(p for p in docs[0]["experiments"][0]["points"] if p["batch_size"] == 2048 and p["backend"] == "ort-cuda")
+    row = f"<td>2048</td><td>{last['params']}</td>"
+    assert "NVIDIA H100 80GB HBM3 (reference data)" in page
+    assert row in page and f"<td>{last['median_s'] * 1e3:.3f}</td>" in page
+    assert f"<td>{cuda['median_s'] * 1e3:.3f}</td><td>{last['median_s'] / cuda['median_s']:.2f}x</td>" in page
+    for name in ("batch_size", "d_model", "n_layers", "fixed_params"):
+        assert f"<p>{name}</p><table>" in page
