@@ -151,10 +151,14 @@ def run_bench(run_dir: Path, models_dir: Path, plan: LabPlan) -> None:
     _run_child(args, "bench")
 
 
+RAISE_CAP = 4.0  # past a model's listed rates the sweep goes on to this multiple of the last, to find saturation
+
+
 def sweep_model(run_dir: Path, plan: LabPlan, model: ModelPlan, host: str, metrics_port: int) -> None:
     """One Locust sweep over the model's deployments, with the model's loads and request encoding."""
     args = [sys.executable, "-m", "latlab.cli", "loadtest", "--host", host, "--out", str(run_dir / model.name),
             "--run-id", run_dir.name, "--rates", ",".join(f"{r:g}" for r in model.rates),
+            "--max-rate", f"{max(model.rates) * RAISE_CAP:g}",
             "--step-seconds", str(plan.step_seconds), "--max-windows", str(plan.max_windows),
             "--warmup-seconds", str(plan.warmup_seconds), "--metrics-port", str(metrics_port),
             "--seq-len", str(model.seq_len), *(["--binary"] if model.binary else [])]

@@ -27,9 +27,18 @@ class WindowStats:
     p99_s: float
     max_s: float
     mean_s: float
+    samples: int = 0
+    """Latencies behind the percentiles: completed plus still-outstanding arrivals intended in the window."""
+    too_few_samples: bool = False
+    """Fewer than MIN_SAMPLES_P99: the p99 is then the sample's maximum and means nothing (see below)."""
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+MIN_SAMPLES_P99 = 100
+"""Below 1 / (1 - 0.99) latencies not one sample lies above the 99th percentile: the "p99" is the window's
+maximum, one slow request decides it, and a step that short must never decide an SLO."""
 
 
 class Recorder:
@@ -66,6 +75,11 @@ class Recorder:
     @property
     def outstanding(self) -> int:
         return len(self._outstanding) + sum(len(v) for v in self._remote_outstanding.values())
+
+    def outstanding_before(self, t: float) -> int:
+        """Arrivals intended before t still waiting for their answer."""
+        local = sum(1 for intended, _ in self._outstanding.values() if intended < t)
+        return local + sum(1 for times in self._remote_outstanding.values() for i in times if i < t)
 
     def begin(self, intended: float, sent: float) -> int:
         if sent - intended > self.LATE_AFTER_S:
@@ -162,7 +176,11 @@ class Recorder:
         pending = np.asarray([t for t in outstanding if start <= t < end])
         latencies = np.concatenate([done[mine] - intended[mine], now - pending])
         duration = end - start
-        completed_ok = int(np.count_nonzero(ok & (done >= start) & (done < end)))
+        # Achieved is the lesser of two counts. By intended send time, as offered counts: answers to requests
+        # sent before the window (warm-up, an earlier step) cannot lift it above offered. By completion time:
+        # what the server really got done in the window, so a backlog answered late never passes for throughput.
+        by_intent = int(np.count_nonzero(ok & mine))
+        completed_ok = min(by_intent, int(np.count_nonzero(ok & (done >= start) & (done < end))))
         dropped = _count_in(self.dropped, start, end)
         sent = int(np.count_nonzero(mine)) + len(pending)
         per_source: dict[str, int] = {}
@@ -179,6 +197,8 @@ class Recorder:
             late=_count_in(self.late, start, end),
             incomplete=len(pending),
             **percentiles(latencies),
+            samples=len(latencies),
+            too_few_samples=len(latencies) < MIN_SAMPLES_P99,
         )
         return stats, latencies, per_source
 

@@ -20,7 +20,7 @@ from latlab import machine
 from latlab.loadtest.driver import WORKER_LAG_S, LoadDriver
 from latlab.loadtest.overload import OverloadPlan, run_overload
 from latlab.loadtest.prom import LoadGenMetrics, start_exporter
-from latlab.loadtest.recorder import Recorder
+from latlab.loadtest.recorder import MIN_SAMPLES_P99, Recorder
 from latlab.loadtest.results import write_results
 from latlab.loadtest.scrape import QueueWatch, average_batch, describe, fetch, scrape_batches
 from latlab.loadtest.scrape import server_step, snapshot
@@ -28,6 +28,10 @@ from latlab.loadtest.search import SATURATED_BELOW, is_stable, slo_search
 
 GENERATOR_BOUND_CPU = 90.0  # % of one core used by a generator process during a step
 SERVER_BACK_S = 10.0        # after an interrupted step, how long to wait for the server to answer again
+LONGEST_WINDOW_S = 10.0     # a low rate's windows grow to hold MIN_SAMPLES_P99 requests in three, up to this
+RAISE_BY = 1.5              # past the listed rates, each step offers this much more until saturation or the cap
+ANSWER_GRACE_S = 1.0        # a step's figures wait this long at most for answers to its last requests
+REFINE_WITHIN = 0.1         # then the bracket between the last rate met and the first failed narrows to this
 QUEUE_SAMPLE_S = 1.0        # overload: the queue is full for most of a burst, a sample a second shows it
 
 
@@ -56,6 +60,10 @@ class SweepPlan:
     seq_len_max: int = 0
     """Above seq_len: sentence lengths drawn uniformly from seq_len..seq_len_max tokens."""
     stop_at_saturation: bool = True
+    max_rate: float = 0.0
+    """Open loop: past the listed rates keep raising by RAISE_BY until the deployment saturates, breaks the
+    SLO or errs, up to this cap (0: stop at the last listed rate). A maximum never reached is recorded as
+    such (`saturated: false`), never as the deployment's capacity."""
     max_error_ratio: float = 0.01
     slo_p99_s: float | None = None
     slo_margin: float = 2.0
@@ -129,19 +137,52 @@ def _run_deployment(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics
     if plan.search and plan.slo_p99_s:
         search, stop_reason = _search(plan, driver, measure)
         progress(f"{deployment}: {stop_reason}")
+        saturated = bool(search) and not any("no upper bound" in r for r in search["reasons"])
         return {**info, "steps": sorted(steps, key=lambda s: s["target"]), "search": search,
-                "stop_reason": stop_reason}
-    stop_reason = "all loads done"
-    for load in plan.loads:
+                "stop_reason": stop_reason, "saturated": saturated,
+                "rate_cap_rps": max((p["target"] for p in search["probes"]), default=None) if search else None}
+    stop_reason, saturated = _sweep_rates(plan, measure)
+    progress(f"{deployment}: {stop_reason}")
+    cap = max(plan.max_rate, max(plan.loads)) if plan.mode == "open" else None
+    return {**info, "steps": sorted(steps, key=lambda s: s["target"]), "stop_reason": stop_reason,
+            "saturated": saturated, "rate_cap_rps": cap}
+
+
+def _sweep_rates(plan: SweepPlan, measure: Callable[[float], dict]) -> tuple[str, bool]:
+    """Step through the listed loads; with a cap, raise the rate until the deployment saturates, breaks the SLO
+    or errs, then narrow the bracket to REFINE_WITHIN. (why it stopped, whether the deployment's limit did)."""
+    listed, passed, failed, why = list(plan.loads[1:]), None, None, ""
+    load: float | None = plan.loads[0]
+    while load is not None:
         try:
             reason = _stop_reason(measure(load), plan)
         except ServerGone as exc:
-            reason = str(exc)
+            return f"stopped at {load:g}: {exc}", False
+        if reason and reason.startswith("no Locust worker"):
+            return f"stopped at {load:g}: {reason}", False
         if reason:
-            stop_reason = f"stopped at {load:g}: {reason}"
-            break
-    progress(f"{deployment}: {stop_reason}")
-    return {**info, "steps": steps, "stop_reason": stop_reason}
+            failed, why = load, reason
+        else:
+            passed = load
+        load = _next_load(plan, listed, passed, failed)
+    if failed is not None:
+        return f"stopped at {failed:g}: {why}", True
+    capped = plan.max_rate > max(plan.loads)
+    return (f"rate cap {plan.max_rate:g} reached" if capped else "all loads done") + ": not saturated", False
+
+
+def _next_load(plan: SweepPlan, listed: list[float], passed: float | None, failed: float | None) -> float | None:
+    """The next listed rate; past them, x RAISE_BY up to the cap; after a failure, the bracket's middle while it
+    is wider than REFINE_WITHIN (only when raising was asked for: a plain sweep stops at its first failure)."""
+    if failed is None:
+        if listed:
+            return listed.pop(0)
+        if plan.mode != "open" or passed is None or passed >= plan.max_rate:
+            return None
+        return min(passed * RAISE_BY, plan.max_rate)
+    if plan.mode != "open" or not plan.max_rate or passed is None or failed - passed <= REFINE_WITHIN * passed:
+        return None
+    return (passed + failed) / 2
 
 
 def _search(plan: SweepPlan, driver: LoadDriver, measure: Callable[[float], dict]) -> tuple[dict | None, str]:
@@ -204,6 +245,7 @@ def measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, d
     """Warm up, then measure windows until the last three agree (or max_windows); the step's figures
     come from the last three windows together, its `timeline` has every window."""
     began = time.time()
+    plan = replace(plan, window_seconds=window_for(plan, load))
     driver.step_index = index
     driver.set_load(deployment, load)
     metrics.set_load(deployment, index, load if plan.mode == "open" else 0.0,
@@ -220,6 +262,7 @@ def measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, d
     end = start + len(windows) * plan.window_seconds
     first = end - min(3, len(windows)) * plan.window_seconds
     cpu = driver.generator_cpu()
+    _await_answers(recorder, end)
     stats, latencies, per_source = recorder.window_detail(first, end, time.time())
     batches_after = scrape_batches(plan.host, deployment)
     server_after = snapshot(plan.host)
@@ -254,6 +297,24 @@ def measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, d
     metrics.count_late(deployment, stats.late)
     recorder.forget_before(first)
     return step
+
+
+def _await_answers(recorder: Recorder, before: float) -> None:
+    """Let requests sent just before the step's end be answered (ANSWER_GRACE_S at most): achieved counts by
+    intended send time, so a healthy step must not lose the requests that were simply still in flight; a
+    saturated server's backlog outlasts the grace and still shows as not achieved."""
+    deadline = time.time() + ANSWER_GRACE_S
+    while recorder.outstanding_before(before) and time.time() < deadline:
+        gevent.sleep(0.02)
+
+
+def window_for(plan: SweepPlan, load: float) -> float:
+    """The plan's window, lengthened at a low rate so the step's three windows hold MIN_SAMPLES_P99 requests
+    (up to LONGEST_WINDOW_S): at 5 req/s a 1.5 s window holds 7, and its "p99" would be a maximum."""
+    if plan.mode != "open" or load <= 0:
+        return plan.window_seconds
+    # 1.5x the minimum expected, so that Poisson noise rarely leaves the step below it
+    return max(plan.window_seconds, min(LONGEST_WINDOW_S, 1.5 * MIN_SAMPLES_P99 / (3 * load)))
 
 
 def _windows_until_stable(plan: SweepPlan, recorder: Recorder, start: float, lag: float) -> tuple[list[dict], bool]:

@@ -51,6 +51,38 @@ def test_slo_search_finds_a_known_capacity(tmp_path):
     assert search["probes"] and doc["deployments"][0]["steps"]
 
 
+def test_raising_past_the_listed_rates_finds_a_known_capacity(tmp_path):
+    """Past --rates the sweep raises x1.5 until saturation, then narrows the bracket: the highest rate it
+    sustained is within 10% of the stub's capacity, and the curve says it saw saturation."""
+    capacity = 200.0
+    with stub_server(StubModel(capacity=capacity)) as host:
+        doc = loadtest(host, tmp_path / "raise", "--rates", "60", "--max-rate", "3000", "--warmup-seconds", "0.5",
+                       "--step-seconds", "3", "--max-windows", "3", timeout=300)
+    curve = doc["deployments"][0]
+    assert curve["saturated"] is True and curve["rate_cap_rps"] == 3000, curve["stop_reason"]
+    sustained = [s["target"] for s in curve["steps"] if s["achieved_rps"] >= 0.9 * s["offered_rps"]]
+    assert abs(max(sustained) - capacity) <= 0.1 * capacity, [(s["target"], s["achieved_rps"]) for s in curve["steps"]]
+    assert [s["target"] for s in curve["steps"]] == sorted(s["target"] for s in curve["steps"])
+
+
+def test_a_cap_below_capacity_is_marked_not_saturated_and_short_steps_do_not_lie(tmp_path):
+    """A sweep that never saturates says so (the report then shows '≥ N'); short steps count requests by
+    their intended send time (achieved never above offered, offered within Poisson noise of the target) and
+    a low rate's windows grow until the step holds enough requests for a p99."""
+    with stub_server(StubModel()) as host:
+        doc = loadtest(host, tmp_path / "capped", "--rates", "20,200", "--max-rate", "300", "--warmup-seconds", "0.3",
+                       "--step-seconds", "1.5", "--max-windows", "3", timeout=300)
+    curve = doc["deployments"][0]
+    assert curve["saturated"] is False and "not saturated" in curve["stop_reason"] and curve["rate_cap_rps"] == 300
+    assert [s["target"] for s in curve["steps"]] == [20, 200, 300]
+    for step in curve["steps"]:
+        noise = 4 * (step["target"] * step["duration_s"]) ** 0.5 / step["duration_s"]
+        assert abs(step["offered_rps"] - step["target"]) <= noise, step
+        assert 0.9 * step["offered_rps"] <= step["achieved_rps"] <= step["offered_rps"], step
+        assert step["samples"] >= 100 and not step["too_few_samples"], step
+    assert curve["steps"][0]["window_seconds"] > 0.5  # 20 req/s: windows lengthened from 0.5 s
+
+
 def test_distributed_fleet_totals_equal_the_sum_of_the_workers(tmp_path):
     with stub_server(StubModel()) as host:
         doc = loadtest(host, tmp_path / "dist", "--workers", "2", "--rates", "60,120",
@@ -69,11 +101,12 @@ def test_options_come_from_the_environment_and_a_config_file(tmp_path):
     config.write_text('[loadtest]\nrates = "30"\nwarmup-seconds = 0.3\nstep-seconds = 1.5\nmax-windows = 3\n')
     with stub_server(StubModel()) as host:
         doc = loadtest(host, tmp_path / "env", "--config-file", str(config),
-                       env={"LATLAB_RATES": "25,50", "LATLAB_CONSTANT": "1"})
+                       env={"LATLAB_RATES": "100,150", "LATLAB_CONSTANT": "1"})
     steps = doc["deployments"][0]["steps"]
-    assert [s["target_rps"] for s in steps] == [25, 50]  # the environment beats the file
+    assert [s["target_rps"] for s in steps] == [100, 150]  # the environment beats the file
     assert doc["arrivals"] == "constant"
-    assert all(abs(s["duration_s"] - 1.5) < 0.01 for s in steps)  # the file's step-seconds
+    # the file's step-seconds (rates high enough that no window is lengthened to hold 100 requests)
+    assert all(abs(s["duration_s"] - 1.5) < 0.01 for s in steps)
 
 
 @pytest.mark.parametrize("client", ["lean", "locust"])

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from latlab.loadtest.recorder import Recorder, percentiles
+from latlab.loadtest.recorder import MIN_SAMPLES_P99, Recorder, percentiles
 
 
 def complete(recorder: Recorder, intended: float, latency: float, ok: bool = True, send_delay: float = 0.0) -> None:
@@ -121,16 +121,50 @@ def test_dropped_and_late_arrivals_are_counted_in_their_window() -> None:
     assert stats.sent == 2
 
 
-def test_achieved_rps_counts_ok_completions_inside_window() -> None:
+def test_achieved_rps_counts_ok_answers_to_arrivals_intended_inside_window() -> None:
     recorder = Recorder()
-    complete(recorder, intended=0.9, latency=0.2)               # intended before, done at 1.1: counts
+    complete(recorder, intended=0.9, latency=0.2)               # intended before (warm-up): never counts here
     complete(recorder, intended=1.2, latency=0.1)               # counts
     complete(recorder, intended=1.5, latency=0.1, ok=False)     # an error: does not count
-    complete(recorder, intended=2.9, latency=0.2)               # done at 3.1, after the window
+    complete(recorder, intended=2.9, latency=0.2)               # answered after the edge: not done in the window
+    recorder.begin(intended=2.95, sent=2.95)                    # still in flight when read: not achieved
     for i in range(5):
         complete(recorder, intended=1.0 + i * 0.1, latency=0.01)  # 5 more inside
     stats = recorder.window(1.0, 3.0, now=4.0)
     assert stats.achieved_rps == pytest.approx((1 + 1 + 5) / 2.0)
+    assert stats.offered_rps == pytest.approx(9 / 2.0) and stats.achieved_rps <= stats.offered_rps
+
+
+def test_a_backlog_answered_inside_the_window_never_lifts_achieved_above_offered() -> None:
+    """The 24 Nov H100 lab's 1.5 s steps showed achieved 8-13% above offered: warm-up answers landed in the
+    first window. Counting by intended send time, a burst of earlier answers changes nothing."""
+    recorder = Recorder()
+    for i in range(200):
+        complete(recorder, intended=0.5 + i * 0.002, latency=0.6)  # sent before the window, answered inside
+    for i in range(100):
+        complete(recorder, intended=1.0 + i * 0.01, latency=0.005)
+    stats = recorder.window(1.0, 2.0, now=2.1)
+    assert stats.offered_rps == pytest.approx(100) and stats.achieved_rps == pytest.approx(100)
+
+
+def test_a_backlog_answered_after_its_window_is_not_throughput() -> None:
+    """Every request of the window is answered (late): achieved is what was done inside the window."""
+    recorder = Recorder()
+    for i in range(100):
+        complete(recorder, intended=1.0 + i * 0.01, latency=0.5)  # half a second late: 50 done by 2.0
+    stats = recorder.window(1.0, 2.0, now=3.0)
+    assert stats.offered_rps == pytest.approx(100) and stats.achieved_rps == pytest.approx(50)
+
+
+def test_too_few_samples_marks_a_window_whose_p99_is_its_maximum() -> None:
+    recorder = Recorder()
+    for i in range(MIN_SAMPLES_P99 - 1):
+        complete(recorder, intended=i * 0.001, latency=0.01 if i else 0.5)
+    few = recorder.window(0.0, 1.0, now=1.0)
+    assert few.samples == MIN_SAMPLES_P99 - 1 and few.too_few_samples and few.p99_s == few.max_s == 0.5
+    complete(recorder, intended=0.5, latency=0.01)
+    enough = recorder.window(0.0, 1.0, now=1.0)
+    assert enough.samples == MIN_SAMPLES_P99 and not enough.too_few_samples
 
 
 def test_offered_rps_includes_dropped_arrivals() -> None:
@@ -168,7 +202,7 @@ def test_window_stats_as_dict_has_every_field() -> None:
     complete(recorder, 0.5, latency=0.01)
     d = recorder.window(0.0, 1.0, now=1.0).as_dict()
     assert set(d) == {"offered_rps", "achieved_rps", "sent", "ok", "errors", "dropped", "late", "incomplete",
-                      "p50_s", "p90_s", "p99_s", "max_s", "mean_s"}
+                      "p50_s", "p90_s", "p99_s", "max_s", "mean_s", "samples", "too_few_samples"}
     assert d["p50_s"] == pytest.approx(0.01)
 
 

@@ -119,7 +119,7 @@ def sweep_through_an_outage(tmp_path: Path, restart: bool) -> tuple[str, dict]:
 def test_a_server_restart_mid_step_is_counted_marked_and_the_sweep_goes_on(tmp_path):
     stdout, deployment = sweep_through_an_outage(tmp_path, restart=True)
     steps = deployment["steps"]
-    assert len(steps) == 3 and deployment["stop_reason"] == "all loads done"
+    assert len(steps) == 3 and deployment["stop_reason"].startswith("all loads done")
     interrupted = steps[1]
     assert interrupted["server_interrupted"] and interrupted["errors"] > 0
     assert interrupted["by_status"]["0"]["count"] > 0  # no HTTP answer: refused or reset
