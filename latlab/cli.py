@@ -149,6 +149,7 @@ def _add_loadtest(sub: argparse._SubParsersAction) -> None:
                       help="--overload: the load before and after the burst, as a fraction of the capacity")
     load.add_argument("--out", type=Path, help="run folder (default: runs/<timestamp>)")
     load.add_argument("--run-id", help="run label in results and metrics (default: the run folder's name)")
+    load.add_argument("--machine-name", help="what reports call this machine (default: its CPU model, or the GPU)")
     load.set_defaults(func=cmd_loadtest)
 
 
@@ -181,6 +182,11 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
                           "that in fewer, shorter steps")
     lab.add_argument("--quick", action="store_const", const="quick", dest="plan", help="same as --plan quick")
     lab.add_argument("--step-seconds", type=float, default=None, help="override the plan's step length")
+    lab.add_argument("--cpu-threads", type=int, help="ORT threads of each CPU deployment (default: every core the "
+                                                     "load generator does not need, as a CPU server would have)")
+    lab.add_argument("--load-workers", type=int, help="Locust worker processes (default: none below 8 cores, "
+                                                      "then one per 4 cores, up to 8)")
+    lab.add_argument("--machine-name", help="what reports call this machine (default: its CPU model, or the GPU)")
     lab.set_defaults(func=cmd_lab)
 
 
@@ -261,6 +267,7 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
                      poisson=not args.constant, binary=args.binary, seq_len=args.seq_len, client=args.client,
                      text=args.text, seq_len_max=args.seq_len_max,
                      stop_at_saturation=not args.no_stop, max_rate=args.max_rate, slo_p99_s=slo,
+                     machine_name=args.machine_name,
                      search=bool(slo) and not args.sweep and args.mode == "open", search_resolution=args.resolution,
                      workers=args.workers, expect_workers=args.expect_workers,
                      master_bind_host=args.master_bind_host,
@@ -305,9 +312,14 @@ def cmd_report(args: argparse.Namespace) -> None:
 def cmd_lab(args: argparse.Namespace) -> None:
     from latlab.lab import run_lab
 
-    from latlab.lab_plan import PLANS
+    from latlab.lab_plan import PLANS, available_cores, cpu_share
 
-    run_lab(args.runs_dir, args.models_dir, PLANS[args.plan].scaled(step_seconds=args.step_seconds))
+    try:
+        share = cpu_share(available_cores(), args.cpu_threads, args.load_workers)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    run_lab(args.runs_dir, args.models_dir, PLANS[args.plan].scaled(step_seconds=args.step_seconds), share,
+            args.machine_name)
 
 
 def cmd_doctor(args: argparse.Namespace) -> None:

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from latlab import procs
-from latlab.lab_plan import PLANS, LabPlan, ModelPlan
+from latlab.lab_plan import PLANS, CpuShare, LabPlan, ModelPlan, available_cores, cpu_share
 
 GRAFANA_DIR = Path(__file__).resolve().parent.parent / "grafana"
 
@@ -41,9 +41,13 @@ def ensure_models(models_dir: Path, plan: LabPlan) -> dict[str, Path]:
     return paths
 
 
-def write_config(run_dir: Path, models: dict[str, Path], port: int, plan: LabPlan) -> Path:
-    """The lab's server config: every model on every provider of the plan, batching off and on."""
-    cpu = "".join(f"{k} = {str(v).lower()}\n" for k, v in plan.cpu.items())
+def write_config(run_dir: Path, models: dict[str, Path], port: int, plan: LabPlan,
+                 share: CpuShare | None = None) -> Path:
+    """The lab's server config: every model on every provider of the plan, batching off and on; CPU
+    deployments on the share's threads (by default this machine's fair share, see cpu_share)."""
+    share = share or cpu_share(available_cores())
+    cpu_settings = {"intra_op_threads": share.cpu_threads, **plan.cpu}
+    cpu = "".join(f"{k} = {str(v).lower()}\n" for k, v in cpu_settings.items())
     blocks = [f"[server]\nhost = \"127.0.0.1\"\nport = {port}\n"]
     for model in plan.models:
         for name, provider, batcher in plan.deployments(model):
@@ -97,25 +101,29 @@ def start_prometheus(run_dir: Path, jobs: dict[str, list[str]]) -> subprocess.Po
     return process
 
 
-def run_lab(runs_dir: Path, models_dir: Path, plan: LabPlan | str = "cpu") -> Path:
-    """Run the whole plan; returns the report's path. Every child is stopped, also on Ctrl-C."""
+def run_lab(runs_dir: Path, models_dir: Path, plan: LabPlan | str = "cpu", share: CpuShare | None = None,
+            machine_name: str | None = None) -> Path:
+    """Run the whole plan; returns the report's path. Every child is stopped, also on Ctrl-C.
+    `machine_name` names this machine in results and reports (default: its CPU model, or GPU)."""
     from latlab.cli_options import new_run_id, parse_slos
     from latlab.loadtest.report import write_report
 
     plan = PLANS[plan] if isinstance(plan, str) else plan
+    share = share or cpu_share(available_cores())
     started = time.perf_counter()
     run_dir = runs_dir / new_run_id()
     run_dir.mkdir(parents=True, exist_ok=True)
     _say(f"run folder {run_dir}")
+    _say(share.describe())
     _say("step 1/5: exporting models")
     models = ensure_models(models_dir, plan)
     if plan.bench:
         _say("step 2/5: in-process batch-time curves (latlab bench --quick; feeds the report's prediction)")
-        run_bench(run_dir, models_dir, plan)
+        run_bench(run_dir, models_dir, plan, share.cpu_threads)
     else:
         _say("step 2/5: bench skipped by the plan")
     port = procs.free_port()
-    config = write_config(run_dir, models, port, plan)
+    config = write_config(run_dir, models, port, plan, share)
     host = f"http://127.0.0.1:{port}"
     _say(f"step 3/5: starting the server on {host} (log: {run_dir / 'server.log'})")
     server = procs.start([sys.executable, "-m", "latlab.cli", "serve", "--config", str(config)],
@@ -128,7 +136,7 @@ def run_lab(runs_dir: Path, models_dir: Path, plan: LabPlan | str = "cpu") -> Pa
                                                         "latlab-loadgen": [f"127.0.0.1:{metrics_port}"]})
         _say("step 4/5: sweeping offered load per deployment (Locust, open loop)")
         for model in plan.models:
-            sweep_model(run_dir, plan, model, host, metrics_port)
+            sweep_model(run_dir, plan, model, host, metrics_port, share.load_workers, machine_name)
     finally:
         for child in (server, prometheus_process):
             if child is not None:
@@ -140,12 +148,12 @@ def run_lab(runs_dir: Path, models_dir: Path, plan: LabPlan | str = "cpu") -> Pa
     return report
 
 
-def run_bench(run_dir: Path, models_dir: Path, plan: LabPlan) -> None:
+def run_bench(run_dir: Path, models_dir: Path, plan: LabPlan, cpu_threads: int) -> None:
     """The quick bench of the plan's models, into run_dir/bench/ where the report finds it; with the
     servers' ORT thread count and sequence length, so its batch times predict the served deployments."""
     backends = ["ort-cpu", "torch-cpu"] + (["ort-cuda"] if "cuda" in plan.providers else [])
     args = [sys.executable, "-m", "latlab.cli", "bench", "--quick", "--models", ",".join(m.name for m in plan.models),
-            "--backends", ",".join(backends), "--threads", str(plan.cpu.get("intra_op_threads", 0)),
+            "--backends", ",".join(backends), "--threads", str(cpu_threads),
             "--seq-len", str(max(m.seq_len for m in plan.models)), "--cache-dir", str(models_dir / "bench"),
             "--out", str(run_dir / "bench")]
     _run_child(args, "bench")
@@ -154,17 +162,27 @@ def run_bench(run_dir: Path, models_dir: Path, plan: LabPlan) -> None:
 RAISE_CAP = 4.0  # past a model's listed rates the sweep goes on to this multiple of the last, to find saturation
 
 
-def sweep_model(run_dir: Path, plan: LabPlan, model: ModelPlan, host: str, metrics_port: int) -> None:
+def sweep_model(run_dir: Path, plan: LabPlan, model: ModelPlan, host: str, metrics_port: int, load_workers: int = 0,
+                machine_name: str | None = None) -> None:
     """One Locust sweep over the model's deployments, with the model's loads and request encoding."""
+    _run_child(sweep_args(run_dir, plan, model, host, metrics_port, load_workers, machine_name), "load test")
+
+
+def sweep_args(run_dir: Path, plan: LabPlan, model: ModelPlan, host: str, metrics_port: int, load_workers: int = 0,
+               machine_name: str | None = None) -> list[str]:
+    """The `latlab loadtest` command of one model's sweep; with load_workers, as a Locust master with that many
+    local worker processes."""
     args = [sys.executable, "-m", "latlab.cli", "loadtest", "--host", host, "--out", str(run_dir / model.name),
             "--run-id", run_dir.name, "--rates", ",".join(f"{r:g}" for r in model.rates),
             "--max-rate", f"{max(model.rates) * RAISE_CAP:g}",
             "--step-seconds", str(plan.step_seconds), "--max-windows", str(plan.max_windows),
             "--warmup-seconds", str(plan.warmup_seconds), "--metrics-port", str(metrics_port),
-            "--seq-len", str(model.seq_len), *(["--binary"] if model.binary else [])]
+            "--seq-len", str(model.seq_len), *(["--binary"] if model.binary else []),
+            *(["--workers", str(load_workers)] if load_workers else []),
+            *(["--machine-name", machine_name] if machine_name else [])]
     for name, _, _ in plan.deployments(model):
         args += ["--deployment", name]
-    _run_child(args, "load test")
+    return args
 
 
 def _run_child(args: list[str], what: str) -> None:

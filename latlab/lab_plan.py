@@ -2,7 +2,60 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
+
+GENERATOR_PROCESS_RPS = 2500
+"""What one load-generator process sends before its core is the limit: the lean client costs ~0.32 ms of
+generator CPU per request (docs/performance.md), and a step above 90% of a core is flagged generator-bound."""
+MANY_CORES = 8
+"""From this many cores the lab starts Locust worker processes (one per core it leaves to the generator)."""
+MAX_LOAD_WORKERS = 8
+
+
+@dataclass(frozen=True)
+class CpuShare:
+    """How the lab splits a machine's cores: ORT threads of every CPU deployment, and the load generator's."""
+
+    cores: int
+    cpu_threads: int
+    """ORT intra-op threads of each CPU deployment: what a CPU server of this machine would compute on."""
+    load_workers: int
+    """Locust worker processes (0: the generator is one local process)."""
+    chosen_by: str
+    """"fair share" or "--cpu-threads" / "--load-workers": who decided."""
+
+    def describe(self) -> str:
+        generator = (f"{self.load_workers} Locust worker processes" if self.load_workers
+                     else "one load-generator process")
+        return (f"CPU deployments compute on {self.cpu_threads} ORT thread{'s' if self.cpu_threads > 1 else ''} "
+                f"of this machine's {self.cores} cores; {generator} send the load ({self.chosen_by})")
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity), which a container may set below the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def cpu_share(cores: int, cpu_threads: int | None = None, load_workers: int | None = None) -> CpuShare:
+    """Give the CPU deployments every core the load generator does not need, as a CPU server of this machine
+    would have them. The generator keeps one core on a small machine (one process: on 2 cores one ORT
+    thread is also what served best, docs/performance.md), and on MANY_CORES or more a core per quarter of
+    the machine, each running one Locust worker (up to MAX_LOAD_WORKERS), so that it is not the limit of a
+    GPU deployment's sweep. Either figure may be set; the other then follows."""
+    if cores < 1 or (cpu_threads is not None and cpu_threads < 1) or (load_workers is not None and load_workers < 0):
+        raise ValueError(f"cores and --cpu-threads must be >= 1 and --load-workers >= 0, got cores={cores}, "
+                         f"cpu_threads={cpu_threads}, load_workers={load_workers}")
+    chosen = " and ".join(n for n, v in (("--cpu-threads", cpu_threads), ("--load-workers", load_workers))
+                          if v is not None) or "fair share"
+    if load_workers is None:
+        load_workers = min(MAX_LOAD_WORKERS, cores // 4) if cores >= MANY_CORES else 0
+    if cpu_threads is None:
+        cpu_threads = max(1, cores - max(1, load_workers))
+    return CpuShare(cores, cpu_threads, load_workers, chosen)
 
 
 @dataclass(frozen=True)
@@ -38,10 +91,10 @@ class LabPlan:
     slos: str = "10ms,25ms,50ms,100ms"
     bench: bool = True
     """Run `latlab bench --quick` on the plan's models first (batch-time curves for the prediction)."""
-    cpu: dict = field(default_factory=lambda: {"intra_op_threads": 1, "allow_spinning": False})
-    """One ORT thread without spinning leaves the second core to HTTP handling and the load generator:
-    on 2 cores the batched ffn held p99 <= 50 ms to ~1000 req/s this way, ~500 req/s with ORT's
-    defaults (all cores, spinning)."""
+    cpu: dict = field(default_factory=lambda: {"allow_spinning": False})
+    """[deployments.cpu] settings of every CPU deployment, beside intra_op_threads from the CpuShare. Spinning
+    ORT threads steal the CPU that HTTP handling and the generator need: on 2 cores the batched ffn held
+    p99 <= 50 ms to ~1000 req/s on one thread without spinning, ~500 req/s with ORT's defaults."""
 
     def scaled(self, step_seconds: float | None = None, rates: list[float] | None = None) -> LabPlan:
         """The same plan with another step length, or one list of rates for every model (tests)."""

@@ -7,7 +7,7 @@ import html
 from dataclasses import dataclass
 
 from latlab.loadtest import costs
-from latlab.loadtest.verdict import is_gpu, max_rate_under
+from latlab.loadtest.verdict import is_gpu, is_lower_bound, max_rate_under
 
 ADD_SERVED_GPU = ("for served GPU curves run the gpu plan on a GPU box, `latlab lab --plan gpu`, and merge: "
                   "`latlab report CPU_RUN GPU_RUN`")
@@ -31,9 +31,7 @@ class Best:
     def unsaturated(self) -> bool:
         """The rate is only a lower bound: the sweep ended (cap or rates ran out) before the deployment
         saturated, and this is its last rate. A curve that does not say counts as saturated."""
-        if self.curve is None or self.step is None or self.curve.get("saturated") is not False:
-            return False
-        return _target(self.step) >= max(_target(s) for s in self.curve["steps"])
+        return self.curve is not None and self.step is not None and is_lower_bound(self.curve, self.step)
 
     @property
     def cost(self) -> float | None:
@@ -41,11 +39,6 @@ class Best:
         if self.price is None or self.rate <= 0:
             return None
         return self.price.per_hour / (self.rate * 3600) * 1e6
-
-
-def _target(step: dict) -> float:
-    """The load a step was asked for (a rate, or users in closed loop), else what was offered."""
-    return float(step.get("target_rps") or step.get("target") or step.get("offered_rps") or 0.0)
 
 
 def best_per_provider(curves: list[dict], slo_s: float, prices: dict) -> list[Best]:

@@ -34,7 +34,7 @@ def cpu_threads(curve: dict) -> int | None:
     return None
 
 
-def _amount_and_unit(value: object) -> tuple[float, str]:
+def price_amount_and_unit(value: object) -> tuple[float, str]:
     """A price as given: a bare number (per machine-hour), a {"usd"/"price", "per"/"unit"} mapping or an
     object with such attributes (the parser may return either), the unit "machine-hour" or "core-hour"."""
     if isinstance(value, (int, float)):
@@ -55,7 +55,7 @@ def machine_price(prices: dict, curve: dict) -> Price | None:
     value = prices.get(provider, prices.get("cuda") if provider == "tensorrt" else None)
     if value is None:
         return None
-    amount, unit = _amount_and_unit(value)
+    amount, unit = price_amount_and_unit(value)
     if unit == "machine-hour":
         return Price(amount, f"${amount:.2f} per machine-hour")
     cores = cpu_threads(curve) if not is_gpu(curve) else None
@@ -66,7 +66,7 @@ def machine_price(prices: dict, curve: dict) -> Price | None:
 
 def price_unit(prices: dict) -> str:
     """How the prices were given, in words, for the report."""
-    units = {_amount_and_unit(v)[1] for v in prices.values()}
+    units = {price_amount_and_unit(v)[1] for v in prices.values()}
     return " and ".join(sorted(f"per {u}" for u in units)) or "none given"
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from latlab.machine import key as machine_key
+from latlab.machine import same as same_machine
+
 # Printed in the report beside every prediction: what the numbers below take for granted.
 ASSUMPTIONS = (
     "Batch time t(n) = a + b·n, fitted by least squares (relative errors) to the in-process bench of the same "
@@ -137,7 +140,7 @@ def max_rate_under_slo(fit: BatchTimeFit, max_batch: int, delay_s: float, instan
 
 
 def request_overheads(curves: list[dict], fits: list[dict]) -> dict[str, float]:
-    """Per machine (hostname), the serving work per request c, calibrated on the batching-off deployment
+    """Per machine (machine.key), the serving work per request c, calibrated on the batching-off deployment
     whose model is cheapest (where c dominates): c = 1 / highest achieved rate - t(1), at least 0."""
     cheapest: dict[str, tuple[float, float]] = {}
     for curve in curves:
@@ -145,7 +148,7 @@ def request_overheads(curves: list[dict], fits: list[dict]) -> dict[str, float]:
         top = max((s.get("achieved_rps") or 0.0 for s in curve.get("steps", [])), default=0.0)
         if fit is None or top <= 0 or int((curve.get("batcher") or {}).get("max_batch_size", 1)) != 1:
             continue
-        host = (curve.get("machine") or {}).get("hostname", "?")
+        host = machine_key(curve.get("machine") or {})
         compute = fit["fit"].time_s(1)
         if host not in cheapest or compute < cheapest[host][0]:
             cheapest[host] = (compute, max(1.0 / top - compute, 0.0))
@@ -172,13 +175,13 @@ def predict_deployment(curve: dict, fits: list[dict], slo_s: float, overhead_s: 
 
 
 def matching_fit(curve: dict, fits: list[dict]) -> dict | None:
-    """The fit of the curve's model and provider from the same machine (hostname, else CPU model)."""
+    """The fit of the curve's model and provider from the same machine (machine.key, else CPU model)."""
     backend = BACKENDS.get(str(curve.get("provider", "")).lower())
     machine = curve.get("machine") or {}
     for fit in fits:
         if fit["model"] != curve.get("model") or fit["backend"] != backend:
             continue
-        same_host = fit["machine"].get("hostname") and fit["machine"].get("hostname") == machine.get("hostname")
+        same_host = same_machine(fit["machine"], machine)
         same_cpu = not fit["machine"].get("hostname") and fit["machine"].get("cpu") == machine.get("cpu")
         if same_host or same_cpu:
             return fit

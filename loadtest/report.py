@@ -12,7 +12,7 @@ from pathlib import Path
 
 from latlab.loadtest import answer, pictures, sections
 from latlab.bench_plot import plot_bench
-from latlab.loadtest.costs import machine_price, price_unit
+from latlab.loadtest.costs import machine_price, price_amount_and_unit, price_unit
 from latlab.loadtest.figures import curve_png
 from latlab.loadtest.predict import bench_fits, request_overheads
 from latlab.loadtest.results import read_results
@@ -156,7 +156,8 @@ def _prices_line(prices: dict, example: bool) -> str:
 
 
 def _price_text(value: object) -> str:
-    return f"${value:.2f}/h" if isinstance(value, (int, float)) else str(value)
+    amount, unit = price_amount_and_unit(value)
+    return f"${amount:.2f}/h" if unit == "machine-hour" else f"${amount:.3g} per {unit}"
 
 
 def _model_section(model: str, curves: list[dict], slos_s: list[float], prices: dict[str, float],

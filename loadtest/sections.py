@@ -5,9 +5,11 @@ from __future__ import annotations
 import html
 
 from latlab.loadtest.bench_pivot import gpu_speedup, pivot
+from latlab.machine import key as machine_key
 from latlab.loadtest.breakdown import server_bound
 from latlab.loadtest.predict import ASSUMPTIONS, predict_deployment
-from latlab.loadtest.verdict import best_per_provider, label, machine_name, max_rate_under, sustained_rate
+from latlab.loadtest.verdict import (best_per_provider, label, machine_name, max_rate_under, rate_text,
+                                     sustained_rate)
 
 MACHINE_KEYS = ("cpu", "cores", "memory_gib", "os", "gpu", "ort_version", "torch_version", "threads", "python")
 
@@ -61,8 +63,7 @@ def slo_table(curves: list[dict], slos_s: list[float]) -> str:
     for curve in curves:
         cells = []
         for slo in slos_s:
-            step = max_rate_under(curve["steps"], slo)
-            cells.append(f"<td>{step['achieved_rps']:.0f}</td>" if step else "<td>–</td>")
+            cells.append(f"<td>{esc(rate_text(curve, max_rate_under(curve['steps'], slo)))}</td>")
         rows.append(f"<tr><td>{esc(label(curve))}</td><td>{esc(curve['run_id'])} on {esc(machine_name(curve))}</td>"
                     f"{''.join(cells)}</tr>")
     return f"<table><tr><th>deployment</th><th>run on machine</th>{head}</tr>{''.join(rows)}</table>"
@@ -73,7 +74,7 @@ def provider_table(curves: list[dict], slos_s: list[float], prices: dict[str, fl
     rows = []
     for slo in slos_s:
         for row in best_per_provider(curves, slo, prices):
-            rate = f"{row['rate']:.0f}" if row["rate"] > 0 else "–"
+            rate = rate_text(row["curve"], max_rate_under(row["curve"]["steps"], slo)) if row["rate"] > 0 else "–"
             best = label(row["curve"]) if row["rate"] > 0 else "none meets it"
             price = f"${row['price']:.2f}" if row["price"] is not None else "no price"
             cost = f"${row['cost']:.3f}" if row["cost"] is not None else "–"
@@ -88,10 +89,10 @@ def provider_table(curves: list[dict], slos_s: list[float], prices: dict[str, fl
 def prediction_section(model: str, curves: list[dict], slos_s: list[float], fits: list[dict],
                        overheads: dict[str, float] | None = None) -> str:
     """Predicted beside measured SLO-bounded max rate, with the relative error, where a bench fit exists.
-    `overheads`: serving work per request by machine hostname (predict.request_overheads)."""
+    `overheads`: serving work per request by machine (machine.key; predict.request_overheads)."""
     rows, missing = [], []
     for curve in curves:
-        overhead = (overheads or {}).get((curve.get("machine") or {}).get("hostname", "?"), 0.0)
+        overhead = (overheads or {}).get(machine_key(curve.get("machine") or {}), 0.0)
         for slo in slos_s:
             predicted = predict_deployment(curve, fits, slo, overhead)
             if predicted is None:

@@ -60,6 +60,8 @@ class SweepPlan:
     seq_len_max: int = 0
     """Above seq_len: sentence lengths drawn uniformly from seq_len..seq_len_max tokens."""
     stop_at_saturation: bool = True
+    machine_name: str | None = None
+    """What reports call the machine (default: its CPU model, or the GPU of a GPU deployment)."""
     max_rate: float = 0.0
     """Open loop: past the listed rates keep raising by RAISE_BY until the deployment saturates, breaks the
     SLO or errs, up to this cap (0: stop at the last listed rate). A maximum never reached is recorded as
@@ -96,7 +98,7 @@ def run_sweep(plan: SweepPlan, out_path: Path, run_id: str, progress: Callable[[
         start_exporter(metrics, plan.metrics_port)
         progress(f"load generator metrics on http://127.0.0.1:{plan.metrics_port}/metrics")
     doc = {"run_id": run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": plan.host,
-           "machine": machine.describe(), "mode": plan.mode,
+           "machine": machine.describe(plan.machine_name), "mode": plan.mode,
            "arrivals": ("poisson" if plan.poisson else "constant") if plan.mode == "open" else "closed loop",
            "payload": {"encoding": "binary" if plan.binary else "json", "seq_len": plan.seq_len,
                        "client": plan.client, "text": plan.text, "seq_len_max": plan.seq_len_max},

@@ -14,18 +14,26 @@ class PriceError(ValueError):
     """An unreadable --price argument."""
 
 
-def parse_prices(text: str) -> dict[str, float]:
-    """'cpu=0.10,cuda=2.50' -> {'cpu': 0.1, 'cuda': 2.5} (USD per hour per provider)."""
-    prices = {}
+PRICE_UNITS = {"": "machine-hour", "machine": "machine-hour", "machine-hour": "machine-hour",
+               "core": "core-hour", "core-hour": "core-hour"}
+
+
+def parse_prices(text: str) -> dict[str, float | dict]:
+    """'cpu=0.10,cuda=2.50' -> {'cpu': 0.1, 'cuda': 2.5} (USD per machine-hour per provider);
+    'cpu=0.04/core' -> {'cpu': {'usd': 0.04, 'per': 'core-hour'}}: charged per core a CPU deployment uses."""
+    prices: dict[str, float | dict] = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
         provider, sep, value = part.partition("=")
+        amount, _, unit = value.partition("/")
         try:
-            price = float(value)
+            price = float(amount)
         except ValueError:
             price = math.nan
-        if not sep or not provider.strip() or not 0 < price < math.inf:
-            raise PriceError(f"--price: cannot read {part!r}; write provider=USD per hour, e.g. cpu=0.10,cuda=2.50")
-        prices[provider.strip().lower()] = price
+        per = PRICE_UNITS.get(unit.strip().lower())
+        if not sep or not provider.strip() or not 0 < price < math.inf or per is None:
+            raise PriceError(f"--price: cannot read {part!r}; write provider=USD per machine-hour, or USD/core "
+                             "per core-hour, e.g. cpu=0.10,cuda=2.50 or cpu=0.04/core,cuda=2.50")
+        prices[provider.strip().lower()] = price if per == "machine-hour" else {"usd": price, "per": per}
     if not prices:
         raise PriceError("--price needs at least one provider=price, e.g. cpu=0.10,cuda=2.50")
     return prices
@@ -36,6 +44,26 @@ def max_rate_under(steps: list[dict], slo_s: float) -> dict | None:
     good = [s for s in steps if s.get("p99_s") is not None and s["p99_s"] <= slo_s and not s["errors"]
             and not s.get("too_few_samples")]  # a "p99" of a handful of requests decides nothing
     return max(good, key=lambda s: s["achieved_rps"], default=None)
+
+
+def _target(step: dict) -> float:
+    """The load a step was asked for (a rate, or users in closed loop), else what was offered."""
+    return float(step.get("target_rps") or step.get("target") or step.get("offered_rps") or 0.0)
+
+
+def is_lower_bound(curve: dict, step: dict) -> bool:
+    """Whether a step's rate is only a lower bound of the deployment's: the sweep ended (its cap, or its rates
+    ran out) before the deployment saturated, and this is its highest load. A curve that does not say
+    (results from before the saturation search) counts as saturated."""
+    return curve.get("saturated") is False and _target(step) >= max(_target(s) for s in curve["steps"])
+
+
+def rate_text(curve: dict, step: dict | None) -> str:
+    """A step's achieved rate as a table shows it: '≥ N (not saturated)' when it is only a lower bound."""
+    if step is None:
+        return "–"
+    rate = f"{step['achieved_rps']:.0f}"
+    return f"≥ {rate} (not saturated)" if is_lower_bound(curve, step) else rate
 
 
 def sustained_rate(curve: dict, slo_s: float) -> float:

@@ -155,10 +155,14 @@ def environment(model: OnnxModel) -> dict:
     from latlab.server.gpu import nvml_gpus
 
     gpus = nvml_gpus() or []
-    device = model.deployment.cuda.device_id if model.deployment.provider != "cpu" else 0
+    on_cpu = model.deployment.provider == "cpu"
+    device = 0 if on_cpu else model.deployment.cuda.device_id
     gpu = next((g.name for g in gpus if g.index == device), None)
+    # What a CPU deployment computes on, for the report's "N CPU cores vs 1 GPU" and core-hour prices;
+    # 0 intra-op threads is ORT's "one per core".
+    threads = {"cpu_threads": model.deployment.cpu.intra_op_threads or os.cpu_count()} if on_cpu else {}
     return {"onnxruntime": ort.__version__, "providers": model.session.get_providers(),
-            "cpu": cpu_model(), "cores": os.cpu_count(), "gpu": gpu, **model.precision()}
+            "cpu": cpu_model(), "cores": os.cpu_count(), "gpu": gpu, **threads, **model.precision()}
 
 
 def request_timeout_s(parameters: dict) -> float | None:

@@ -143,6 +143,18 @@ def test_predict_deployment_uses_its_machine_model_and_provider() -> None:
     assert predict_deployment({**curve, "model": "mlp"}, fits, 0.025) is None
 
 
+def test_a_bench_from_another_machine_of_the_same_hostname_is_not_its_fit() -> None:
+    """Every lab VM is called `vm`: a GPU box's bench must not predict a CPU box's runs."""
+    fits = [{"machine": {"hostname": "vm", "cpu": "Intel Xeon", "cores": 16}, "model": "ffn", "backend": "ort-cpu",
+             "fit": line(1 * MS, 0.0)}]
+    curve = {"name": "ffn-b1", "model": "ffn", "provider": "cpu",
+             "batcher": {"max_batch_size": 1, "max_queue_delay_ms": 0.0, "instances": 1}}
+    assert predict_deployment({**curve, "machine": {"hostname": "vm", "cpu": "AMD EPYC", "cores": 2}}, fits,
+                              0.025) is None
+    assert predict_deployment({**curve, "machine": {"hostname": "vm", "cpu": "Intel Xeon", "cores": 16}}, fits,
+                              0.025) is not None
+
+
 def test_serving_overhead_is_calibrated_on_the_cheapest_batching_off_deployment() -> None:
     fits = [{"machine": {"hostname": "box"}, "model": "mlp", "backend": "ort-cpu", "fit": line(0.01 * MS, 0.0)},
             {"machine": {"hostname": "box"}, "model": "ffn", "backend": "ort-cpu", "fit": line(1 * MS, 0.0)}]

@@ -43,7 +43,20 @@ def test_parse_prices() -> None:
     assert DEFAULT_PRICES == {"cpu": 0.10, "cuda": 2.50}
 
 
-@pytest.mark.parametrize("text", ["", ",", "cpu", "cpu=", "=2", "cpu=abc", "cpu=-1", "cpu=0", "cpu=nan", "cpu=inf"])
+def test_a_cpu_price_per_core_hour_is_charged_for_the_cores_a_deployment_computes_on() -> None:
+    from latlab.loadtest.costs import machine_price, price_unit
+
+    prices = parse_prices("cpu=0.04/core,cuda=2.50/machine")
+    assert prices == {"cpu": {"usd": 0.04, "per": "core-hour"}, "cuda": 2.50}
+    sixteen = {"provider": "cpu", "environment": {"cpu_threads": 16, "cores": 16}}
+    price = machine_price(prices, sixteen)
+    assert price.per_hour == pytest.approx(0.64) and price.basis == "$0.04 per core-hour × 16 cores"
+    assert machine_price(prices, {"provider": "cuda", "environment": {"gpu": "H100"}}).per_hour == 2.50
+    assert price_unit(prices) == "per core-hour and per machine-hour"
+
+
+@pytest.mark.parametrize("text", ["", ",", "cpu", "cpu=", "=2", "cpu=abc", "cpu=-1", "cpu=0", "cpu=nan", "cpu=inf",
+                                  "cpu=0.1/gpu", "cpu=/core"])
 def test_parse_prices_refuses_unreadable_prices(text: str) -> None:
     with pytest.raises(PriceError, match="--price"):
         parse_prices(text)
@@ -157,3 +170,16 @@ def test_size_crossover_needs_both_backends() -> None:
 
 def test_human_counts() -> None:
     assert [human(n) for n in (950, 2_100_000, 16_512, 2**31)] == ["950", "2.1M", "16.5k", "2.15G"]
+
+
+def test_an_unsaturated_maximum_shows_as_a_lower_bound_in_the_tables() -> None:
+    from latlab.loadtest.sections import slo_table
+    from latlab.loadtest.verdict import rate_text
+
+    steps = [{"target": t, "achieved_rps": t - 1, "p99_s": 0.005, "errors": 0} for t in (100, 200)]
+    curve = {"name": "mlp-b1", "run_id": "r", "provider": "cpu", "batcher": {"max_batch_size": 1},
+             "machine": {"cpu": "Test CPU"}, "steps": steps, "saturated": False}
+    assert rate_text(curve, steps[1]) == "≥ 199 (not saturated)" and rate_text(curve, steps[0]) == "99"
+    assert "<td>≥ 199 (not saturated)</td>" in slo_table([curve], [0.025])
+    assert "<td>199</td>" in slo_table([{**curve, "saturated": True}], [0.025])
+    assert rate_text(curve, None) == "–"

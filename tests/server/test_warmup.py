@@ -154,7 +154,7 @@ def test_describe_names_the_environment_and_options(tiny_model: Path) -> None:
         described = deployment.describe()
         assert described["environment"] == {"onnxruntime": ort.__version__, "providers": ["CPUExecutionProvider"],
                                             "cpu": cpu_model(), "cores": deployment.environment["cores"],
-                                            "gpu": None}
+                                            "gpu": None, "cpu_threads": 1}
         assert described["environment"]["cores"] >= 1
         assert described["cpu"]["intra_op_threads"] == 1
         assert "cuda" not in described and "tensorrt" not in described  # CPU deployment: no device options

@@ -1,0 +1,52 @@
+"""The lab's fair CPU baseline: CPU deployments get the cores a CPU server of the machine would have, the load
+generator what it needs, on machines of any size (as configuration: no many-core machine needed)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from latlab.lab import sweep_args, write_config
+from latlab.lab_plan import FFN, PLANS, cpu_share
+from latlab.server.config import load_config
+
+
+@pytest.mark.parametrize("cores, threads, workers", [(1, 1, 0), (2, 1, 0), (4, 3, 0), (8, 6, 2), (16, 12, 4),
+                                                     (64, 56, 8), (192, 184, 8)])
+def test_cpu_deployments_get_every_core_the_generator_does_not_need(cores: int, threads: int, workers: int) -> None:
+    share = cpu_share(cores)
+    assert (share.cpu_threads, share.load_workers) == (threads, workers)
+    assert share.cpu_threads + max(1, share.load_workers) == max(cores, 2)  # no core idle, none counted twice
+    assert f"{threads} ORT thread" in share.describe() and f"{cores} cores" in share.describe()
+    assert "fair share" in share.describe()
+
+
+def test_either_figure_may_be_set_and_the_other_follows() -> None:
+    assert (cpu_share(16, cpu_threads=16).cpu_threads, cpu_share(16, cpu_threads=16).load_workers) == (16, 4)
+    assert cpu_share(16, load_workers=2).cpu_threads == 14
+    assert "--cpu-threads" in cpu_share(16, cpu_threads=8).describe()
+    for bad in ({"cpu_threads": 0}, {"load_workers": -1}):
+        with pytest.raises(ValueError, match="must be"):
+            cpu_share(16, **bad)
+
+
+@pytest.mark.parametrize("cores", [2, 16])
+def test_the_gpu_plans_config_gives_cpu_deployments_the_share_and_cuda_ones_none(tmp_path: Path, cores: int) -> None:
+    model = tmp_path / "ffn.onnx"
+    model.write_bytes(b"")
+    plan = replace(PLANS["gpu-quick"], models=tuple(m for m in PLANS["gpu-quick"].models if not m.text))
+    share = cpu_share(cores)
+    config = load_config(write_config(tmp_path, {m.name: model for m in plan.models}, 8000, plan, share))
+    cpu = [d for d in config.deployments if d.provider == "cpu"]
+    assert cpu and all(d.cpu.intra_op_threads == share.cpu_threads and not d.cpu.allow_spinning for d in cpu)
+    assert {d.provider for d in config.deployments} == {"cpu", "cuda"}
+
+
+def test_a_many_core_sweep_runs_locust_workers_and_names_the_machine(tmp_path: Path) -> None:
+    args = sweep_args(tmp_path, PLANS["gpu"], FFN, "http://127.0.0.1:1", 9646, cpu_share(16).load_workers, "h100-box")
+    assert args[args.index("--workers") + 1] == "4" and args[args.index("--machine-name") + 1] == "h100-box"
+    assert float(args[args.index("--max-rate") + 1]) > max(FFN.rates)  # the sweep goes on past its listed rates
+    small = sweep_args(tmp_path, PLANS["cpu"], FFN, "http://127.0.0.1:1", 9646, cpu_share(2).load_workers)
+    assert "--workers" not in small and "--machine-name" not in small
