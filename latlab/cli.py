@@ -130,6 +130,9 @@ def _add_loadtest(sub: argparse._SubParsersAction) -> None:
                       help="open loop: past --rates keep raising the rate x1.5 per step until the deployment saturates "
                            "or breaks the SLO, up to this cap (0: stop at the last listed rate); a maximum never "
                            "reached is reported as '≥ N (not saturated)'")
+    load.add_argument("--refine-within", type=float, default=0.1,
+                      help="with --max-rate: after a failed step, bisect until the last rate met and the first "
+                           "failed are within this fraction")
     load.add_argument("--slo", help="p99 bound, e.g. p99=50ms: search the highest rate that meets it")
     load.add_argument("--sweep", action="store_true", help="with --slo: sweep --rates, stop when p99 > 2x the SLO")
     load.add_argument("--resolution", type=float, default=0.05, help="SLO search: bracket width / rate")
@@ -259,6 +262,8 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
                                       or not 0 < args.recovery_load < 1):
         raise UserError("--overload needs a positive factor, open-loop mode, no --slo, positive --burst-seconds "
                         "and --capacity, and --recovery-load between 0 and 1")
+    if not 0 < args.refine_within < float("inf"):
+        raise UserError(f"--refine-within must be a positive fraction, got {args.refine_within:g}")
     if not 0 <= args.max_rate < float("inf"):
         raise UserError(f"--max-rate must be a finite rate >= 0 (0: stop at the last of --rates), got {args.max_rate:g}")
     plan = SweepPlan(host=args.host, deployments=[d for item in args.deployment for d in item.split(",") if d],
@@ -266,7 +271,7 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
                      window_seconds=args.step_seconds / 3, max_windows=max(3, args.max_windows),
                      poisson=not args.constant, binary=args.binary, seq_len=args.seq_len, client=args.client,
                      text=args.text, seq_len_max=args.seq_len_max,
-                     stop_at_saturation=not args.no_stop, max_rate=args.max_rate, slo_p99_s=slo,
+                     stop_at_saturation=not args.no_stop, max_rate=args.max_rate, refine_within=args.refine_within, slo_p99_s=slo,
                      machine_name=args.machine_name,
                      search=bool(slo) and not args.sweep and args.mode == "open", search_resolution=args.resolution,
                      workers=args.workers, expect_workers=args.expect_workers,

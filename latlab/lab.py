@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from latlab import procs
-from latlab.lab_plan import PLANS, CpuShare, LabPlan, ModelPlan, available_cores, cpu_share
+from latlab.lab_plan import PLANS, RAISE_CAP, CpuShare, LabPlan, ModelPlan, available_cores, cpu_share
 
 GRAFANA_DIR = Path(__file__).resolve().parent.parent / "grafana"
 
@@ -159,9 +159,6 @@ def run_bench(run_dir: Path, models_dir: Path, plan: LabPlan, cpu_threads: int) 
     _run_child(args, "bench")
 
 
-RAISE_CAP = 4.0  # past a model's listed rates the sweep goes on to this multiple of the last, to find saturation
-
-
 def sweep_model(run_dir: Path, plan: LabPlan, model: ModelPlan, host: str, metrics_port: int, load_workers: int = 0,
                 machine_name: str | None = None) -> None:
     """One Locust sweep over the model's deployments, with the model's loads and request encoding."""
@@ -171,10 +168,15 @@ def sweep_model(run_dir: Path, plan: LabPlan, model: ModelPlan, host: str, metri
 def sweep_args(run_dir: Path, plan: LabPlan, model: ModelPlan, host: str, metrics_port: int, load_workers: int = 0,
                machine_name: str | None = None) -> list[str]:
     """The `latlab loadtest` command of one model's sweep; with load_workers, as a Locust master with that many
-    local worker processes."""
+    local worker processes. Past the model's rates it raises the load until each deployment saturates or
+    its p99 passes twice the plan's largest SLO (beyond that no SLO of the report can change)."""
+    from latlab.cli_options import parse_slos
+
+    largest_slo_ms = max(parse_slos(plan.slos)) * 1e3
     args = [sys.executable, "-m", "latlab.cli", "loadtest", "--host", host, "--out", str(run_dir / model.name),
             "--run-id", run_dir.name, "--rates", ",".join(f"{r:g}" for r in model.rates),
-            "--max-rate", f"{max(model.rates) * RAISE_CAP:g}",
+            "--max-rate", f"{max(model.rates) * RAISE_CAP:g}", "--slo", f"p99={largest_slo_ms:g}ms", "--sweep",
+            "--refine-within", f"{plan.refine_within:g}",
             "--step-seconds", str(plan.step_seconds), "--max-windows", str(plan.max_windows),
             "--warmup-seconds", str(plan.warmup_seconds), "--metrics-port", str(metrics_port),
             "--seq-len", str(model.seq_len), *(["--binary"] if model.binary else []),

@@ -11,6 +11,8 @@ generator CPU per request (docs/performance.md), and a step above 90% of a core 
 MANY_CORES = 8
 """From this many cores the lab starts Locust worker processes (one per core it leaves to the generator)."""
 MAX_LOAD_WORKERS = 8
+RAISE_CAP = 4.0
+"""Past a model's listed rates the sweep goes on raising, up to this multiple of the last, to find saturation."""
 
 
 @dataclass(frozen=True)
@@ -26,10 +28,10 @@ class CpuShare:
     """"fair share" or "--cpu-threads" / "--load-workers": who decided."""
 
     def describe(self) -> str:
-        generator = (f"{self.load_workers} Locust worker processes" if self.load_workers
-                     else "one load-generator process")
+        generator = (f"{self.load_workers} Locust worker processes send" if self.load_workers
+                     else "one load-generator process sends")
         return (f"CPU deployments compute on {self.cpu_threads} ORT thread{'s' if self.cpu_threads > 1 else ''} "
-                f"of this machine's {self.cores} cores; {generator} send the load ({self.chosen_by})")
+                f"of this machine's {self.cores} cores; {generator} the load ({self.chosen_by})")
 
 
 def available_cores() -> int:
@@ -66,7 +68,10 @@ class ModelPlan:
     settings: dict = field(default_factory=dict)
     """Keyword arguments of the zoo builder (export.zoo.BUILDERS[name])."""
     rates: tuple[float, ...] = (100, 250, 500)
-    """Offered loads (req/s) of the sweep; it stops early when a deployment saturates."""
+    """Offered loads (req/s) of the sweep; it stops early when a deployment saturates, and past the last one
+    goes on raising the rate (up to RAISE_CAP times it) until the deployment does. A step holds at least
+    100 requests (its windows lengthen at low rates), so a low first rate costs time: below ~20 req/s a
+    step takes 5-10 s per window."""
     batching: dict = field(default_factory=lambda: {"max_batch_size": 64, "max_queue_delay_ms": 2.0})
     """The batching-on deployment's [batcher] settings; the other deployment has max_batch_size = 1."""
     binary: bool = False
@@ -89,6 +94,8 @@ class LabPlan:
     max_windows: int = 4
     warmup_seconds: float = 1.0
     slos: str = "10ms,25ms,50ms,100ms"
+    refine_within: float = 0.1
+    """Past saturation the sweep bisects until its bracket is this narrow (fraction of the rate met)."""
     bench: bool = True
     """Run `latlab bench --quick` on the plan's models first (batch-time curves for the prediction)."""
     cpu: dict = field(default_factory=lambda: {"allow_spinning": False})
@@ -117,11 +124,11 @@ class LabPlan:
         return model.text and deployment.startswith(f"{model.name}-text-")
 
 
-MLP = ModelPlan("mlp", {}, rates=(100, 250, 500, 750, 1000, 1250, 1500, 1750, 2000, 2500, 3000))
-FFN = ModelPlan("ffn", {"d_model": 128, "n_layers": 128},
-                rates=(100, 250, 500, 750, 1000, 1250, 1500, 1750, 2000, 2500, 3000))
+# Listed rates give the curve its shape below saturation; past them the sweep raises and bisects to find it.
+MLP = ModelPlan("mlp", {}, rates=(100, 250, 500, 1000, 1500, 2000, 3000))
+FFN = ModelPlan("ffn", {"d_model": 128, "n_layers": 128}, rates=(100, 250, 500, 1000, 1500, 2000, 3000))
 # ResNet-18 at 224x224 takes tens of ms per image on one core: a few requests per second saturate it.
-CNN = ModelPlan("cnn", {}, rates=(2, 5, 10, 15, 20, 30, 40), binary=True,
+CNN = ModelPlan("cnn", {}, rates=(8, 15, 20, 30, 40), binary=True,
                 batching={"max_batch_size": 8, "max_queue_delay_ms": 5.0})
 MINILM = ModelPlan("minilm", {}, rates=(10, 25, 50, 100, 150, 200, 300, 400), seq_len=16, text=True,
                    batching={"max_batch_size": 32, "max_queue_delay_ms": 3.0})
@@ -131,8 +138,8 @@ PLANS = {
     "cpu": LabPlan(models=(MLP, FFN, CNN, MINILM)),
     # Same models, fewer and shorter steps (138 s measured on 2 cores, models already exported).
     "quick": LabPlan(models=(replace(MLP, rates=(250, 1000, 2000)), replace(FFN, rates=(250, 750, 1500, 2500)),
-                             replace(CNN, rates=(5, 15, 30)), replace(MINILM, rates=(25, 100, 250))),
-                     step_seconds=1.5, max_windows=3, warmup_seconds=0.5),
+                             replace(CNN, rates=(10, 20, 30)), replace(MINILM, rates=(25, 100, 250))),
+                     step_seconds=1.5, max_windows=3, warmup_seconds=0.5, refine_within=0.3),
     # For a GPU box: every model on CUDA and on the CPU, batching off and on; merge its run folder with
     # a CPU box's in `latlab report`.
     # Rates reach further: the sweep stops where each deployment saturates.
@@ -140,7 +147,8 @@ PLANS = {
                            replace(MINILM, rates=MINILM.rates + (600, 1000, 2000))), providers=("cpu", "cuda")),
     # The gpu plan in fewer, shorter steps: fits one call of a borrowed GPU machine (benchmarks/gpu_kit.py).
     "gpu-quick": LabPlan(models=(replace(MLP, rates=(250, 1000, 2000, 4000)), replace(FFN, rates=(250, 1000, 2000, 4000)),
-                                 replace(CNN, rates=(5, 15, 40, 100, 250)),
-                                 replace(MINILM, rates=(25, 100, 250, 600, 1200))),
-                         providers=("cpu", "cuda"), step_seconds=1.5, max_windows=3, warmup_seconds=0.5),
+                                 replace(CNN, rates=(20, 60, 150, 400)),
+                                 replace(MINILM, rates=(50, 250, 600, 1200))),
+                         providers=("cpu", "cuda"), step_seconds=1.5, max_windows=3, warmup_seconds=0.5,
+                         refine_within=0.3),
 }

@@ -31,7 +31,6 @@ SERVER_BACK_S = 10.0        # after an interrupted step, how long to wait for th
 LONGEST_WINDOW_S = 10.0     # a low rate's windows grow to hold MIN_SAMPLES_P99 requests in three, up to this
 RAISE_BY = 1.5              # past the listed rates, each step offers this much more until saturation or the cap
 ANSWER_GRACE_S = 1.0        # a step's figures wait this long at most for answers to its last requests
-REFINE_WITHIN = 0.1         # then the bracket between the last rate met and the first failed narrows to this
 QUEUE_SAMPLE_S = 1.0        # overload: the queue is full for most of a burst, a sample a second shows it
 
 
@@ -66,6 +65,9 @@ class SweepPlan:
     """Open loop: past the listed rates keep raising by RAISE_BY until the deployment saturates, breaks the
     SLO or errs, up to this cap (0: stop at the last listed rate). A maximum never reached is recorded as
     such (`saturated: false`), never as the deployment's capacity."""
+    refine_within: float = 0.1
+    """With max_rate, after a failed step: bisect between the last rate met and the first failed until they
+    are within this fraction of the former (0.1: about three more steps; 0.3: one)."""
     max_error_ratio: float = 0.01
     slo_p99_s: float | None = None
     slo_margin: float = 2.0
@@ -152,7 +154,7 @@ def _run_deployment(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics
 
 def _sweep_rates(plan: SweepPlan, measure: Callable[[float], dict]) -> tuple[str, bool]:
     """Step through the listed loads; with a cap, raise the rate until the deployment saturates, breaks the SLO
-    or errs, then narrow the bracket to REFINE_WITHIN. (why it stopped, whether the deployment's limit did)."""
+    or errs, then narrow the bracket to plan.refine_within. (why it stopped, whether the deployment's limit did)."""
     listed, passed, failed, why = list(plan.loads[1:]), None, None, ""
     load: float | None = plan.loads[0]
     while load is not None:
@@ -175,14 +177,14 @@ def _sweep_rates(plan: SweepPlan, measure: Callable[[float], dict]) -> tuple[str
 
 def _next_load(plan: SweepPlan, listed: list[float], passed: float | None, failed: float | None) -> float | None:
     """The next listed rate; past them, x RAISE_BY up to the cap; after a failure, the bracket's middle while it
-    is wider than REFINE_WITHIN (only when raising was asked for: a plain sweep stops at its first failure)."""
+    is wider than refine_within (only when raising was asked for: a plain sweep stops at its first failure)."""
     if failed is None:
         if listed:
             return listed.pop(0)
         if plan.mode != "open" or passed is None or passed >= plan.max_rate:
             return None
         return min(passed * RAISE_BY, plan.max_rate)
-    if plan.mode != "open" or not plan.max_rate or passed is None or failed - passed <= REFINE_WITHIN * passed:
+    if plan.mode != "open" or not plan.max_rate or passed is None or failed - passed <= plan.refine_within * passed:
         return None
     return (passed + failed) / 2
 

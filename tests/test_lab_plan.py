@@ -48,5 +48,6 @@ def test_a_many_core_sweep_runs_locust_workers_and_names_the_machine(tmp_path: P
     args = sweep_args(tmp_path, PLANS["gpu"], FFN, "http://127.0.0.1:1", 9646, cpu_share(16).load_workers, "h100-box")
     assert args[args.index("--workers") + 1] == "4" and args[args.index("--machine-name") + 1] == "h100-box"
     assert float(args[args.index("--max-rate") + 1]) > max(FFN.rates)  # the sweep goes on past its listed rates
+    assert args[args.index("--slo") + 1] == "p99=100ms" and "--sweep" in args  # ... until it breaks the largest SLO
     small = sweep_args(tmp_path, PLANS["cpu"], FFN, "http://127.0.0.1:1", 9646, cpu_share(2).load_workers)
     assert "--workers" not in small and "--machine-name" not in small
