@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from latlab import procs
-from latlab.lab_plan import PLANS, RAISE_CAP, CpuShare, LabPlan, ModelPlan, available_cores, cpu_share
+from latlab.lab_plan import PLANS, CpuShare, LabPlan, ModelPlan, available_cores, cpu_share
 
 GRAFANA_DIR = Path(__file__).resolve().parent.parent / "grafana"
 
@@ -175,7 +175,7 @@ def sweep_args(run_dir: Path, plan: LabPlan, model: ModelPlan, host: str, metric
     largest_slo_ms = max(parse_slos(plan.slos)) * 1e3
     args = [sys.executable, "-m", "latlab.cli", "loadtest", "--host", host, "--out", str(run_dir / model.name),
             "--run-id", run_dir.name, "--rates", ",".join(f"{r:g}" for r in model.rates),
-            "--max-rate", f"{max(model.rates) * RAISE_CAP:g}", "--slo", f"p99={largest_slo_ms:g}ms", "--sweep",
+            "--max-rate", f"{max(model.rates) * max(1.0, plan.raise_cap):g}", "--slo", f"p99={largest_slo_ms:g}ms", "--sweep",
             "--refine-within", f"{plan.refine_within:g}",
             "--step-seconds", str(plan.step_seconds), "--max-windows", str(plan.max_windows),
             "--warmup-seconds", str(plan.warmup_seconds), "--metrics-port", str(metrics_port),

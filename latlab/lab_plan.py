@@ -11,8 +11,6 @@ generator CPU per request (docs/performance.md), and a step above 90% of a core 
 MANY_CORES = 8
 """From this many cores the lab starts Locust worker processes (one per core it leaves to the generator)."""
 MAX_LOAD_WORKERS = 8
-RAISE_CAP = 4.0
-"""Past a model's listed rates the sweep goes on raising, up to this multiple of the last, to find saturation."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +67,7 @@ class ModelPlan:
     """Keyword arguments of the zoo builder (export.zoo.BUILDERS[name])."""
     rates: tuple[float, ...] = (100, 250, 500)
     """Offered loads (req/s) of the sweep; it stops early when a deployment saturates, and past the last one
-    goes on raising the rate (up to RAISE_CAP times it) until the deployment does. A step holds at least
+    goes on raising the rate (up to LabPlan.raise_cap times it) until the deployment does. A step holds at least
     100 requests (its windows lengthen at low rates), so a low first rate costs time: below ~20 req/s a
     step takes 5-10 s per window."""
     batching: dict = field(default_factory=lambda: {"max_batch_size": 64, "max_queue_delay_ms": 2.0})
@@ -94,6 +92,9 @@ class LabPlan:
     max_windows: int = 4
     warmup_seconds: float = 1.0
     slos: str = "10ms,25ms,50ms,100ms"
+    raise_cap: float = 4.0
+    """Past a model's listed rates the sweep goes on raising, up to this multiple of the last, to find
+    saturation; 1 stops at the last listed rate (a deployment that passed it is then "not saturated")."""
     refine_within: float = 0.1
     """Past saturation the sweep bisects until its bracket is this narrow (fraction of the rate met)."""
     bench: bool = True

@@ -99,15 +99,18 @@ def test_lab_runs_end_to_end_and_stops_everything(tmp_path):
 
     plan = LabPlan(models=(ModelPlan("mlp", rates=(50, 150)),
                            ModelPlan("ffn", {"d_model": 16, "n_layers": 2}, rates=(50, 150), binary=True)),
-                   step_seconds=0.5, warmup_seconds=0.3, max_windows=3, bench=False)
+                   step_seconds=0.5, warmup_seconds=0.3, max_windows=3, bench=False, raise_cap=1.0)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     report = run_lab(tmp_path / "runs", tmp_path / "models", plan)
     assert report.is_file() and "data:image/png;base64," in report.read_text()
+    assert "(not saturated)" in report.read_text()  # the verdict's maxima are lower bounds, and say so
     for model in ("mlp", "ffn"):
         doc = json.loads((report.parent / model / "results.json").read_text())
         assert doc["run_id"] == report.parent.name  # one run label across the models' sweeps
         assert [d["name"] for d in doc["deployments"]] == [f"{model}-b1", f"{model}-batch"]
         assert all(len(d["steps"]) == 2 and not any(s["errors"] for s in d["steps"]) for d in doc["deployments"])
+        # no raising past the listed rates here (raise_cap 1): 150 req/s is far below capacity, and says so
+        assert all(d["saturated"] is False and d["rate_cap_rps"] == 150 for d in doc["deployments"])
         assert doc["payload"]["encoding"] == ("binary" if model == "ffn" else "json")
     left = {p.pid for p in psutil.Process().children(recursive=True)} - before
     assert not left, f"lab left processes running: {left}"
