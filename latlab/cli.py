@@ -190,6 +190,7 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
     lab.add_argument("--load-workers", type=int, help="Locust worker processes (default: none below 8 cores, "
                                                       "then one per 4 cores, up to 8)")
     lab.add_argument("--machine-name", help="what reports call this machine (default: its CPU model, or the GPU)")
+    lab.add_argument("--models", help="only these of the plan's models, e.g. cnn,minilm")
     lab.set_defaults(func=cmd_lab)
 
 
@@ -321,10 +322,10 @@ def cmd_lab(args: argparse.Namespace) -> None:
 
     try:
         share = cpu_share(available_cores(), args.cpu_threads, args.load_workers)
+        plan = PLANS[args.plan].only(args.models.split(",") if args.models else None)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    run_lab(args.runs_dir, args.models_dir, PLANS[args.plan].scaled(step_seconds=args.step_seconds), share,
-            args.machine_name)
+    run_lab(args.runs_dir, args.models_dir, plan.scaled(step_seconds=args.step_seconds), share, args.machine_name)
 
 
 def cmd_doctor(args: argparse.Namespace) -> None:

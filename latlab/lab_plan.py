@@ -104,6 +104,16 @@ class LabPlan:
     ORT threads steal the CPU that HTTP handling and the generator need: on 2 cores the batched ffn held
     p99 <= 50 ms to ~1000 req/s on one thread without spinning, ~500 req/s with ORT's defaults."""
 
+    def only(self, names: list[str] | None) -> LabPlan:
+        """The plan for some of its models (e.g. to split a GPU machine's lab over two device calls)."""
+        if not names:
+            return self
+        known = [m.name for m in self.models]
+        unknown = sorted(set(names) - set(known))
+        if unknown:
+            raise ValueError(f"--models: {', '.join(unknown)} not in this plan; it has {', '.join(known)}")
+        return replace(self, models=tuple(m for m in self.models if m.name in names))
+
     def scaled(self, step_seconds: float | None = None, rates: list[float] | None = None) -> LabPlan:
         """The same plan with another step length, or one list of rates for every model (tests)."""
         models = self.models if rates is None else tuple(replace(m, rates=tuple(rates)) for m in self.models)

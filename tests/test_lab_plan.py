@@ -51,3 +51,10 @@ def test_a_many_core_sweep_runs_locust_workers_and_names_the_machine(tmp_path: P
     assert args[args.index("--slo") + 1] == "p99=100ms" and "--sweep" in args  # ... until it breaks the largest SLO
     small = sweep_args(tmp_path, PLANS["cpu"], FFN, "http://127.0.0.1:1", 9646, cpu_share(2).load_workers)
     assert "--workers" not in small and "--machine-name" not in small
+
+
+def test_a_lab_may_run_some_of_its_plans_models_and_refuses_unknown_ones() -> None:
+    assert [m.name for m in PLANS["gpu-quick"].only(["cnn", "minilm"]).models] == ["cnn", "minilm"]
+    assert PLANS["cpu"].only(None) is PLANS["cpu"]
+    with pytest.raises(ValueError, match="--models: resnet not in this plan; it has mlp, ffn, cnn, minilm"):
+        PLANS["cpu"].only(["resnet"])
