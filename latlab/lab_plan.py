@@ -136,12 +136,12 @@ class LabPlan:
 
 
 # Listed rates give the curve its shape below saturation; past them the sweep raises and bisects to find it.
-MLP = ModelPlan("mlp", {}, rates=(100, 250, 500, 1000, 1500, 2000, 3000))
-FFN = ModelPlan("ffn", {"d_model": 128, "n_layers": 128}, rates=(100, 250, 500, 1000, 1500, 2000, 3000))
+MLP = ModelPlan("mlp", {}, rates=(100, 500, 1000, 1500, 2000, 3000))
+FFN = ModelPlan("ffn", {"d_model": 128, "n_layers": 128}, rates=(100, 500, 1000, 1500, 2000, 3000))
 # ResNet-18 at 224x224 takes tens of ms per image on one core: a few requests per second saturate it.
 CNN = ModelPlan("cnn", {}, rates=(8, 15, 20, 30, 40), binary=True,
                 batching={"max_batch_size": 8, "max_queue_delay_ms": 5.0})
-MINILM = ModelPlan("minilm", {}, rates=(10, 25, 50, 100, 150, 200, 300, 400), seq_len=16, text=True,
+MINILM = ModelPlan("minilm", {}, rates=(15, 50, 100, 200, 300), seq_len=16, text=True,
                    batching={"max_batch_size": 32, "max_queue_delay_ms": 3.0})
 
 PLANS = {
