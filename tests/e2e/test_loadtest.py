@@ -72,7 +72,8 @@ def test_a_cap_below_capacity_is_marked_not_saturated_and_short_steps_do_not_lie
     a low rate's windows grow until the step holds enough requests for a p99."""
     with stub_server(StubModel()) as host:
         doc = loadtest(host, tmp_path / "capped", "--rates", "20,200", "--max-rate", "300", "--warmup-seconds", "0.3",
-                       "--step-seconds", "1.5", "--max-windows", "3", timeout=300)
+                       "--step-seconds", "1.5", "--max-windows", "3", "--machine-name", "stub-box", timeout=300)
+    assert doc["machine"]["name"] == "stub-box"  # what reports call this machine
     curve = doc["deployments"][0]
     assert curve["saturated"] is False and "not saturated" in curve["stop_reason"] and curve["rate_cap_rps"] == 300
     assert [s["target"] for s in curve["steps"]] == [20, 200, 300]

@@ -183,3 +183,20 @@ def test_an_unsaturated_maximum_shows_as_a_lower_bound_in_the_tables() -> None:
     assert "<td>≥ 199 (not saturated)</td>" in slo_table([curve], [0.025])
     assert "<td>199</td>" in slo_table([{**curve, "saturated": True}], [0.025])
     assert rate_text(curve, None) == "–"
+
+
+def test_machines_are_named_by_what_they_are_never_by_hostname() -> None:
+    """Every lab VM is called `vm`: a merged report names machines by --machine-name, GPU or CPU model."""
+    from latlab import machine
+    from latlab.loadtest.verdict import machine_name
+
+    here = machine.describe()
+    assert "name" not in here and here["hostname"]
+    assert machine.describe("h100-box")["name"] == "h100-box"
+    cpu = {"provider": "cpu", "machine": {"hostname": "vm", "cpu": "Intel Xeon", "cores": 16, "gpu": "NVIDIA H100"},
+           "environment": {"cpu": "Intel Xeon"}}
+    gpu = {**cpu, "provider": "cuda", "environment": {"cpu": "Intel Xeon", "gpu": "NVIDIA H100 80GB HBM3"}}
+    assert machine_name(cpu) == "Intel Xeon" and machine_name(gpu) == "NVIDIA H100 80GB HBM3"
+    named = {**gpu, "machine": {**gpu["machine"], "name": "h100-box"}}
+    assert machine_name(named) == "h100-box"
+    assert "vm" not in {machine_name(c) for c in (cpu, gpu, named)}
