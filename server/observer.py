@@ -2,27 +2,29 @@
 
 On the main port these routes share Granian's request threads with infer requests; when those threads are all
 waiting on batches, a scrape or a readiness probe waits behind them (seconds under overload, docs/overload.md).
-Here they have their own socket and a few threads of werkzeug's threaded HTTP server, in the same process
-(the app and its metrics registry are the ones the infer route uses), as Triton gives its metrics a port.
+Here they have their own socket and a few threads of their own, in the same process (the app and its metrics
+registry are the ones the infer route uses), as Triton gives its metrics a port.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import socket
+import sys
 import threading
 from typing import Callable, Iterable
-
-from werkzeug.serving import ThreadedWSGIServer, WSGIRequestHandler
+from urllib.parse import unquote_to_bytes
 
 from latlab.server.errors import ConfigError
 from latlab.server.protocol import encode_error
 
 log = logging.getLogger("latlab.server.observer")
-MAX_THREADS = 16
-"""Observer connections served at once; more wait in the listen backlog. Scrapers and probes are few."""
-CLIENT_TIMEOUT_S = 5.0
-"""A client that sends nothing for this long is dropped, so idle or slow clients cannot hold every thread."""
+THREADS = 4
+"""Observer requests answered at once; more wait in the listen backlog. Scrapers and probes are few."""
+CLIENT_TIMEOUT_S = 2.0
+"""A client that has not sent its request within this long is dropped: slow clients cannot hold the threads."""
+MAX_HEAD_BYTES = 16 * 1024
 METHODS = ("GET", "HEAD")
 WSGIApp = Callable[[dict, Callable], Iterable[bytes]]
 
@@ -40,49 +42,95 @@ def read_only(app: WSGIApp) -> WSGIApp:
     return observe
 
 
-class _QuietHandler(WSGIRequestHandler):
-    timeout = CLIENT_TIMEOUT_S
-
-    def log(self, type: str, message: str, *args: object) -> None:  # noqa: A002 - the base class's names
-        """Silent: a line per scrape would flood the server's log."""
-
-
-class _BoundedServer(ThreadedWSGIServer):
-    """A thread per connection (werkzeug answers one request per connection), at most MAX_THREADS at once."""
-
-    def __init__(self, sock: socket.socket, app: WSGIApp) -> None:
-        self._slots = threading.BoundedSemaphore(MAX_THREADS)
-        host, port = sock.getsockname()[:2]
-        super().__init__(host, port, app, _QuietHandler, fd=sock.fileno())
-        sock.close()  # the server works on its own duplicate of the descriptor
-
-    def process_request(self, request, client_address) -> None:
-        self._slots.acquire()  # past MAX_THREADS, connections wait in the listen backlog
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request, client_address) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-
 class Observer:
-    """The listener, serving `app` read-only from a daemon thread until close(). OSError when it cannot bind."""
+    """The listener: THREADS threads that each accept a connection, read one GET, answer it from `app` (read-only)
+    and close it. Few blocking calls per request (accept, recv, send), each a point where a thread must win the
+    GIL back from the busy request threads: a general-purpose server (werkzeug's: a new thread per connection,
+    line-by-line reads and writes) answered readiness 3-10x slower than Granian's main port under overload."""
 
     def __init__(self, app: WSGIApp, host: str, port: int) -> None:
-        self._server = _BoundedServer(_listening(host, port), read_only(app))
-        self.port: int = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="latlab-observer", daemon=True)
-        self._thread.start()
+        self._app = read_only(app)
+        self._socket = _listening(host, port)
+        self.host, self.port = host.strip("[]"), self._socket.getsockname()[1]
+        self._threads = [threading.Thread(target=self._serve, name=f"latlab-observer-{i}", daemon=True)
+                         for i in range(THREADS)]
+        for thread in self._threads:
+            thread.start()
 
     def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._socket.shutdown(socket.SHUT_RDWR)  # wakes the threads blocked in accept()
+        self._socket.close()
+        for thread in self._threads:
+            thread.join(CLIENT_TIMEOUT_S + 1)
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, address = self._socket.accept()
+            except OSError:  # closed
+                return
+            with connection:
+                try:
+                    connection.settimeout(CLIENT_TIMEOUT_S)
+                    connection.sendall(self._answer(_read_head(connection), address))
+                except Exception:  # noqa: BLE001 - one client's failure must not end the thread serving all
+                    log.debug("observer request failed", exc_info=True)
+
+    def _answer(self, head: bytes, address: tuple) -> bytes:
+        """The whole HTTP response to one request head."""
+        try:
+            environ = _environ(head, self.host, self.port, address)
+        except ValueError as exc:
+            return _response("400 BAD REQUEST", [("Content-Type", "application/json")], encode_error(str(exc)))
+        found: list = []
+        chunks = self._app(environ, lambda status, headers, exc_info=None: found.extend((status, headers)))
+        try:
+            body = b"".join(chunks)
+        finally:
+            if hasattr(chunks, "close"):
+                chunks.close()
+        return _response(found[0], found[1], b"" if environ["REQUEST_METHOD"] == "HEAD" else body)
+
+
+def _read_head(connection: socket.socket) -> bytes:
+    """The request line and headers (observers' requests have no body); ValueError past MAX_HEAD_BYTES."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = connection.recv(MAX_HEAD_BYTES)
+        if not chunk:
+            raise ConnectionError("the client closed the connection before its request ended")
+        head += chunk
+        if len(head) > MAX_HEAD_BYTES:
+            raise ValueError("request head too long")
+    return head.split(b"\r\n\r\n", 1)[0]
+
+
+def _environ(head: bytes, host: str, port: int, address: tuple) -> dict:
+    """A WSGI environ (PEP 3333) for a request without a body."""
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+        raise ValueError(f"malformed request line {lines[0][:100]!r}")
+    method, target, version = parts
+    path, _, query = target.partition("?")
+    environ = {"REQUEST_METHOD": method, "SCRIPT_NAME": "", "PATH_INFO": unquote_to_bytes(path).decode("latin-1"),
+               "QUERY_STRING": query, "SERVER_NAME": host, "SERVER_PORT": str(port), "SERVER_PROTOCOL": version,
+               "REMOTE_ADDR": address[0] if address else "", "wsgi.version": (1, 0), "wsgi.url_scheme": "http",
+               "wsgi.input": io.BytesIO(), "wsgi.errors": sys.stderr, "wsgi.multithread": True,
+               "wsgi.multiprocess": False, "wsgi.run_once": False}
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        if not colon:
+            raise ValueError(f"malformed header line {line[:100]!r}")
+        key = name.strip().upper().replace("-", "_")
+        environ[key if key in ("CONTENT_TYPE", "CONTENT_LENGTH") else f"HTTP_{key}"] = value.strip()
+    return environ
+
+
+def _response(status: str, headers: list[tuple[str, str]], body: bytes) -> bytes:
+    kept = [(k, v) for k, v in headers if k.lower() not in ("content-length", "connection")]
+    lines = [f"HTTP/1.1 {status}", *(f"{k}: {v}" for k, v in kept), f"Content-Length: {len(body)}", "Connection: close"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
 def _listening(host: str, port: int) -> socket.socket:

@@ -13,8 +13,9 @@ from prometheus_client import CollectorRegistry
 
 from latlab import procs
 from latlab.server.app import create_app
+from latlab.server.config import parse_config
 from latlab.server.errors import ConfigError
-from latlab.server.observer import Observer, observer_port
+from latlab.server.observer import CLIENT_TIMEOUT_S, THREADS, Observer, observer_port
 
 from tests.reliability.conftest import running_server, tiny_body, write_config
 
@@ -46,6 +47,48 @@ def test_infer_stays_on_the_main_port(observed: str) -> None:
                              headers={"Content-Type": "application/json"}, timeout=5)
     assert response.status_code == 405 and response.headers["Allow"] == "GET, HEAD"
     assert "infer on the main port" in response.json()["error"]
+
+
+def test_the_bearer_token_still_guards_config(tiny_model: Path) -> None:
+    config = parse_config({"server": {"auth_token": "observer-token-0123456789"},
+                           "deployments": [{"name": "tiny", "model_path": str(tiny_model)}]})
+    app = create_app(config, registry=CollectorRegistry())
+    observer = Observer(app, "127.0.0.1", 0)
+    try:
+        url = f"http://127.0.0.1:{observer.port}/v2/models/tiny/config"
+        assert requests.get(url, timeout=5).status_code == 401
+        assert requests.get(url, headers={"Authorization": "Bearer observer-token-0123456789"},
+                            timeout=5).json()["name"] == "tiny"
+        assert requests.get(f"http://127.0.0.1:{observer.port}/metrics", timeout=5).status_code == 200
+    finally:
+        observer.close()
+        app.extensions["latlab"].close()
+
+
+def test_percent_encoded_paths_and_queries_reach_the_app(observed: str) -> None:
+    assert requests.get(f"{observed}/v2/models/ti%6Ey/ready?x=1", timeout=5).status_code == 200
+    unknown = requests.get(f"{observed}/v2/models/no%20such/ready", timeout=5)
+    assert unknown.status_code == 404 and "unknown model 'no such'" in unknown.json()["error"]
+
+
+@pytest.mark.parametrize("head, status", [(b"NONSENSE\r\n\r\n", b"400"), (b"GET / HTTP/1.1\r\nno colon\r\n\r\n", b"400")])
+def test_a_malformed_request_gets_400_and_the_next_is_answered(observed: str, head: bytes, status: bytes) -> None:
+    port = int(observed.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(head)
+        assert sock.recv(65536).split(b" ")[1] == status
+    assert requests.get(f"{observed}/v2/health/live", timeout=5).status_code == 200
+
+
+def test_silent_clients_cannot_hold_its_threads(observed: str) -> None:
+    """More silent connections than it has threads: each is dropped after CLIENT_TIMEOUT_S, then probes pass."""
+    port = int(observed.rsplit(":", 1)[1])
+    silent = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(THREADS + 2)]
+    try:
+        assert requests.get(f"{observed}/v2/health/live", timeout=4 * CLIENT_TIMEOUT_S + 5).status_code == 200
+    finally:
+        for sock in silent:
+            sock.close()
 
 
 def listening(port: int = 0) -> socket.socket:
