@@ -46,7 +46,7 @@ class Observer:
     """The listener: THREADS threads that each accept a connection, read one GET, answer it from `app` (read-only)
     and close it. Few blocking calls per request (accept, recv, send), each a point where a thread must win the
     GIL back from the busy request threads: a general-purpose server (werkzeug's: a new thread per connection,
-    line-by-line reads and writes) answered readiness 3-10x slower than Granian's main port under overload."""
+    line-by-line reads and writes) answered 2-4x slower than Granian's main port under overload."""
 
     def __init__(self, app: WSGIApp, host: str, port: int) -> None:
         self._app = read_only(app)
