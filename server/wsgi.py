@@ -21,7 +21,8 @@ CONFIG_ENV = "LATLAB_CONFIG"
 OBSERVER_ENV = "LATLAB_OBSERVER_ADDRESS"
 """host:port of the observer listener, chosen by serve() for the worker process it starts."""
 MAX_CONNECTIONS = 4096
-"""Connections held open at once (Granian's backpressure), the kernel's usual accept-queue limit (somaxconn)."""
+"""Connections held open at once (Granian's backpressure): far more than any deployment admits requests, so
+that admission, which refuses, bounds first, not this, which leaves a connection waiting unaccepted."""
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 log = logging.getLogger("latlab.server.wsgi")
 
