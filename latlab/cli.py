@@ -94,6 +94,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--config", type=Path, required=True)
     serve.add_argument("--host", help="override [server] host")
     serve.add_argument("--port", type=int, help="override [server] port")
+    serve.add_argument("--metrics-port", type=int,
+                       help="override [server] metrics_port: /metrics and health on their own port (default port + 1)")
     serve.set_defaults(func=cmd_serve)
 
 
@@ -221,7 +223,7 @@ def cmd_export(args: argparse.Namespace) -> None:
 def cmd_serve(args: argparse.Namespace) -> None:
     from latlab.server.wsgi import serve
 
-    serve(args.config, args.host, args.port)
+    serve(args.config, args.host, args.port, args.metrics_port)
 
 
 def _require_text(host: str, deployments: list[str]) -> None:

@@ -126,13 +126,14 @@ def run_lab(runs_dir: Path, models_dir: Path, plan: LabPlan | str = "cpu", share
     config = write_config(run_dir, models, port, plan, share)
     host = f"http://127.0.0.1:{port}"
     _say(f"step 3/5: starting the server on {host} (log: {run_dir / 'server.log'})")
-    server = procs.start([sys.executable, "-m", "latlab.cli", "serve", "--config", str(config)],
-                         log_path=run_dir / "server.log")
+    observer_port = procs.free_port()  # /metrics on threads of their own: scrapes never wait behind the load
+    server = procs.start([sys.executable, "-m", "latlab.cli", "serve", "--config", str(config),
+                          "--metrics-port", str(observer_port)], log_path=run_dir / "server.log")
     prometheus_process = None
     metrics_port = procs.free_port()
     try:
         procs.wait_ready(f"{host}/v2/health/ready", server, timeout_s=300, log_path=run_dir / "server.log")
-        prometheus_process = start_prometheus(run_dir, {"latlab-server": [f"127.0.0.1:{port}"],
+        prometheus_process = start_prometheus(run_dir, {"latlab-server": [f"127.0.0.1:{observer_port}"],
                                                         "latlab-loadgen": [f"127.0.0.1:{metrics_port}"]})
         _say("step 4/5: sweeping offered load per deployment (Locust, open loop)")
         for model in plan.models:

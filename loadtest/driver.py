@@ -132,11 +132,16 @@ class LoadDriver:
             gevent.sleep(0.1)
 
     def generator_cpu(self) -> float:
-        """CPU % of the busiest generator process since the last call (workers report theirs)."""
-        if self.distributed:
-            live = set(self.live_workers)
-            return max((w.cpu_usage for w in self.runner.clients.values() if w.id in live), default=0.0)
-        return self.process.cpu_percent()
+        """CPU % of the busiest generator process since the last call: in distributed mode the busiest worker
+        (each ships its CPU seconds with its samples) or the master, which merges every sample."""
+        own = self.process.cpu_percent()
+        if not self.distributed:
+            return own
+        live = set(self.live_workers)
+        workers = self.state.worker_cpu.since_last_read(live)
+        if not workers:  # no worker has reported twice yet: Locust's own figure (a 10 s average, 0 at first)
+            workers = {w.id: w.cpu_usage for w in self.runner.clients.values() if w.id in live}
+        return max([own, *workers.values()])
 
     def lost_since(self, t: float) -> list[str]:
         """Workers lost at or after wall-clock time t."""

@@ -1,10 +1,12 @@
-"""Reads the server's /config and /metrics: its deployment's settings, what its batcher did during a
-measurement window and how full its queue got. A server restarting must not crash the load test:
-requests are retried briefly, then fail with one readable line (or give None where a figure can be missing)."""
+"""Reads the server's /config and /metrics, from its observer port when it has one: its deployment's settings,
+what its batcher did during a measurement window and how full its queue got. A server restarting must not crash
+the load test: requests are retried briefly, then fail with one readable line (or give None where a figure can
+be missing)."""
 
 from __future__ import annotations
 
 import time
+from urllib.parse import urlsplit
 
 import gevent
 import requests
@@ -51,10 +53,33 @@ def queue_gauges(metrics_text: str, deployment: str) -> tuple[float | None, floa
     return found.get(QUEUE_DEPTH), found.get(QUEUE_CAPACITY)
 
 
+_OBSERVERS: dict[str, str] = {}
+"""Server URL -> its observer's URL, found once per process (the server's address does not change mid-run)."""
+
+
+def observer(host: str, timeout: float = 5.0) -> str:
+    """Where the server answers /metrics, health and config on threads of their own (its observer port, from
+    GET /v2's metrics_port), so a scrape never waits behind the load it measures; `host` itself for a server
+    without one. Asked once per host, before any load: an unreachable server is asked again next time."""
+    host = host.rstrip("/")
+    if host not in _OBSERVERS:
+        try:
+            port = requests.get(f"{host}/v2", timeout=timeout).json().get("metrics_port")
+        except (requests.RequestException, ValueError, AttributeError):
+            return host
+        parts = urlsplit(host)
+        _OBSERVERS[host] = f"{parts.scheme}://{_host_name(parts.hostname or '')}:{port}" if port else host
+    return _OBSERVERS[host]
+
+
+def _host_name(name: str) -> str:
+    return f"[{name}]" if ":" in name else name  # an IPv6 literal keeps its brackets in a URL
+
+
 def fetch(host: str, path: str, timeout: float = 5.0, attempts: int = 3, pause_s: float = 1.0) -> requests.Response:
-    """GET host+path, retrying connection failures (a restarting server) `attempts` times; then raise
-    requests.ConnectionError with one readable line."""
-    url = f"{host.rstrip('/')}{path}"
+    """GET path from the server's observer, retrying connection failures (a restarting server) `attempts`
+    times; then raise requests.ConnectionError with one readable line."""
+    url = f"{observer(host)}{path}"
     for attempt in range(attempts):
         try:
             return requests.get(url, timeout=timeout)
@@ -86,7 +111,7 @@ def scrape_batches(host: str, deployment: str, timeout: float = 5.0) -> tuple[fl
 def scrape_queue(host: str, deployment: str, timeout: float = 2.0) -> tuple[float | None, float | None] | None:
     """(depth, capacity) right now, or None when /metrics cannot be read; one try, no retry."""
     try:
-        response = requests.get(f"{host.rstrip('/')}/metrics", timeout=timeout)
+        response = requests.get(f"{observer(host)}/metrics", timeout=timeout)
         response.raise_for_status()
     except requests.RequestException:
         return None
@@ -190,7 +215,7 @@ def server_step(before: tuple[float, str] | None, after: tuple[float, str] | Non
 def snapshot(host: str, timeout: float = 5.0) -> tuple[float, str] | None:
     """(monotonic time, /metrics text) now, or None when /metrics cannot be read."""
     try:
-        response = requests.get(f"{host.rstrip('/')}/metrics", timeout=timeout)
+        response = requests.get(f"{observer(host)}/metrics", timeout=timeout)
         response.raise_for_status()
     except requests.RequestException:
         return None

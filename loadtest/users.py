@@ -18,6 +18,7 @@ from gevent.pool import Group
 from locust import FastHttpUser, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
+from latlab.loadtest.fleet_cpu import FleetCpu, cpu_reading
 from latlab.loadtest.lean_http import LeanClient
 from latlab.loadtest.payloads import PayloadOptions, random_bodies
 from latlab.loadtest.recorder import Recorder
@@ -40,6 +41,8 @@ class LoadState:
     recorder: Recorder = field(default_factory=Recorder)
     worker_pids: dict[str, int] = field(default_factory=dict)
     """Master: each worker's process id, as it reports it (to name a worker that dies)."""
+    worker_cpu: FleetCpu = field(default_factory=FleetCpu)
+    """Master: each worker's CPU, as it reports it with its samples."""
 
     version: int = 0  # bumped on every change, so a user waiting out a long gap re-plans at once
 
@@ -85,13 +88,16 @@ def _init_state(environment, **_kwargs) -> None:
     state: LoadState = environment.latlab
     if isinstance(environment.runner, WorkerRunner):
         environment.runner.register_message(LOAD_MESSAGE, lambda environment, msg, **_: state.update(msg.data))
-        environment.events.report_to_master.add_listener(
-            lambda client_id, data: data.__setitem__("latlab", {**state.recorder.drain(), "pid": os.getpid()}))
+        def ship(client_id, data) -> None:
+            data["latlab"] = {**state.recorder.drain(), "pid": os.getpid(), "cpu": cpu_reading()}
+        environment.events.report_to_master.add_listener(ship)
     elif isinstance(environment.runner, MasterRunner):
         def absorb(client_id, data, **_kwargs) -> None:
             if "latlab" in data:
                 state.worker_pids[client_id] = data["latlab"]["pid"]
                 state.recorder.absorb(client_id, data["latlab"])
+                if "cpu" in data["latlab"]:  # absent from workers of an older latlab
+                    state.worker_cpu.reported(client_id, data["latlab"]["cpu"])
         environment.events.worker_report.add_listener(absorb)
     if options is not None and getattr(options, "latlab_metrics_port", 0) and not isinstance(
             environment.runner, WorkerRunner):

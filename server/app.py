@@ -47,7 +47,7 @@ class ServerState:
 
     def _load(self, deployment: DeploymentConfig) -> None:
         try:
-            self.deployments[deployment.name] = Deployment(deployment, self.metrics)
+            self.deployments[deployment.name] = Deployment(deployment, self.metrics, self.config.admission)
         except ConfigError as exc:
             if self.config.on_load_failure == "fail":
                 raise
@@ -122,7 +122,11 @@ def ready() -> Response:
 
 @routes.get("/v2")
 def server_metadata() -> Response:
-    return _json({"name": "latlab", "version": latlab.__version__, "extensions": ["binary_tensor_data"]})
+    doc = {"name": "latlab", "version": latlab.__version__, "extensions": ["binary_tensor_data"]}
+    port = _state().config.metrics_port
+    if port:  # known once the server resolved it (wsgi.py): where load generators and probes should look
+        doc["metrics_port"] = port
+    return _json(doc)
 
 
 @routes.get(OPENAPI_PATH)

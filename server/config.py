@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Mapping
 
+from latlab.server.admission import auto_threads, check_threads
 from latlab.server.errors import ConfigError
 
 PROVIDERS = ("cpu", "cuda", "tensorrt")
@@ -179,8 +180,18 @@ class ServerConfig:
     host: str = "127.0.0.1"
     """Loopback by default; any other address is reachable from other machines (logged as a warning)."""
     port: int = 8000
-    threads: int = 64
-    """Request threads: bounds how many requests are decoded or waiting on a batch at once."""
+    metrics_port: int = 0
+    """The observer port: /metrics, /v2/health/live and /ready and the other GET routes (metadata, config) on
+    threads of their own, so they never wait behind infer requests (the main port answers them too). 0: port
+    + 1 (8001 by default), or a free port when that one is taken (logged, and in GET /v2 as metrics_port)."""
+    threads: int = 0
+    """Request threads. 0: one for every infer request the deployments admit (max_queue_size + instances x
+    max_batch_size each) plus 4 spare (server/admission.py). Set by hand, it must exceed those requests."""
+    admission: bool = True
+    """Refuse an infer request with 503 + Retry-After, before reading its body, when its deployment already
+    holds max_queue_size + instances x max_batch_size requests. false drops that bound and the check of
+    threads: requests beyond the threads then wait unseen in the WSGI server's queue (the failure measured
+    in docs/overload.md); for such measurements only."""
     max_body_bytes: int = 64 * 1024 * 1024
     """Longest request body; a longer one is answered 413 before it is read whole."""
     auth_token: str = field(default="", repr=False)
@@ -230,6 +241,15 @@ def parse_config(doc: dict, base_dir: Path = Path(".")) -> ServerConfig:
             _check_inside(model_dir, deployment)
     config = _build(ServerConfig, server, "[server]", deployments=deployments, model_dir=model_dir)
     _check_server(config)
+    return _with_threads(config)
+
+
+def _with_threads(config: ServerConfig) -> ServerConfig:
+    """threads resolved (0: enough for every admitted request) and, with admission on, checked against them."""
+    if config.threads == 0:
+        return dataclasses.replace(config, threads=auto_threads(config.deployments))
+    if config.admission:
+        check_threads(config.threads, config.deployments)
     return config
 
 
@@ -256,8 +276,11 @@ def _check_server(config: ServerConfig) -> None:
     if config.on_load_failure not in LOAD_FAILURE_POLICIES:
         raise ConfigError(f"[server]: on_load_failure must be one of {LOAD_FAILURE_POLICIES}, "
                           f"got {config.on_load_failure!r}")
-    if config.max_body_bytes < 1 or config.threads < 1:
-        raise ConfigError("[server]: max_body_bytes and threads must be >= 1")
+    if config.max_body_bytes < 1 or config.threads < 0:
+        raise ConfigError("[server]: max_body_bytes must be >= 1 and threads >= 0 (0: as many as admission needs)")
+    if not 0 <= config.metrics_port <= 65535 or config.metrics_port and config.metrics_port == config.port:
+        raise ConfigError(f"[server]: metrics_port must be in 0..65535 (0: port + 1) and differ from port, "
+                          f"got {config.metrics_port}")
     token = config.auth_token
     if token and (len(token) < MIN_TOKEN_LENGTH or not _TOKEN.fullmatch(token)):
         # The token itself is never part of a message.

@@ -11,6 +11,7 @@ import time
 import numpy as np
 from prometheus_client import Gauge
 
+from latlab.server.admission import admission_for
 from latlab.server.batcher import DynamicBatcher
 from latlab.server.config import DeploymentConfig
 from latlab.server.errors import BadRequest, ConfigError
@@ -30,7 +31,8 @@ class Deployment:
 
     version = "1"
 
-    def __init__(self, config: DeploymentConfig, metrics: ServerMetrics) -> None:
+    def __init__(self, config: DeploymentConfig, metrics: ServerMetrics, admission: bool = True) -> None:
+        """`admission`: whether requests beyond admitted_bound are refused at the door (server/admission.py)."""
         self.config = config
         started = time.perf_counter()
         self.model = OnnxModel(config)
@@ -38,6 +40,9 @@ class Deployment:
         metrics.model_load.labels(**labels).set(time.perf_counter() - started)
         metrics.queue_capacity.labels(**labels).set(config.batcher.max_queue_size)
         self.observer: DeploymentObserver = metrics.for_deployment(labels)
+        self.admission = admission_for(config, admission, lambda: self.observer.rejected("queue_full"))
+        if self.admission.limit is not None:
+            metrics.admission_limit.labels(**labels).set(self.admission.limit)
         _check_padding(config, {spec.name for spec in self.model.inputs})
         self.text = text_front_end(config, {spec.name: spec.dtype for spec in self.model.inputs})
         padding = config.padding if self.text is None else self.text.padding(config.padding)

@@ -25,7 +25,6 @@ from latlab.server.protocol import HEADER_LENGTH, InferRequest, decode_request, 
 
 if TYPE_CHECKING:
     from latlab.server.app import ServerState
-    from latlab.server.deployment import Deployment
 
 log = logging.getLogger("latlab.server")
 WSGIApp = Callable[[dict, Callable], Iterable[bytes]]
@@ -130,8 +129,13 @@ class InferRoute:
         observer = deployment.observer
         observer.inflight.inc()
         outcome = "ok"
+        admitted = False
         try:
-            infer_request = self._decode(environ, deployment)
+            length, binary_length = self._check_headers(environ)
+            deployment.admission.enter()  # the door: past its bound, 503 before the body is read
+            admitted = True
+            deployment.batcher.refuse_if_full()  # a batch smaller than max_batch_size leaves the queue the bound
+            infer_request = self._read(environ, length, binary_length)
             outputs = deployment.infer(infer_request)
             body, header_length = encode_response(name, deployment.version, infer_request, outputs)
         except ServingError as exc:
@@ -141,23 +145,29 @@ class InferRoute:
             outcome = "error"
             raise
         finally:
+            if admitted:
+                deployment.admission.leave()
             observer.inflight.dec()
             observer.answered(outcome, time.perf_counter() - started)
         if header_length is None:
             return 200, [_JSON], body
         return 200, [("Content-Type", "application/octet-stream"), (HEADER_LENGTH, str(header_length))], body
 
-    def _decode(self, environ: dict, deployment: Deployment) -> InferRequest:
-        """Size, content type and a full queue are checked before a byte of the body is read."""
-        limit = self.state.config.max_body_bytes
+    def _check_headers(self, environ: dict) -> tuple[int | None, int | None]:
+        """Size and content type, checked before a byte of the body is read; (declared length, binary header
+        length), each None when absent."""
         length = get_content_length(environ.get("CONTENT_LENGTH"), environ.get("HTTP_TRANSFER_ENCODING"))
-        check_length(length, limit)
+        check_length(length, self.state.config.max_body_bytes)
         binary_length = binary_header_length(environ.get(_ENV_HEADER_LENGTH))
         content_type = environ.get("CONTENT_TYPE", "")
         if content_type != "application/json":  # the common case needs no parsing
             mimetype, params = parse_options_header(content_type)
             check_content_type(mimetype.lower(), params, binary_length is not None)
-        deployment.batcher.refuse_if_full()
+        return length, binary_length
+
+    def _read(self, environ: dict, length: int | None, binary_length: int | None) -> InferRequest:
+        """The body, read and decoded, once the request was admitted."""
+        limit = self.state.config.max_body_bytes
         if length is None:  # chunked: read up to one byte past the limit, to tell exactly the limit from more
             raw = read_body(get_input_stream(environ, max_content_length=limit + 1), limit)
         else:  # declared and within the limit: exactly that many bytes, with no stream wrapper around them

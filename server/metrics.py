@@ -50,6 +50,10 @@ class ServerMetrics:
         self.queue_capacity = Gauge(
             "latlab_batcher_queue_capacity", "The deployment's max_queue_size: requests that may wait.",
             LABELS, registry=registry)
+        self.admission_limit = Gauge(
+            "latlab_server_admission_limit", "Infer requests the deployment admits at once (max_queue_size + "
+            "instances x max_batch_size); one more is refused with 503 before its body is read.",
+            LABELS, registry=registry)
         self.rejections = Counter(
             "latlab_batcher_rejections", "Requests refused or dropped by the batcher, by reason.",
             (*LABELS, "reason"), registry=registry)

@@ -88,7 +88,9 @@ def _schemas() -> dict:
                   "properties": {"error": {"type": "string", "minLength": 1}}},
         "ServerMetadata": {"type": "object", "required": ["name", "version", "extensions"], "properties": {
             "name": {"type": "string"}, "version": {"type": "string"},
-            "extensions": {"type": "array", "items": {"type": "string"}}}},
+            "extensions": {"type": "array", "items": {"type": "string"}},
+            "metrics_port": {"type": "integer", "description": "Where /metrics, health, metadata and config also "
+                             "answer, on threads of their own (latlab's addition; absent when not served)."}}},
         "ModelMetadata": {"type": "object", "required": ["name", "versions", "platform", "inputs", "outputs"],
                           "properties": {"name": {"type": "string"},
                                          "versions": {"type": "array", "items": {"type": "string"}},

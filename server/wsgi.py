@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
 import os
@@ -9,25 +10,51 @@ from pathlib import Path
 
 from flask import Flask
 
+from latlab.server.admission import admitted_bound
 from latlab.server.app import create_app
-from latlab.server.config import AUTH_TOKEN_ENV, load_config
+from latlab.server.config import AUTH_TOKEN_ENV, ServerConfig, load_config
 from latlab.server.errors import ConfigError
+from latlab.server.observer import Observer, observer_port
 from latlab.server.preflight import check_deployments
 
 CONFIG_ENV = "LATLAB_CONFIG"
+OBSERVER_ENV = "LATLAB_OBSERVER_ADDRESS"
+"""host:port of the observer listener, chosen by serve() for the worker process it starts."""
+MAX_CONNECTIONS = 4096
+"""Connections held open at once (Granian's backpressure): far more than any deployment admits requests, so
+that admission, which refuses, bounds first, not this, which leaves a connection waiting unaccepted."""
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 log = logging.getLogger("latlab.server.wsgi")
 
 
 def app_from_env() -> Flask:
-    """Granian's factory target: each worker process builds its own app from the config file.
-    A deployment that fails here (past the parent's checks) ends the worker with one logged line."""
+    """Granian's factory target: each worker process builds its own app from the config file, and starts the
+    observer listener beside it (serve() chose its address). A deployment that fails here (past the parent's
+    checks), or an observer port taken since, ends the worker with one logged line."""
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     try:
-        return create_app(load_config(os.environ[CONFIG_ENV]))
+        config = load_config(os.environ[CONFIG_ENV])
+        host, port = _observer_address(config)
+        app = create_app(dataclasses.replace(config, metrics_port=port))
+        try:
+            app.extensions["latlab.observer"] = Observer(app, host, port)
+        except OSError as exc:
+            app.extensions["latlab"].close()
+            raise ConfigError(f"cannot listen for /metrics and health on {host}:{port}: {exc.strerror}") from None
     except ConfigError as exc:
         log.error("%s", exc)
         raise SystemExit(2) from None
+    log.info("/metrics, /v2/health/* and the other GET routes also on http://%s:%d (their own threads)", host, port)
+    return app
+
+
+def _observer_address(config: ServerConfig) -> tuple[str, int]:
+    """Where serve() said the observer listens; without serve() (Granian started by hand), from the config."""
+    chosen = os.environ.get(OBSERVER_ENV)
+    if chosen:
+        host, _, port = chosen.rpartition(":")
+        return host, int(port)
+    return config.host, observer_port(config.host, config.port, config.metrics_port)
 
 
 def bind_warning(host: str, auth: bool) -> str | None:
@@ -42,8 +69,9 @@ def bind_warning(host: str, auth: bool) -> str | None:
     return f"listening on {host}: reachable from other machines{advice}"
 
 
-def serve(config_path: str | Path, host: str | None = None, port: int | None = None) -> None:
-    """Start the server in the foreground until SIGINT/SIGTERM."""
+def serve(config_path: str | Path, host: str | None = None, port: int | None = None,
+          metrics_port: int | None = None) -> None:
+    """Start the server in the foreground until SIGINT/SIGTERM; `metrics_port` overrides [server] metrics_port."""
     from granian import Granian
     from granian.constants import Interfaces
 
@@ -51,17 +79,36 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
     config = load_config(config_path)
     check_deployments(config)
     address = host or config.host
+    port = config.port if port is None else port
+    observer = observer_port(address, port, metrics_port or config.metrics_port)
     warning = bind_warning(address, bool(config.auth_token))
     if warning:
         log.warning(warning)
+    log.info("%s", admission_summary(config))
     os.environ[CONFIG_ENV] = str(Path(config_path).resolve())
+    os.environ[OBSERVER_ENV] = f"{address}:{observer}"  # the worker process inherits it
     Granian(
         "latlab.server.wsgi:app_from_env",
         factory=True,
         interface=Interfaces.WSGI,
         address=address,
-        port=config.port if port is None else port,
+        port=port,
         workers=1,  # one process: the batcher must see every request to form batches
         blocking_threads=config.threads,
+        # Granian's backpressure caps open connections, not requests: one past it is not refused but left
+        # unaccepted, waiting unseen. Admission (server/admission.py) bounds requests; this only has to stay
+        # out of its way.
+        backpressure=max(MAX_CONNECTIONS, config.threads),
         log_access=False,
     ).serve()
+
+
+def admission_summary(config: ServerConfig) -> str:
+    """One log line: what each deployment admits and the request threads that holds."""
+    if not config.admission:
+        return (f"admission off: {config.threads} request threads, no bound at the door (requests past the threads "
+                "wait unseen in Granian's queue)")
+    bounds = ", ".join(f"{d.name} {admitted_bound(d.batcher)}" for d in config.deployments)
+    return (f"infer requests admitted at once: {bounds} (max_queue_size + instances x max_batch_size; one more is "
+            f"refused with 503 + Retry-After); {config.threads} request threads, most of them waiting on a batch "
+            "without using the CPU (Granian may warn about their number: expected)")

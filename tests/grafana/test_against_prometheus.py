@@ -52,7 +52,7 @@ DEPLOYMENTS = ("tiny-cpu", "tiny-b1", "tiny-tight", "tiny-text")
 SERVER_CONFIG = """
 [server]
 port = {port}
-threads = 16
+metrics_port = {metrics_port}
 
 [[deployments]]
 name = "tiny-cpu"
@@ -213,18 +213,19 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     assert prometheus.find_binary(), prometheus.NOT_FOUND
     tmp = tmp_path_factory.mktemp("grafana-lab")
     model = build_tiny_model(tmp / "tiny" / "model.onnx")
-    server_port, loadgen_port, prom_port = procs.free_port(), procs.free_port(), procs.free_port()
+    server_port, metrics_port, loadgen_port, prom_port = (procs.free_port() for _ in range(4))
     config = tmp / "server.toml"
-    config.write_text(SERVER_CONFIG.format(port=server_port, model=model, tokenizer=TOKENIZER,
-                                           text_model=token_model(tmp / "tiny-text" / "model.onnx")))
-    server, loadgen = f"127.0.0.1:{server_port}", f"127.0.0.1:{loadgen_port}"
+    config.write_text(SERVER_CONFIG.format(port=server_port, metrics_port=metrics_port, model=model,
+                                           tokenizer=TOKENIZER, text_model=token_model(tmp / "tiny-text" / "model.onnx")))
+    # Prometheus scrapes the observer port, as the shipped targets/servers.json does (port + 1 there)
+    server, loadgen = f"127.0.0.1:{metrics_port}", f"127.0.0.1:{loadgen_port}"
     prom_config = shipped_prometheus_config(tmp / "prometheus", server, loadgen)
     started: list[subprocess.Popen] = []
     side: SideTraffic | None = None
     try:
         started.append(procs.start([*CLI, "serve", "--config", str(config)], tmp / "server.log"))
         started.append(prometheus.start(prom_config, tmp / "tsdb", prom_port, tmp / "prometheus.log"))
-        host, url = f"http://{server}", prometheus.base_url(prom_port)
+        host, url = f"http://127.0.0.1:{server_port}", prometheus.base_url(prom_port)
         procs.wait_ready(f"{host}/v2/health/ready", started[0], timeout_s=60, log_path=tmp / "server.log")
         prometheus.wait_ready(url, started[1], log_path=tmp / "prometheus.log")
         prometheus.wait_for_series(url, 'up{job="latlab-server"} == 1')

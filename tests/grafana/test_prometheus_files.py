@@ -44,7 +44,8 @@ def test_servers_and_load_generators_are_discovered_from_target_files():
     """Adding a replica or a Locust process is an edit of a target file, never of prometheus.yml."""
     patterns = file_sd_patterns()
     assert set(patterns) == {"latlab-server", "latlab-loadgen"}
-    expected = {"latlab-server": "127.0.0.1:8000", "latlab-loadgen": "127.0.0.1:9646"}
+    # the server's observer port (its port + 1): scrapes never wait behind infer requests
+    expected = {"latlab-server": "127.0.0.1:8001", "latlab-loadgen": "127.0.0.1:9646"}
     for job, globs in patterns.items():
         files = [path for path in (shipped.GRAFANA / "targets").iterdir()
                  if any(fnmatch.fnmatch(str(path.relative_to(shipped.GRAFANA)), g) for g in globs)]

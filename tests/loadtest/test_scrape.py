@@ -1,12 +1,18 @@
-"""latlab.loadtest.scrape: batch totals and averages read from a real registry's exposition text."""
+"""latlab.loadtest.scrape: batch totals and averages read from a real registry's exposition text; where it reads."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import requests
 from prometheus_client import CollectorRegistry, generate_latest
 
-from latlab.loadtest.scrape import average_batch, batch_totals, server_step
+from latlab.loadtest.scrape import average_batch, batch_totals, fetch, observer, server_step, snapshot
 from latlab.server.metrics import DeploymentObserver, ServerMetrics
+
+from tests.loadtest.stub_server import StubModel, stub_server
+from tests.reliability.conftest import running_server
 
 FAST = {"deployment": "fast", "model": "ffn", "provider": "cpu"}
 SLOW = {"deployment": "slow", "model": "ffn", "provider": "cuda"}
@@ -113,3 +119,18 @@ def test_server_step_reads_process_cpu_and_preprocess_when_exported() -> None:
     assert server_step(None, after, "fast") is None and server_step(after, before, "fast") is None
     unexported = server_step((1.0, ""), (2.0, ""), "fast")  # a server without the process collector
     assert unexported["process_cpu_cores"] is None and unexported["busy_share"] is None
+
+
+def test_scrapes_go_to_the_observer_port(tmp_path: Path, tiny_model: Path) -> None:
+    """The server's /metrics and /config are read where they never wait behind the load being measured."""
+    with running_server(tmp_path, [{"name": "tiny", "model_path": str(tiny_model)}]) as server:
+        port = requests.get(f"{server.url}/v2", timeout=5).json()["metrics_port"]
+        assert observer(server.url + "/") == f"http://127.0.0.1:{port}"
+        assert fetch(server.url, "/v2/models/tiny/config").url == f"http://127.0.0.1:{port}/v2/models/tiny/config"
+        assert "latlab_server_admission_limit" in snapshot(server.url)[1]
+
+
+def test_a_server_without_an_observer_is_read_where_it_is() -> None:
+    with stub_server(StubModel()) as host:
+        assert observer(host) == host.rstrip("/")
+        assert fetch(host, "/v2/models/m/config").status_code == 200

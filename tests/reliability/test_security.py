@@ -189,9 +189,10 @@ def test_every_limit_has_a_safe_default() -> None:
     batcher = BatcherSettings()
     assert config.host == "127.0.0.1" and config.auth_token == "" and config.on_load_failure == "fail"
     assert 0 < config.max_body_bytes <= 64 * 1024 * 1024
-    assert 0 < config.threads <= 64
     assert batcher.max_batch_size == 1 and 0 < batcher.max_queue_size <= 1024
+    # bounded by what the deployment admits at the door (server/admission.py), plus a few spare threads
+    assert config.admission and 0 < config.threads <= batcher.max_queue_size + batcher.max_batch_size + 16
     assert 0 < batcher.timeout_ms <= 60_000 and batcher.max_queue_delay_ms >= 0
     assert not config.deployments[0].allow_non_finite
     assert {f.name for f in dataclasses.fields(ServerConfig)} >= {"max_body_bytes", "threads", "auth_token",
-                                                                  "model_dir", "on_load_failure"}
+                                                                  "model_dir", "on_load_failure", "admission"}

@@ -14,7 +14,7 @@ FULL_TOML = """
 [server]
 host = "0.0.0.0"
 port = 9000
-threads = 8
+threads = 400
 max_body_bytes = 1048576
 
 [[deployments]]
@@ -49,7 +49,7 @@ def test_load_config_reads_every_setting(tmp_path: Path) -> None:
     absolute = tmp_path / "elsewhere" / "m.onnx"
     config = load_config(write(tmp_path, FULL_TOML.replace("{absolute}", str(absolute))))
     assert isinstance(config, ServerConfig)
-    assert (config.host, config.port, config.threads, config.max_body_bytes) == ("0.0.0.0", 9000, 8, 1048576)
+    assert (config.host, config.port, config.threads, config.max_body_bytes) == ("0.0.0.0", 9000, 400, 1048576)
     first, second = config.deployments
     assert first == DeploymentConfig(
         name="tiny-cpu", model_path=(tmp_path / "tiny" / "model.onnx").resolve(), provider="cpu",
@@ -80,7 +80,9 @@ def test_load_config_accepts_a_string_path(tmp_path: Path) -> None:
 
 def test_defaults() -> None:
     config = parse_config({"deployments": [{"name": "a", "model_path": "/models/x/model.onnx"}]})
-    assert (config.host, config.port, config.threads, config.max_body_bytes) == ("127.0.0.1", 8000, 64, 64 << 20)
+    # threads: one per admitted request (256 queued + 1 running) plus 4 spare (server/admission.py)
+    assert (config.host, config.port, config.threads, config.max_body_bytes) == ("127.0.0.1", 8000, 261, 64 << 20)
+    assert (config.metrics_port, config.admission) == (0, True)
     [deployment] = config.deployments
     assert deployment.provider == "cpu"
     assert deployment.batcher == BatcherSettings(max_batch_size=1, max_queue_delay_ms=0.0, max_queue_size=256,

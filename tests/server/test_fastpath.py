@@ -180,6 +180,37 @@ def test_full_queue_is_refused_before_the_body_is_read(build_app, tiny_model: Pa
     assert registry.get_sample_value("latlab_server_inflight_requests", LABELS) == 0
 
 
+def test_a_full_deployment_is_refused_at_the_door_before_the_body_is_read(build_app, tiny_model: Path,
+                                                                          make_config) -> None:
+    """Admission counts requests from the door to their answer: max_queue_size + instances x max_batch_size."""
+    registry = CollectorRegistry()
+    app = build_app(make_config(tiny_model, max_queue_size=2), registry)
+    admission = app.extensions["latlab"].deployments["tiny"].admission
+    assert admission.limit == 3 == registry.get_sample_value("latlab_server_admission_limit", LABELS)
+    for _ in range(3):  # three requests in, as if waiting on their batch
+        admission.enter()
+    stream = WatchedBody(body())
+    response = app.test_client().post(INFER, input_stream=stream, headers={"Content-Type": "application/json"})
+    assert response.status_code == 503 and response.headers["Retry-After"] == "1"
+    assert orjson.loads(response.data) == {"error": "deployment is full (3 requests admitted: max_queue_size 2 "
+                                                    "waiting + 1 x max_batch_size 1 in flight)"}
+    assert stream.reads == 0
+    assert registry.get_sample_value("latlab_batcher_rejections_total", {**LABELS, "reason": "queue_full"}) == 1
+    admission.leave()
+    assert app.test_client().post(INFER, data=body(), content_type="application/json").status_code == 200
+    assert admission.count == 2, "an answered request leaves"
+
+
+def test_admission_off_admits_past_the_bound(build_app, tiny_model: Path) -> None:
+    config = parse_config({"server": {"admission": False},
+                           "deployments": [{"name": "tiny", "model_path": str(tiny_model)}]})
+    app = build_app(config)
+    admission = app.extensions["latlab"].deployments["tiny"].admission
+    for _ in range(1000):
+        admission.enter()
+    assert app.test_client().post(INFER, data=body(), content_type="application/json").status_code == 200
+
+
 def test_a_refusal_costs_less_than_reading_the_body(build_app, tiny_model: Path) -> None:
     """Side by side in one run: a refused 2 MB request against the same request read and found bad."""
     registry = CollectorRegistry()
