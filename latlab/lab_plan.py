@@ -5,9 +5,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 
-GENERATOR_PROCESS_RPS = 2500
-"""What one load-generator process sends before its core is the limit: the lean client costs ~0.32 ms of
-generator CPU per request (docs/performance.md), and a step above 90% of a core is flagged generator-bound."""
 MANY_CORES = 8
 """From this many cores the lab starts Locust worker processes (one per core it leaves to the generator)."""
 MAX_LOAD_WORKERS = 8
@@ -145,9 +142,9 @@ MINILM = ModelPlan("minilm", {}, rates=(15, 50, 100, 200, 300), seq_len=16, text
                    batching={"max_batch_size": 32, "max_queue_delay_ms": 3.0})
 
 PLANS = {
-    # The main job: four models, batching off and on, on the CPU (448 s measured on 2 cores, exports included).
+    # The main job: four models, batching off and on, on the CPU (660 s measured on 2 cores, models exported).
     "cpu": LabPlan(models=(MLP, FFN, CNN, MINILM)),
-    # Same models, fewer and shorter steps (138 s measured on 2 cores, models already exported).
+    # Same models, fewer and shorter steps (318 s measured on 2 cores, models already exported).
     "quick": LabPlan(models=(replace(MLP, rates=(250, 1000, 2000)), replace(FFN, rates=(250, 750, 1500, 2500)),
                              replace(CNN, rates=(10, 20, 30)), replace(MINILM, rates=(25, 100, 250))),
                      step_seconds=1.5, max_windows=3, warmup_seconds=0.5, refine_within=0.3),

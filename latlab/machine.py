@@ -33,13 +33,13 @@ def describe(name: str | None = None) -> dict:
     }
 
 
-def key(machine: dict) -> str:
-    """Which machine a result came from, for matching a bench to the runs of the same machine: hostnames
-    repeat (every lab VM is `vm`), so the CPU model and core count are part of it."""
-    return "|".join(str(machine.get(k, "?")) for k in IDENTITY)
-
-
 IDENTITY = ("hostname", "cpu", "cores")
+"""What tells recorded machines apart: hostnames repeat (every lab VM is `vm`), CPU model and cores less so."""
+
+
+def key(machine: dict) -> str:
+    """Which machine a result came from, as a dict key (e.g. serving overhead per machine)."""
+    return "|".join(str(machine.get(k, "?")) for k in IDENTITY)
 
 
 def same(a: dict, b: dict) -> bool:

@@ -74,7 +74,7 @@ def provider_table(curves: list[dict], slos_s: list[float], prices: dict[str, fl
     rows = []
     for slo in slos_s:
         for row in best_per_provider(curves, slo, prices):
-            rate = rate_text(row["curve"], max_rate_under(row["curve"]["steps"], slo)) if row["rate"] > 0 else "–"
+            rate = rate_text(row["curve"], row["step"])
             best = label(row["curve"]) if row["rate"] > 0 else "none meets it"
             price = f"${row['price']:.2f}" if row["price"] is not None else "no price"
             cost = f"${row['cost']:.3f}" if row["cost"] is not None else "–"

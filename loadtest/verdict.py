@@ -135,11 +135,12 @@ def best_per_provider(curves: list[dict], slo_s: float, prices: dict[str, float]
     best: dict[str, dict] = {}
     for curve in curves:
         provider = str(curve.get("provider", "?")).lower()
-        rate = sustained_rate(curve, slo_s)
+        step = max_rate_under(curve["steps"], slo_s)
+        rate = step["achieved_rps"] if step else 0.0
         # TensorRT runs on the CUDA machine: without a price of its own it costs what that machine costs.
         price = prices.get(provider, prices.get("cuda") if provider == "tensorrt" else None)
         if provider not in best or rate > best[provider]["rate"]:
-            best[provider] = {"provider": provider, "curve": curve, "rate": rate, "price": price,
+            best[provider] = {"provider": provider, "curve": curve, "step": step, "rate": rate, "price": price,
                               "cost": cost_per_million(price, rate)}
     return [best[p] for p in sorted(best)]
 
