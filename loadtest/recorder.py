@@ -230,6 +230,24 @@ class Recorder:
         return result
 
 
+def recovery_spans(recorder: Recorder, samples: list[int], start: float, width: float, now: float) -> list[dict]:
+    """For each of consecutive windows of `width` from `start` (holding `samples` requests each): `run`, the
+    requests intended from its start until at least MIN_SAMPLES_P99 of them (or the last window), and `rest`,
+    those from its start to the last window's end, each pooled into one WindowStats dict (the overload test's
+    recovery: latlab.loadtest.overload)."""
+    end = start + len(samples) * width
+    spans = []
+    for k in range(len(samples)):
+        held, j = 0, k
+        while j < len(samples) and held < MIN_SAMPLES_P99:
+            held += samples[j]
+            j += 1
+        t = start + k * width
+        spans.append({"t_s": k * width, "run": recorder.window(t, start + j * width, now).as_dict(),
+                      "rest": recorder.window(t, end, now).as_dict()})
+    return spans
+
+
 def percentiles(latencies: np.ndarray) -> dict[str, float]:
     """Exact order statistics (nearest rank: each is a latency that was observed)."""
     if latencies.size == 0:

@@ -169,17 +169,24 @@ SERVER_HISTOGRAMS = {
 """Step figure name -> the server's histogram (seconds). Request and queue are observed per request;
 compute and the transfers per batch, which every request of that batch waits through."""
 PROCESS_CPU = "process_cpu_seconds_total"
+REQUESTS = "latlab_server_requests_total"
+"""Infer requests answered, by outcome: `ok` and `rejected` counts per step (goodput under overload)."""
+OUTCOMES = ("ok", "rejected")
 
 
 def metric_sums(metrics_text: str, deployment: str) -> dict[str, float]:
-    """Every _sum/_count of the server histograms for one deployment, plus the process's CPU seconds
-    (unlabelled, when the server exports it), keyed by sample name."""
+    """Every _sum/_count of the server histograms for one deployment, the process's CPU seconds (unlabelled, when
+    the server exports it), keyed by sample name, and its answered requests per outcome ("<name>:<outcome>")."""
     wanted = {name + suffix for name in SERVER_HISTOGRAMS.values() for suffix in ("_sum", "_count")}
     found: dict[str, float] = {}
     for family in text_string_to_metric_families(metrics_text):
         for sample in family.samples:
             if sample.name == PROCESS_CPU:
                 found[PROCESS_CPU] = sample.value
+            elif (sample.name == REQUESTS and sample.labels.get("deployment") == deployment
+                  and sample.labels.get("outcome") in OUTCOMES):
+                key = f"{REQUESTS}:{sample.labels['outcome']}"
+                found[key] = found.get(key, 0.0) + sample.value
             elif sample.name in wanted and sample.labels.get("deployment") == deployment:
                 found[sample.name] = found.get(sample.name, 0.0) + sample.value
     return found
@@ -204,6 +211,9 @@ def server_step(before: tuple[float, str] | None, after: tuple[float, str] | Non
         if total is not None and count:
             figures[f"{key}_s"] = total / count
             figures[f"{key}_count"] = count
+    for outcome in OUTCOMES:
+        if f"{REQUESTS}:{outcome}" in end:
+            figures[f"{outcome}_count"] = delta(f"{REQUESTS}:{outcome}")
     cpu = delta(PROCESS_CPU)
     figures["process_cpu_cores"] = cpu / seconds if cpu is not None else None
     busy = delta(SERVER_HISTOGRAMS["compute"] + "_sum")  # batches run: the device's (or ORT's) busy time

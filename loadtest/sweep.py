@@ -20,7 +20,7 @@ from latlab import machine
 from latlab.loadtest.driver import WORKER_LAG_S, LoadDriver
 from latlab.loadtest.overload import OverloadPlan, run_overload
 from latlab.loadtest.prom import LoadGenMetrics, start_exporter
-from latlab.loadtest.recorder import MIN_SAMPLES_P99, Recorder
+from latlab.loadtest.recorder import MIN_SAMPLES_P99, Recorder, recovery_spans
 from latlab.loadtest.results import write_results
 from latlab.loadtest.scrape import QueueWatch, average_batch, describe, fetch, scrape_batches
 from latlab.loadtest.scrape import server_step, snapshot
@@ -213,12 +213,13 @@ def overload_runner(overload: OverloadPlan) -> Callable[..., dict]:
         steps: list[dict] = []
 
         def phase(name: str, load: float, seconds: float, windows: int = 3, warmup: float = 0.0,
-                  drain: bool = True) -> dict:
+                  drain: bool = True, spans: bool = False) -> dict:
             if drain:
                 driver.drain()
             timing = replace(plan, warmup_seconds=warmup, window_seconds=seconds / windows, min_windows=windows,
                              max_windows=windows, stop_at_saturation=False, queue_sample_seconds=QUEUE_SAMPLE_S)
-            step = {"phase": name, **measure_step(timing, driver, metrics, deployment, load, index=len(steps))}
+            step = {"phase": name, **measure_step(timing, driver, metrics, deployment, load, index=len(steps),
+                                                  spans=spans)}
             steps.append(step)
             progress(f"{name:>9}: {progress_line(deployment, step, 'open').strip()}")
             return step
@@ -245,11 +246,14 @@ def _wait_for_server(host: str, deployment: str, step: dict, progress: Callable[
 
 
 def measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, deployment: str,
-                 load: float, index: int) -> dict:
+                 load: float, index: int, spans: bool = False) -> dict:
     """Warm up, then measure windows until the last three agree (or max_windows); the step's figures
-    come from the last three windows together, its `timeline` has every window."""
+    come from the last three windows together, its `timeline` has every window. With `spans` (the overload
+    test's recovery): the plan's windows as they are, short for time resolution, and `recovery_spans`, the
+    requests pooled from each window on (see recorder.recovery_spans)."""
     began = time.time()
-    plan = replace(plan, window_seconds=window_for(plan, load))
+    if not spans:
+        plan = replace(plan, window_seconds=window_for(plan, load))
     driver.step_index = index
     driver.set_load(deployment, load)
     metrics.set_load(deployment, index, load if plan.mode == "open" else 0.0,
@@ -268,6 +272,8 @@ def measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, d
     cpu = driver.generator_cpu()
     _await_answers(recorder, end)
     stats, latencies, per_source = recorder.window_detail(first, end, time.time())
+    pooled = (recovery_spans(recorder, [w["samples"] for w in windows], start, plan.window_seconds, time.time())
+              if spans else None)
     batches_after = scrape_batches(plan.host, deployment)
     server_after = snapshot(plan.host)
     by_status = recorder.by_status(first, end)
@@ -295,6 +301,7 @@ def measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, d
         "start_time": start,
         "end_time": end,
         "timeline": windows,
+        **({"recovery_spans": pooled} if spans else {}),
     }
     metrics.record_step(deployment, index, latencies, step, ended_at=end)
     metrics.count_dropped(deployment, stats.dropped)

@@ -27,14 +27,15 @@ def loadtest(host: str, out: Path, *args: str, env: dict | None = None, timeout:
 
 def test_open_loop_shows_a_stall_that_closed_loop_hides(tmp_path):
     """Coordinated omission: a 1 s stall every 3 s is in the open-loop p99, not in the closed-loop one."""
-    with stub_server(StubModel(stall_every=3.0, stall_for=1.0)) as host:
+    stall_s = 1.0
+    with stub_server(StubModel(stall_every=3.0, stall_for=stall_s)) as host:
         window = ["--warmup-seconds", "0.5", "--step-seconds", "4.5", "--max-windows", "3"]
         opened = loadtest(host, tmp_path / "open", "--mode", "open", "--rates", "40", *window)
         closed = loadtest(host, tmp_path / "closed", "--mode", "closed", "--users", "1", *window)
     (open_step,) = opened["deployments"][0]["steps"]
     (closed_step,) = closed["deployments"][0]["steps"]
-    assert open_step["p99_s"] >= 0.5, open_step
-    assert closed_step["max_s"] >= 0.3, "the closed-loop user did hit a stall"
+    assert open_step["p99_s"] >= stall_s / 2, open_step  # requests queued behind the stall count their wait
+    assert closed_step["max_s"] >= 0.3 * stall_s, "the closed-loop user did hit a stall"
     assert closed_step["p99_s"] < open_step["p99_s"] / 5, (closed_step["p99_s"], open_step["p99_s"])
     assert closed_step["users"] == 1 and closed["mode"] == "closed"
 
@@ -111,7 +112,7 @@ def test_options_come_from_the_environment_and_a_config_file(tmp_path):
     assert [s["target_rps"] for s in steps] == [100, 150]  # the environment beats the file
     assert doc["arrivals"] == "constant"
     # the file's step-seconds (rates high enough that no window is lengthened to hold 100 requests)
-    assert all(abs(s["duration_s"] - 1.5) < 0.01 for s in steps)
+    assert all(s["duration_s"] == pytest.approx(1.5) for s in steps)  # the setting, not a measured time
 
 
 @pytest.mark.parametrize("client", ["lean", "locust"])
@@ -124,7 +125,7 @@ def test_both_http_clients_send_the_planned_load(tmp_path, client):
     assert doc["payload"]["client"] == client
     assert step["errors"] == 0 and step["dropped"] == 0 and step["sent"] >= 0.9 * 80 * 3
     assert 0.9 * 80 < step["achieved_rps"] < 1.1 * 80
-    assert step["p99_s"] < 0.25, step
+    assert step["p99_s"] < 20 / 80, step  # within 20 arrival gaps: nothing queued behind the client
 
 
 def test_overload_refuses_a_recovery_load_outside_0_to_1(tmp_path):

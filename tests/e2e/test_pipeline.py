@@ -88,7 +88,7 @@ def test_locust_sweep_against_the_real_server(server, tmp_path, encoding):
         # counts completions in the window, which after a stall of this VM include the warm-up's backlog.
         assert 0.6 * step["target_rps"] < step["offered_rps"] < 1.4 * step["target_rps"]
         assert step["achieved_rps"] > 0.6 * step["target_rps"]
-        assert 0 < step["p50_s"] <= step["p90_s"] <= step["p99_s"] <= step["max_s"] < 1.0
+        assert 0 < step["p50_s"] <= step["p90_s"] <= step["p99_s"] <= step["max_s"] < step["window_seconds"]
         assert step["avg_batch_size"] >= 1.0
     assert "offered" in result.stdout and "p99" in result.stdout  # the live progress lines
 

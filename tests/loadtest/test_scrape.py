@@ -93,10 +93,13 @@ def test_server_step_means_per_request_busy_share_and_transfers(metrics: ServerM
     fast.transfer_done(0.0005, 0.0003)
     for seconds in (0.010, 0.012, 0.008):
         fast.answered("ok", seconds)
+    fast.answered("rejected", 0.0001)
+    metrics.for_deployment(SLOW).answered("ok", 0.01)  # another deployment's
     metrics.for_deployment(SLOW).batch_done(1, queue_s=[5.0], compute_s=5.0, ok=True)  # another deployment
     figures = server_step(before, (102.0, scrape(metrics)), "fast", instances=2)
     assert figures["seconds"] == 2.0
-    assert figures["request_s"] == pytest.approx(0.010) and figures["request_count"] == 3
+    assert figures["request_s"] == pytest.approx((0.010 + 0.012 + 0.008 + 0.0001) / 4)
+    assert figures["request_count"] == 4 and figures["ok_count"] == 3 and figures["rejected_count"] == 1
     assert figures["queue_s"] == pytest.approx(0.002)          # per request
     assert figures["compute_s"] == pytest.approx(0.003)        # per batch: what each of its requests waits through
     assert figures["input_transfer_s"] == pytest.approx(0.0005)
@@ -119,6 +122,7 @@ def test_server_step_reads_process_cpu_and_preprocess_when_exported() -> None:
     assert server_step(None, after, "fast") is None and server_step(after, before, "fast") is None
     unexported = server_step((1.0, ""), (2.0, ""), "fast")  # a server without the process collector
     assert unexported["process_cpu_cores"] is None and unexported["busy_share"] is None
+    assert "ok_count" not in unexported  # a server without latlab's request counts: goodput from the generator
 
 
 def test_scrapes_go_to_the_observer_port(tmp_path: Path, tiny_model: Path) -> None:

@@ -41,6 +41,9 @@ FACTOR = 4
 BURST_S = 6
 RUNS_PER_BOUND = 5  # the issue's 100 ms, in runs of this model (~17-20 ms each)
 PROBED = ("/metrics", "/v2/health/ready")
+RECOVERY_DRAINS = 2  # the backlog's drain at the capacity measured before the burst, twice: this VM drifts
+RECOVERY_WINDOWS = 2  # the recovery's own resolution: the window it ends in, and one more
+BUSY_DURING_BURST = 0.75  # share of the burst the model ran: refusing must not starve it of work
 
 
 def measure_capacity(url: str, n: int = 30) -> float:
@@ -182,6 +185,10 @@ def door(tmp_path_factory) -> dict:
     return figures
 
 
+def recovery_bound_s(half: dict) -> float:
+    return RECOVERY_DRAINS * half["drain_s"] + RECOVERY_WINDOWS * half["recovery_window_s"]
+
+
 def bound_s(half: dict) -> float:
     return RUNS_PER_BOUND * half["compute_mean_s"]
 
@@ -228,5 +235,17 @@ def test_nothing_accepted_is_lost(door):
     assert not after["other_statuses"] and not after["crowd_other_statuses"] and after["crowd_failures"] == 0
 
 
-def test_throughput_is_back_within_5_s(door):
-    assert door["after"]["recovery_s"] is not None and door["after"]["recovery_s"] <= 5.0
+def test_service_is_normal_again_soon_after_the_backlog_drains(door):
+    """Recovery (pooled requests served normally: docs/overload.md) within the drain time of the admitted backlog
+    at the measured capacity, with slack for this VM, plus the judgement's resolution; a server that never gets
+    back to normal has no recovery time and fails."""
+    after = door["after"]
+    assert after["recovery_s"] is not None, after["summary"]
+    assert after["recovery_s"] <= recovery_bound_s(after), (after["recovery_s"], recovery_bound_s(after))
+
+
+def test_the_model_kept_running_through_the_burst(door):
+    """Goodput: the server kept its model busy while refusing the excess, and says how much it served."""
+    after = door["after"]
+    assert after["goodput_source"] == "server" and after["goodput_fraction"] is not None
+    assert after["busy_share"] >= BUSY_DURING_BURST, (after["busy_share"], after["summary"])

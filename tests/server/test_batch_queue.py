@@ -260,9 +260,10 @@ def test_slot_answers_every_call_and_only_once() -> None:
 def test_slot_timeout_and_cancel() -> None:
     slot = Slot()
     started = time.monotonic()
+    wait_s = 0.05
     with pytest.raises(TimeoutError):
-        slot.result(0.05)
-    assert time.monotonic() - started >= 0.04
+        slot.result(wait_s)
+    assert time.monotonic() - started >= 0.8 * wait_s  # waited (a lower bound: no machine is faster)
     assert slot.cancel() and slot.cancel() and slot.done()
     assert not slot.set_running_or_notify_cancel()  # a worker must not compute it
     with pytest.raises(CancelledError):
