@@ -124,6 +124,9 @@ def _add_loadtest(sub: argparse._SubParsersAction) -> None:
                            "--seq-len tokens, refuse a deployment without a text input")
     load.add_argument("--seq-len-max", type=int, default=0,
                       help="above --seq-len: each sentence's length drawn uniformly from --seq-len..this many tokens")
+    load.add_argument("--inputs", type=Path, metavar="FILE.npz",
+                      help="send these sample inputs instead of random ones: an .npz (numpy.savez) of arrays named "
+                           "after the model's inputs, rows on the first axis, one request per row")
     load.add_argument("--client", choices=("lean", "locust"), default="lean",
                       help="infer requests through latlab's lean HTTP client (http:// only, about half the CPU "
                            "per request) or Locust's FastHttpSession (https, or to compare)")
@@ -242,6 +245,28 @@ def _require_text(host: str, deployments: list[str]) -> None:
             raise UserError(f"--text: deployment '{deployment}': {exc}") from None
 
 
+def _require_samples(host: str, deployments: list[str], path: Path) -> str:
+    """--inputs: the sample file must fit every deployment's inputs; one readable line otherwise, before any load
+    is sent. Returns its absolute path (the generator's processes may run elsewhere in the file system)."""
+    import requests
+
+    from latlab.loadtest.payloads import check_samples, load_samples
+    from latlab.loadtest.scrape import fetch
+
+    try:
+        samples = load_samples(path)
+    except ValueError as exc:
+        raise UserError(f"--inputs: {exc}") from None
+    for deployment in deployments:
+        try:
+            response = fetch(host, f"/v2/models/{deployment}")
+            response.raise_for_status()
+            check_samples(response.json(), samples)
+        except (requests.RequestException, ValueError) as exc:
+            raise UserError(f"--inputs {path}: deployment '{deployment}': {exc}") from None
+    return str(path.resolve())
+
+
 def cmd_loadtest(args: argparse.Namespace) -> None:
     from latlab.loadtest.sweep import SweepPlan, run_sweep  # first: Locust patches sockets
 
@@ -256,8 +281,9 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
         raise UserError(f"--text: a sentence needs at least 3 tokens ([CLS], a word, [SEP]), got --seq-len {args.seq_len}")
     if args.seq_len_max and args.seq_len_max < args.seq_len:
         raise UserError(f"--seq-len-max ({args.seq_len_max}) must be at least --seq-len ({args.seq_len})")
+    if args.inputs is not None and args.text:
+        raise UserError("--inputs and --text do not combine: a sample file holds tensors, --text sends sentences")
     out = args.out or Path("runs") / new_run_id()
-    out.mkdir(parents=True, exist_ok=True)
     loads = parse_rates(args.rates) if args.mode == "open" else [float(int(u)) for u in parse_rates(args.users)]
     slo = parse_slo_bound(args.slo) if args.slo else None
     if args.overload is not None and (args.overload <= 0 or args.mode != "open" or slo or args.burst_seconds <= 0
@@ -284,6 +310,8 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
                      metrics_port=args.metrics_port, log_dir=out)
     if args.text:
         _require_text(args.host, plan.deployments)
+    if args.inputs is not None:
+        plan.inputs = _require_samples(args.host, plan.deployments, args.inputs)
     run_one = None
     if args.overload is not None:
         from latlab.loadtest.overload import OverloadPlan
@@ -291,6 +319,7 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
 
         run_one = overload_runner(OverloadPlan(factor=args.overload, burst_seconds=args.burst_seconds,
                                                capacity_rps=args.capacity, recovery_load=args.recovery_load))
+    out.mkdir(parents=True, exist_ok=True)  # only now: a refused run leaves no folder behind
     run_sweep(plan, out / RESULTS_FILE, run_id=args.run_id or out.name, run_one=run_one)
     print(f"results: {out / RESULTS_FILE}")
 
