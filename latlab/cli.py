@@ -181,7 +181,12 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 
 def _add_lab(sub: argparse._SubParsersAction) -> None:
     """`latlab lab`: the main job."""
-    lab = sub.add_parser("lab", help="the main job: export, serve, sweep and report on the built-in CPU plan")
+    lab = sub.add_parser("lab", help="the main job: export, serve, sweep and report on the built-in CPU plan, "
+                                     "or on your own model (--onnx, --module, --model)",
+                         epilog="Your own model: --onnx FILE, --module PKG.MOD:FACTORY --name NAME, or --model NAME "
+                                "(exported before); inputs generated from its declared shapes (--dim for dynamic "
+                                "axes besides the batch) or taken from --inputs samples.npz. Every check runs "
+                                "before any load: a model the lab cannot serve stops it with one line.")
     lab.add_argument("--runs-dir", type=Path, default=Path("runs"))
     lab.add_argument("--models-dir", type=Path, default=Path("models"))
     lab.add_argument("--plan", choices=["cpu", "quick", "gpu", "gpu-quick"], default="cpu",
@@ -196,6 +201,25 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
                                                       "then one per 4 cores, up to 8)")
     lab.add_argument("--machine-name", help="what reports call this machine (default: its CPU model, or the GPU)")
     lab.add_argument("--models", help="only these of the plan's models, e.g. cnn,minilm")
+    lab.add_argument("--slo", help="p99 bounds of the report and the sweep, e.g. 25ms,50ms,0.1s "
+                                   "(default: the plan's, 10ms,25ms,50ms,100ms)")
+    lab.add_argument("--price", metavar="PROVIDER=USD", help="hourly price per provider, e.g. cpu=0.10,cuda=2.50 or "
+                     "cpu=0.04/core (default: example prices, labelled as such in the report)")
+    own = lab.add_argument_group("your own model (instead of the plan's zoo models)")
+    own.add_argument("--onnx", type=Path, metavar="FILE", help="serve this ONNX file as it is")
+    own.add_argument("--module", metavar="PKG.MOD:FACTORY",
+                     help="export your PyTorch module to --models-dir/NAME first (needs --name), as `latlab export`")
+    own.add_argument("--model", metavar="NAME", dest="exported", help="a model exported before: --models-dir/NAME")
+    own.add_argument("--name", help="what the report calls it (default: the file's or the model's name)")
+    own.add_argument("--inputs", type=Path, metavar="FILE.npz",
+                     help="real inputs to send: an .npz (numpy.savez) of arrays named after the model's inputs, "
+                          "rows first, one request per row (default: generated from the declared shapes and types)")
+    own.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                     help="size of a dynamic axis other than the batch, e.g. --dim seq=128 (an unnamed axis: "
+                          "--dim INPUT:AXIS=SIZE); repeat for several")
+    own.add_argument("--providers", help="e.g. cpu,cuda (default: every provider that loads on this machine)")
+    own.add_argument("--rates", help="offered loads in req/s, e.g. 50,200,800 (default: from the model's measured "
+                                     "batch-1 time; the sweep goes on past the last until saturation)")
     lab.set_defaults(func=cmd_lab)
 
 
@@ -348,16 +372,37 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 def cmd_lab(args: argparse.Namespace) -> None:
+    """Every option is checked, and the user's model loaded and run once per provider, before the lab makes
+    its run folder: a refused lab leaves nothing behind."""
+    from dataclasses import replace
+
     from latlab.lab import run_lab
-
     from latlab.lab_plan import PLANS, available_cores, cpu_share
+    from latlab.loadtest.verdict import PriceError, parse_prices
 
+    own = args.onnx is not None or args.module is not None or args.exported is not None
+    if not own and any(v for v in (args.name, args.inputs, args.dim, args.providers, args.rates)):
+        raise UserError("--name, --inputs, --dim, --providers and --rates are for your own model: "
+                        "give --onnx FILE, --module PKG.MOD:FACTORY or --model NAME")
+    if own and args.models:
+        raise UserError("--models picks the plan's zoo models; your own model (--onnx, --module, --model) runs alone")
     try:
         share = cpu_share(available_cores(), args.cpu_threads, args.load_workers)
         plan = PLANS[args.plan].only(args.models.split(",") if args.models else None)
-    except ValueError as exc:
+        prices = parse_prices(args.price) if args.price is not None else None
+    except (ValueError, PriceError) as exc:
         raise UserError(str(exc)) from None
-    run_lab(args.runs_dir, args.models_dir, plan.scaled(step_seconds=args.step_seconds), share, args.machine_name)
+    if args.slo is not None:
+        parse_slos(args.slo)  # refuses a bad bound here, before any work
+        plan = replace(plan, slos=args.slo)
+    if own:
+        from latlab.lab_user import UserModel, plan_user_model
+
+        user = UserModel(onnx=args.onnx, module=args.module, exported=args.exported, name=args.name,
+                         dims=tuple(args.dim), inputs=args.inputs, providers=args.providers, rates=args.rates)
+        plan = plan_user_model(plan, user, args.models_dir, share)
+    run_lab(args.runs_dir, args.models_dir, plan.scaled(step_seconds=args.step_seconds), share, args.machine_name,
+            prices)
 
 
 def cmd_doctor(args: argparse.Namespace) -> None:
