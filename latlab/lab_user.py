@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 """A user model's name: it names its deployments (<name>-b1, <name>-batch) and its folder in the run."""
+TAKEN = ("bench", "prometheus")
+"""Folders a run holds besides its models'."""
 SERVING_OVERHEAD_S = 0.4e-3
 """The server's own work per request (HTTP, decoding, batcher), measured at 0.36 ms on a 2-core VM
 (docs/performance.md): added to the model's batch-1 time to guess a first capacity."""
@@ -101,24 +103,29 @@ def resolve_model(user: UserModel, models_dir: Path) -> tuple[str, Path]:
     """The model's name and ONNX file; --module is exported first (into models_dir/NAME, as `latlab export`)."""
     if sum(x is not None for x in (user.onnx, user.module, user.exported)) != 1:
         raise UserError("name one model: --onnx FILE, --module PKG.MOD:FACTORY or --model NAME (exported before)")
+    if user.module is not None and not user.name:
+        raise UserError("--module needs --name: the folder under --models-dir it is exported to")
     if user.onnx is not None:
-        if not user.onnx.is_file():
-            raise UserError(f"--onnx: {user.onnx} does not exist")
         name = user.name or (user.onnx.parent.name if user.onnx.stem == "model" else user.onnx.stem)
-        path = user.onnx
-    elif user.exported is not None:
-        name, path = user.name or user.exported, models_dir / user.exported / "model.onnx"
-        if not path.is_file():
-            raise UserError(f"--model {user.exported}: {path} does not exist; export it first with "
-                            f"`latlab export --onnx FILE --name {user.exported}` (or --module)")
     else:
-        if not user.name:
-            raise UserError("--module needs --name: the folder under --models-dir it is exported to")
-        name, path = user.name, _export_module(user.module, user.name, models_dir)
+        name = user.name or user.exported
     if not NAME.fullmatch(name):
         raise UserError(f"{user.label}: the model's name {name!r} must be letters, digits, '.', '_' or '-' "
                         f"(it names the deployments); give one with --name")
-    return name, path.resolve()
+    if name in TAKEN:
+        raise UserError(f"{user.label}: the name {name!r} is taken by the run folder's own {name}/; give another "
+                        f"with --name")
+    if user.onnx is not None:
+        if not user.onnx.is_file():
+            raise UserError(f"--onnx: {user.onnx} does not exist")
+        return name, user.onnx.resolve()
+    if user.exported is not None:
+        path = models_dir / user.exported / "model.onnx"
+        if not path.is_file():
+            raise UserError(f"--model {user.exported}: {path} does not exist; export it first with "
+                            f"`latlab export --onnx FILE --name {user.exported}` (or --module)")
+        return name, path.resolve()
+    return name, _export_module(user.module, name, models_dir).resolve()
 
 
 def _export_module(spec: str, name: str, models_dir: Path) -> Path:

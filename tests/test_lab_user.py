@@ -155,6 +155,7 @@ def test_sources_and_options_are_checked_before_any_work(tmp_path, capsys) -> No
     assert "--module needs --name" in lab(tmp_path, capsys, "--module", "tests.export.factories:two_inputs")
     assert "name one model" in lab(tmp_path, capsys, "--onnx", str(model), "--model", "mine")
     assert "must be letters, digits" in lab(tmp_path, capsys, "--onnx", str(model), "--name", "my model")
+    assert "taken by the run folder's own" in lab(tmp_path, capsys, "--onnx", str(model), "--name", "prometheus")
     assert "are for your own model" in lab(tmp_path, capsys, "--dim", "seq=4")
     assert "--models picks the plan's zoo models" in lab(tmp_path, capsys, "--onnx", str(model), "--models", "mlp")
     assert "--slo: cannot read" in lab(tmp_path, capsys, "--onnx", str(model), "--slo", "soon")
