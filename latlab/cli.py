@@ -124,6 +124,9 @@ def _add_loadtest(sub: argparse._SubParsersAction) -> None:
                            "--seq-len tokens, refuse a deployment without a text input")
     load.add_argument("--seq-len-max", type=int, default=0,
                       help="above --seq-len: each sentence's length drawn uniformly from --seq-len..this many tokens")
+    load.add_argument("--inputs", type=Path, metavar="FILE.npz",
+                      help="send these sample inputs instead of random ones: an .npz (numpy.savez) of arrays named "
+                           "after the model's inputs, rows on the first axis, one request per row")
     load.add_argument("--client", choices=("lean", "locust"), default="lean",
                       help="infer requests through latlab's lean HTTP client (http:// only, about half the CPU "
                            "per request) or Locust's FastHttpSession (https, or to compare)")
@@ -178,7 +181,12 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 
 def _add_lab(sub: argparse._SubParsersAction) -> None:
     """`latlab lab`: the main job."""
-    lab = sub.add_parser("lab", help="the main job: export, serve, sweep and report on the built-in CPU plan")
+    lab = sub.add_parser("lab", help="the main job: export, serve, sweep and report on the built-in CPU plan, "
+                                     "or on your own model (--onnx, --module, --model)",
+                         epilog="Your own model: --onnx FILE, --module PKG.MOD:FACTORY --name NAME, or --model NAME "
+                                "(exported before); inputs generated from its declared shapes (--dim for dynamic "
+                                "axes besides the batch) or taken from --inputs samples.npz. Every check runs "
+                                "before any load: a model the lab cannot serve stops it with one line.")
     lab.add_argument("--runs-dir", type=Path, default=Path("runs"))
     lab.add_argument("--models-dir", type=Path, default=Path("models"))
     lab.add_argument("--plan", choices=["cpu", "quick", "gpu", "gpu-quick"], default="cpu",
@@ -193,6 +201,25 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
                                                       "then one per 4 cores, up to 8)")
     lab.add_argument("--machine-name", help="what reports call this machine (default: its CPU model, or the GPU)")
     lab.add_argument("--models", help="only these of the plan's models, e.g. cnn,minilm")
+    lab.add_argument("--slo", help="p99 bounds of the report and the sweep, e.g. 25ms,50ms,0.1s "
+                                   "(default: the plan's, 10ms,25ms,50ms,100ms)")
+    lab.add_argument("--price", metavar="PROVIDER=USD", help="hourly price per provider, e.g. cpu=0.10,cuda=2.50 or "
+                     "cpu=0.04/core (default: example prices, labelled as such in the report)")
+    own = lab.add_argument_group("your own model (instead of the plan's zoo models)")
+    own.add_argument("--onnx", type=Path, metavar="FILE", help="serve this ONNX file as it is")
+    own.add_argument("--module", metavar="PKG.MOD:FACTORY",
+                     help="export your PyTorch module to --models-dir/NAME first (needs --name), as `latlab export`")
+    own.add_argument("--model", metavar="NAME", dest="exported", help="a model exported before: --models-dir/NAME")
+    own.add_argument("--name", help="what the report calls it (default: the file's or the model's name)")
+    own.add_argument("--inputs", type=Path, metavar="FILE.npz",
+                     help="real inputs to send: an .npz (numpy.savez) of arrays named after the model's inputs, "
+                          "rows first, one request per row (default: generated from the declared shapes and types)")
+    own.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                     help="size of a dynamic axis other than the batch, e.g. --dim seq=128 (an unnamed axis: "
+                          "--dim INPUT:AXIS=SIZE); repeat for several")
+    own.add_argument("--providers", help="e.g. cpu,cuda (default: every provider that loads on this machine)")
+    own.add_argument("--rates", help="offered loads in req/s, e.g. 50,200,800 (default: from the model's measured "
+                                     "batch-1 time; the sweep goes on past the last until saturation)")
     lab.set_defaults(func=cmd_lab)
 
 
@@ -242,6 +269,28 @@ def _require_text(host: str, deployments: list[str]) -> None:
             raise UserError(f"--text: deployment '{deployment}': {exc}") from None
 
 
+def _require_samples(host: str, deployments: list[str], path: Path) -> str:
+    """--inputs: the sample file must fit every deployment's inputs; one readable line otherwise, before any load
+    is sent. Returns its absolute path (the generator's processes may run elsewhere in the file system)."""
+    import requests
+
+    from latlab.loadtest.payloads import check_samples, load_samples
+    from latlab.loadtest.scrape import fetch
+
+    try:
+        samples = load_samples(path)
+    except ValueError as exc:
+        raise UserError(f"--inputs: {exc}") from None
+    for deployment in deployments:
+        try:
+            response = fetch(host, f"/v2/models/{deployment}")
+            response.raise_for_status()
+            check_samples(response.json(), samples)
+        except (requests.RequestException, ValueError) as exc:
+            raise UserError(f"--inputs {path}: deployment '{deployment}': {exc}") from None
+    return str(path.resolve())
+
+
 def cmd_loadtest(args: argparse.Namespace) -> None:
     from latlab.loadtest.sweep import SweepPlan, run_sweep  # first: Locust patches sockets
 
@@ -256,8 +305,9 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
         raise UserError(f"--text: a sentence needs at least 3 tokens ([CLS], a word, [SEP]), got --seq-len {args.seq_len}")
     if args.seq_len_max and args.seq_len_max < args.seq_len:
         raise UserError(f"--seq-len-max ({args.seq_len_max}) must be at least --seq-len ({args.seq_len})")
+    if args.inputs is not None and args.text:
+        raise UserError("--inputs and --text do not combine: a sample file holds tensors, --text sends sentences")
     out = args.out or Path("runs") / new_run_id()
-    out.mkdir(parents=True, exist_ok=True)
     loads = parse_rates(args.rates) if args.mode == "open" else [float(int(u)) for u in parse_rates(args.users)]
     slo = parse_slo_bound(args.slo) if args.slo else None
     if args.overload is not None and (args.overload <= 0 or args.mode != "open" or slo or args.burst_seconds <= 0
@@ -284,6 +334,8 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
                      metrics_port=args.metrics_port, log_dir=out)
     if args.text:
         _require_text(args.host, plan.deployments)
+    if args.inputs is not None:
+        plan.inputs = _require_samples(args.host, plan.deployments, args.inputs)
     run_one = None
     if args.overload is not None:
         from latlab.loadtest.overload import OverloadPlan
@@ -291,6 +343,7 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
 
         run_one = overload_runner(OverloadPlan(factor=args.overload, burst_seconds=args.burst_seconds,
                                                capacity_rps=args.capacity, recovery_load=args.recovery_load))
+    out.mkdir(parents=True, exist_ok=True)  # only now: a refused run leaves no folder behind
     run_sweep(plan, out / RESULTS_FILE, run_id=args.run_id or out.name, run_one=run_one)
     print(f"results: {out / RESULTS_FILE}")
 
@@ -319,16 +372,37 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 def cmd_lab(args: argparse.Namespace) -> None:
+    """Every option is checked, and the user's model loaded and run once per provider, before the lab makes
+    its run folder: a refused lab leaves nothing behind."""
+    from dataclasses import replace
+
     from latlab.lab import run_lab
-
     from latlab.lab_plan import PLANS, available_cores, cpu_share
+    from latlab.loadtest.verdict import PriceError, parse_prices
 
+    own = args.onnx is not None or args.module is not None or args.exported is not None
+    if not own and any(v for v in (args.name, args.inputs, args.dim, args.providers, args.rates)):
+        raise UserError("--name, --inputs, --dim, --providers and --rates are for your own model: "
+                        "give --onnx FILE, --module PKG.MOD:FACTORY or --model NAME")
+    if own and args.models:
+        raise UserError("--models picks the plan's zoo models; your own model (--onnx, --module, --model) runs alone")
     try:
         share = cpu_share(available_cores(), args.cpu_threads, args.load_workers)
         plan = PLANS[args.plan].only(args.models.split(",") if args.models else None)
-    except ValueError as exc:
+        prices = parse_prices(args.price) if args.price is not None else None
+    except (ValueError, PriceError) as exc:
         raise UserError(str(exc)) from None
-    run_lab(args.runs_dir, args.models_dir, plan.scaled(step_seconds=args.step_seconds), share, args.machine_name)
+    if args.slo is not None:
+        parse_slos(args.slo)  # refuses a bad bound here, before any work
+        plan = replace(plan, slos=args.slo)
+    if own:
+        from latlab.lab_user import UserModel, plan_user_model
+
+        user = UserModel(onnx=args.onnx, module=args.module, exported=args.exported, name=args.name,
+                         dims=tuple(args.dim), inputs=args.inputs, providers=args.providers, rates=args.rates)
+        plan = plan_user_model(plan, user, args.models_dir, share)
+    run_lab(args.runs_dir, args.models_dir, plan.scaled(step_seconds=args.step_seconds), share, args.machine_name,
+            prices)
 
 
 def cmd_doctor(args: argparse.Namespace) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -18,12 +19,17 @@ def _say(message: str) -> None:
 
 
 def ensure_models(models_dir: Path, plan: LabPlan) -> dict[str, Path]:
-    """Export the plan's models unless an export with the same settings is already there."""
+    """Export the plan's zoo models unless an export with the same settings is already there; the user's own
+    models (ModelPlan.onnx) are served from their file as they are."""
     from latlab.export.onnx_export import export, load_metadata
     from latlab.export.zoo import BUILDERS
 
     paths = {}
     for model in plan.models:
+        if model.onnx is not None:
+            paths[model.name] = model.onnx.resolve()
+            _say(f"model {model.name}: your model, served as it is from {paths[model.name]}")
+            continue
         path = models_dir / model.name / "model.onnx"
         try:
             current = load_metadata(models_dir / model.name).get("config", {})
@@ -43,7 +49,14 @@ def ensure_models(models_dir: Path, plan: LabPlan) -> dict[str, Path]:
 
 def write_config(run_dir: Path, models: dict[str, Path], port: int, plan: LabPlan,
                  share: CpuShare | None = None) -> Path:
-    """The lab's server config: every model on every provider of the plan, batching off and on; CPU
+    """The lab's server config, run_dir/lab.toml (see config_text)."""
+    config = run_dir / "lab.toml"
+    config.write_text(config_text(models, port, plan, share))
+    return config
+
+
+def config_text(models: dict[str, Path], port: int, plan: LabPlan, share: CpuShare | None = None) -> str:
+    """The lab's server config as TOML: every model on every provider of the plan, batching off and on; CPU
     deployments on the share's threads (by default this machine's fair share, see cpu_share)."""
     share = share or cpu_share(available_cores())
     cpu_settings = {"intra_op_threads": share.cpu_threads, **plan.cpu}
@@ -54,18 +67,14 @@ def write_config(run_dir: Path, models: dict[str, Path], port: int, plan: LabPla
             settings = "".join(f"{k} = {v}\n" for k, v in batcher.items())
             options = f"[deployments.cpu]\n{cpu}" if provider == "cpu" else ""
             blocks.append(f"[[deployments]]\nname = \"{name}\"\nmodel = \"{model.name}\"\n"
-                          f"model_path = \"{models[model.name]}\"\nprovider = \"{provider}\"\n"
+                          f"model_path = {json.dumps(str(models[model.name]))}\nprovider = \"{provider}\"\n"
                           f"{options}[deployments.batcher]\n{settings}"
                           + (tokenizer_table(models[model.name]) if plan.is_text(model, name) else ""))
-    config = run_dir / "lab.toml"
-    config.write_text("\n".join(blocks))
-    return config
+    return "\n".join(blocks)
 
 
 def tokenizer_table(model_path: Path) -> str:
     """A text deployment's [deployments.tokenizer], as the model's export describes it (text_deployment)."""
-    import json
-
     meta = json.loads((model_path.parent / "metadata.json").read_text())
     # exports from before text deployments carry only the tokenizer's folder and sentence-transformers' limit
     text = meta.get("text_deployment", {}).get("tokenizer") or {
@@ -102,9 +111,10 @@ def start_prometheus(run_dir: Path, jobs: dict[str, list[str]]) -> subprocess.Po
 
 
 def run_lab(runs_dir: Path, models_dir: Path, plan: LabPlan | str = "cpu", share: CpuShare | None = None,
-            machine_name: str | None = None) -> Path:
+            machine_name: str | None = None, prices: dict | None = None) -> Path:
     """Run the whole plan; returns the report's path. Every child is stopped, also on Ctrl-C.
-    `machine_name` names this machine in results and reports (default: its CPU model, or GPU)."""
+    `machine_name` names this machine in results and reports (default: its CPU model, or GPU); `prices` are
+    the report's (`latlab report --price`; default: the example prices)."""
     from latlab.cli_options import new_run_id, parse_slos
     from latlab.loadtest.report import write_report
 
@@ -114,6 +124,7 @@ def run_lab(runs_dir: Path, models_dir: Path, plan: LabPlan | str = "cpu", share
     run_dir = runs_dir / new_run_id()
     run_dir.mkdir(parents=True, exist_ok=True)
     _say(f"run folder {run_dir}")
+    write_samples(run_dir, plan)
     _say(share.describe())
     _say("step 1/5: exporting models")
     models = ensure_models(models_dir, plan)
@@ -143,10 +154,27 @@ def run_lab(runs_dir: Path, models_dir: Path, plan: LabPlan | str = "cpu", share
             if child is not None:
                 procs.stop(child)
     _say("step 5/5: writing the report")
-    report = write_report(run_dir, parse_slos(plan.slos))
+    report = write_report(run_dir, parse_slos(plan.slos), prices=prices)
     _say(f"done in {time.perf_counter() - started:.0f} s")
     print(f"report: {report.resolve()}")
     return report
+
+
+def samples_path(run_dir: Path, model: ModelPlan) -> Path:
+    """Where a model's request samples (ModelPlan.samples) lie in the run folder."""
+    return run_dir / model.name / "inputs.npz"
+
+
+def write_samples(run_dir: Path, plan: LabPlan) -> None:
+    """Each model's request samples into the run folder, where its sweep reads them (and a reader of the run
+    finds what was sent)."""
+    from latlab.loadtest.payloads import save_samples
+
+    for model in plan.models:
+        if model.samples is not None:
+            path = samples_path(run_dir, model)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save_samples(path, model.samples)
 
 
 def run_bench(run_dir: Path, models_dir: Path, plan: LabPlan, cpu_threads: int) -> None:
@@ -182,6 +210,7 @@ def sweep_args(run_dir: Path, plan: LabPlan, model: ModelPlan, host: str, metric
             "--step-seconds", str(plan.step_seconds), "--max-windows", str(plan.max_windows),
             "--warmup-seconds", str(plan.warmup_seconds), "--metrics-port", str(metrics_port),
             "--seq-len", str(model.seq_len), *(["--binary"] if model.binary else []),
+            *(["--inputs", str(samples_path(run_dir, model))] if model.samples is not None else []),
             *(["--workers", str(load_workers)] if load_workers else []),
             *(["--machine-name", machine_name] if machine_name else [])]
     for name, _, _ in plan.deployments(model):

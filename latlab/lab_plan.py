@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MANY_CORES = 8
 """From this many cores the lab starts Locust worker processes (one per core it leaves to the generator)."""
@@ -57,7 +62,7 @@ def cpu_share(cores: int, cpu_threads: int | None = None, load_workers: int | No
 
 @dataclass(frozen=True)
 class ModelPlan:
-    """One zoo model in the lab: how to build it and how hard to load it."""
+    """One model in the lab, a zoo model or the user's own: how to build it and how hard to load it."""
 
     name: str
     settings: dict = field(default_factory=dict)
@@ -76,6 +81,11 @@ class ModelPlan:
     text: bool = False
     """Also serve the model with sentences in (its export's tokenizer, [deployments.tokenizer]): deployments
     named <model>-text-..., loaded with sentences of seq_len tokens, beside the token-id ones."""
+    onnx: Path | None = None
+    """The user's own model: this ONNX file is served as it is, instead of exporting a zoo model (see lab_user)."""
+    samples: dict[str, np.ndarray] | None = field(default=None, compare=False, repr=False)
+    """Request inputs sent instead of random ones, rows first, one request per row: the lab writes them to
+    <run>/<model>/inputs.npz for `latlab loadtest --inputs` (a user model's declared shapes or sample file)."""
 
 
 @dataclass(frozen=True)

@@ -115,7 +115,7 @@ class LoadDriver:
         message = {"deployment": deployment, "rate": rate, "poisson": self.plan.poisson,
                    "payload": {"binary": self.plan.binary, "seq_len": self.plan.seq_len,
                                "client": self.plan.client, "text": self.plan.text,
-                               "seq_len_max": self.plan.seq_len_max}}
+                               "seq_len_max": self.plan.seq_len_max, "inputs": self.plan.inputs}}
         self.state.update(message)
         if self.distributed:
             for client_id in self.live_workers:

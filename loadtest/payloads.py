@@ -3,9 +3,10 @@ text deployment's BYTES input), as JSON tensors or with the binary tensor extens
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import random
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import orjson
@@ -43,12 +44,23 @@ class PayloadOptions:
     A BYTES input gets sentences of `seq_len` tokens either way."""
     seq_len_max: int = 0
     """When above seq_len: each sentence's length in tokens is drawn uniformly from seq_len..seq_len_max."""
+    inputs: str = ""
+    """An .npz file of sample inputs sent instead of random ones, one request per row (see sample_bodies);
+    "" for random inputs. It must exist where each load-generator process runs."""
 
 
 @dataclass(frozen=True)
 class Body:
     data: bytes
     headers: dict[str, str]
+
+
+def request_bodies(metadata: dict, seed: int, options: PayloadOptions = PayloadOptions()) -> list[Body]:
+    """The bodies a load-generator user sends: the sample file's rows when options.inputs names one, else
+    random valid inputs."""
+    if options.inputs:
+        return sample_bodies(metadata, load_samples(options.inputs), options.binary)
+    return random_bodies(metadata, seed, options)
 
 
 def random_bodies(metadata: dict, seed: int, options: PayloadOptions = PayloadOptions()) -> list[Body]:
@@ -78,6 +90,76 @@ def _body(metadata: dict, rng: np.random.Generator, options: PayloadOptions) -> 
         else:
             tensors.append((spec["name"], spec["datatype"], shape, random_tensor(rng, spec, shape)))
     return encode_body(tensors, options.binary)
+
+
+def load_samples(path: str | Path) -> dict[str, np.ndarray]:
+    """The named arrays of an .npz sample file (`numpy.savez`), each with its rows on the first axis, as many
+    rows in every array; ValueError in one line when the file is not that. Pickled objects are refused."""
+    try:
+        archive = np.load(path, allow_pickle=False)
+        if not isinstance(archive, np.lib.npyio.NpzFile):
+            raise ValueError("it holds one unnamed array; save named inputs with numpy.savez(path, name=array)")
+        with archive:
+            samples = {name: archive[name] for name in archive.files}
+    except FileNotFoundError:
+        raise ValueError(f"sample file {path} does not exist") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"sample file {path} is not an .npz of named arrays (numpy.savez): "
+                         f"{_first_line(exc)}") from None
+    if not samples:
+        raise ValueError(f"sample file {path} holds no arrays")
+    rows = {name: array.shape[0] if array.ndim else 0 for name, array in samples.items()}
+    if min(rows.values()) < 1 or len(set(rows.values())) != 1:
+        raise ValueError(f"sample file {path}: every array needs the same number of rows (at least 1) on its first "
+                         f"axis, the batch; got {rows}")
+    return samples
+
+
+def save_samples(path: str | Path, samples: dict[str, np.ndarray]) -> None:
+    """Write named arrays as load_samples reads them (what numpy.savez writes, for any input name: savez's own
+    keyword arguments would refuse an input called `file`)."""
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, array in samples.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
+
+
+def check_samples(metadata: dict, samples: dict[str, np.ndarray]) -> None:
+    """ValueError naming the first way the samples do not fit the model's inputs: names, datatype, rank or a
+    fixed size (-1 in the metadata's shape: any size)."""
+    names = [spec["name"] for spec in metadata["inputs"]]
+    if sorted(samples) != sorted(names):
+        missing, unknown = sorted(set(names) - set(samples)), sorted(set(samples) - set(names))
+        raise ValueError(f"the samples must hold the model's inputs {names}: missing {missing}, unknown {unknown}")
+    for spec in metadata["inputs"]:
+        array, datatype = samples[spec["name"]], spec["datatype"]
+        if datatype not in _NUMPY_TYPES:
+            raise ValueError(f"input '{spec['name']}' is {datatype}: sample files hold numeric or BOOL tensors")
+        if array.dtype != np.dtype(_NUMPY_TYPES[datatype]):
+            raise ValueError(f"input '{spec['name']}' is {datatype}, but its samples are {array.dtype}")
+        shape = spec["shape"]
+        if array.ndim != len(shape) or any(d > 0 and d != n for d, n in zip(shape[1:], array.shape[1:])):
+            raise ValueError(f"input '{spec['name']}' has shape {shape} (-1: any), but its samples have "
+                             f"{list(array.shape)} (rows first)")
+
+
+def sample_bodies(metadata: dict, samples: dict[str, np.ndarray], binary: bool = False) -> list[Body]:
+    """One body of batch 1 per sample row, in the file's order, as many as fit the budget."""
+    check_samples(metadata, samples)
+    rows = next(iter(samples.values())).shape[0]
+    bodies = []
+    for row in range(min(rows, MAX_BODIES)):
+        tensors = [(spec["name"], spec["datatype"], [1, *samples[spec["name"]].shape[1:]],
+                    samples[spec["name"]][row:row + 1]) for spec in metadata["inputs"]]
+        bodies.append(encode_body(tensors, binary))
+        if sum(len(b.data) for b in bodies) >= BODY_BUDGET_BYTES:
+            break
+    return bodies
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def text_body(sentences: list[str], binary: bool = False, name: str = "text") -> Body:

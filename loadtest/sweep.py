@@ -58,6 +58,8 @@ class SweepPlan:
     """Every deployment must take text; sentences of seq_len tokens are sent (see PayloadOptions)."""
     seq_len_max: int = 0
     """Above seq_len: sentence lengths drawn uniformly from seq_len..seq_len_max tokens."""
+    inputs: str = ""
+    """An .npz of sample inputs sent instead of random ones, one request per row (see PayloadOptions)."""
     stop_at_saturation: bool = True
     machine_name: str | None = None
     """What reports call the machine (default: its CPU model, or the GPU of a GPU deployment)."""
@@ -103,7 +105,8 @@ def run_sweep(plan: SweepPlan, out_path: Path, run_id: str, progress: Callable[[
            "machine": machine.describe(plan.machine_name), "mode": plan.mode,
            "arrivals": ("poisson" if plan.poisson else "constant") if plan.mode == "open" else "closed loop",
            "payload": {"encoding": "binary" if plan.binary else "json", "seq_len": plan.seq_len,
-                       "client": plan.client, "text": plan.text, "seq_len_max": plan.seq_len_max},
+                       "client": plan.client, "text": plan.text, "seq_len_max": plan.seq_len_max,
+                       **({"inputs": plan.inputs} if plan.inputs else {})},
            "slo_p99_s": plan.slo_p99_s, "deployments": [], "events": []}
     driver = LoadDriver(plan, metrics, progress)
     doc["events"] = driver.events  # the fleet's events (a worker lost), as they happen

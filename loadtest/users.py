@@ -20,7 +20,7 @@ from locust.runners import MasterRunner, WorkerRunner
 
 from latlab.loadtest.fleet_cpu import FleetCpu, cpu_reading
 from latlab.loadtest.lean_http import LeanClient
-from latlab.loadtest.payloads import PayloadOptions, random_bodies
+from latlab.loadtest.payloads import PayloadOptions, request_bodies
 from latlab.loadtest.recorder import Recorder
 
 MAX_OUTSTANDING_PER_USER = 256
@@ -67,6 +67,8 @@ def _add_arguments(parser) -> None:
                         help="above --latlab-seq-len: sentence lengths drawn uniformly up to this many tokens")
     parser.add_argument("--latlab-text", action="store_true",
                         help="the deployment must take text (a BYTES input of sentences): refuse it otherwise")
+    parser.add_argument("--latlab-inputs", default="",
+                        help="an .npz of sample inputs to send instead of random ones, one request per row")
     parser.add_argument("--latlab-client", choices=("lean", "locust"), default="lean",
                         help="infer requests via latlab's lean HTTP client (http:// only) or Locust's FastHttpSession")
     parser.add_argument("--latlab-metrics-port", type=int, default=0,
@@ -84,7 +86,7 @@ def _init_state(environment, **_kwargs) -> None:
         if options is not None:
             environment.latlab.payload = PayloadOptions(options.latlab_binary, options.latlab_seq_len,
                                                         options.latlab_client, options.latlab_text,
-                                                        options.latlab_seq_len_max)
+                                                        options.latlab_seq_len_max, options.latlab_inputs)
     state: LoadState = environment.latlab
     if isinstance(environment.runner, WorkerRunner):
         environment.runner.register_message(LOAD_MESSAGE, lambda environment, msg, **_: state.update(msg.data))
@@ -135,7 +137,7 @@ class _InferenceUser(FastHttpUser):
         self.deployment = self.state.deployment
         self.path = f"/v2/models/{self.deployment}/infer"
         metadata = self.client.get(f"/v2/models/{self.deployment}", name="metadata").json()
-        self.bodies = random_bodies(metadata, seed=random.randrange(2**32), options=self.state.payload)
+        self.bodies = request_bodies(metadata, seed=random.randrange(2**32), options=self.state.payload)
         self.rng = random.Random()
         # Infer requests go through the lean client, encoded once (lean_http.py), where it can reach the host;
         # Locust's FastHttpSession otherwise (https) or when asked for.

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from latlab.loadtest.payloads import BODY_BUDGET_BYTES, HEADER_LENGTH, PayloadOptions, random_bodies, text_body
+from latlab.loadtest.payloads import (BODY_BUDGET_BYTES, HEADER_LENGTH, PayloadOptions, check_samples, load_samples,
+                                      random_bodies, request_bodies, save_samples, text_body)
 from latlab.server.protocol import decode_request
 
 TOKENS = {"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]},
@@ -90,3 +91,64 @@ def test_text_body_carries_any_utf8_sentence_unchanged(binary):
     sentences = ["Grüße aus Köln — ✓", "plain", "汉字 and emoji 🙂"]
     request = _decode(text_body(sentences, binary=binary))
     assert [s.decode("utf-8") for s in request.inputs["text"]] == sentences
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_sample_rows_are_sent_one_per_request_as_given(tmp_path, binary):
+    ids = np.arange(5 * 16, dtype=np.int64).reshape(5, 16)
+    mask = np.tri(5, 16, dtype=np.int64)
+    save_samples(tmp_path / "samples.npz", {"input_ids": ids, "attention_mask": mask})
+    options = PayloadOptions(binary=binary, inputs=str(tmp_path / "samples.npz"))
+    bodies = request_bodies(TOKENS, seed=0, options=options)
+    assert len(bodies) == 5
+    for row, body in enumerate(bodies):
+        sent = _decode(body).inputs
+        np.testing.assert_array_equal(sent["input_ids"], ids[row:row + 1])
+        np.testing.assert_array_equal(sent["attention_mask"], mask[row:row + 1])
+
+
+def test_samples_are_saved_under_any_input_name_and_read_back(tmp_path):
+    arrays = {"file": np.ones((2, 3), np.float32), "input.1": np.arange(4, dtype=np.int32).reshape(2, 2)}
+    save_samples(tmp_path / "s.npz", arrays)  # numpy.savez(path, file=...) would refuse the first name
+    loaded = load_samples(tmp_path / "s.npz")
+    assert loaded.keys() == arrays.keys()
+    assert all(loaded[n].dtype == a.dtype and (loaded[n] == a).all() for n, a in arrays.items())
+
+
+@pytest.mark.parametrize("arrays, message", [
+    ({"input_ids": np.zeros((2, 4), np.int64)}, r"missing \['attention_mask'\]"),
+    ({"input_ids": np.zeros((2, 4), np.int32), "attention_mask": np.ones((2, 4), np.int64)},
+     "'input_ids' is INT64, but its samples are int32"),
+    ({"input_ids": np.zeros((2, 4, 1), np.int64), "attention_mask": np.ones((2, 4), np.int64)}, "has shape"),
+])
+def test_samples_that_do_not_fit_the_model_are_named(arrays, message):
+    with pytest.raises(ValueError, match=message):
+        check_samples(TOKENS, arrays)
+    with pytest.raises(ValueError, match="has shape"):
+        check_samples(IMAGE, {"x": np.zeros((1, 3, 224, 225), np.float32)})  # a fixed size differs
+
+
+def test_a_file_that_is_not_an_npz_of_rows_is_refused_in_one_line(tmp_path):
+    np.save(tmp_path / "one.npy", np.zeros(3))
+    (tmp_path / "text.npz").write_text("hello")
+    np.savez(tmp_path / "ragged.npz", a=np.zeros((2, 1)), b=np.zeros((3, 1)))
+    np.savez(tmp_path / "empty.npz")
+    for name, message in (("one.npy", "one unnamed array"), ("text.npz", "not an .npz of named arrays"),
+                          ("ragged.npz", "same number of rows"), ("empty.npz", "holds no arrays"),
+                          ("missing.npz", "does not exist")):
+        with pytest.raises(ValueError, match=message) as caught:
+            load_samples(tmp_path / name)
+        assert "\n" not in str(caught.value)
+
+
+def test_loadtest_refuses_a_sample_file_it_cannot_read_before_any_load(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "latlab.cli", "loadtest", "--host", "http://127.0.0.1:9",
+                             "--deployment", "tiny", "--inputs", str(tmp_path / "missing.npz"), "--out", str(out)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        f"latlab: error: --inputs: sample file {tmp_path / 'missing.npz'} does not exist"]
+    assert not out.exists()  # a refused run leaves no folder behind

@@ -1,0 +1,109 @@
+"""`latlab lab` on the user's own model, end to end to a report: ONNX files built here (not zoo models), one
+loaded with real inputs from a sample file, one with a dynamic sequence axis sized with --dim."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+import psutil
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from latlab import cli
+from latlab.lab_plan import PLANS
+
+pytestmark = pytest.mark.e2e
+VOCAB, WIDTH, FEATURES = 128, 8, 6
+
+
+def scorer(path: Path) -> Path:
+    """y = x @ W with x FP32 [batch, 6]: a model of the user's, not of the zoo."""
+    w = np.random.default_rng(3).standard_normal((FEATURES, 2)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["score"])], "scorer",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", FEATURES])],
+                              [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["n", 2])],
+                              initializer=[numpy_helper.from_array(w, "W")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+    return path
+
+
+def pooled_embedding(path: Path) -> Path:
+    """Token ids INT64 [batch, seq] -> the mean of their embeddings [batch, 8]: a dynamic sequence axis."""
+    table = np.random.default_rng(4).standard_normal((VOCAB, WIDTH)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["table", "input_ids"], ["vectors"]),
+             helper.make_node("ReduceMean", ["vectors"], ["pooled"], axes=[1], keepdims=0)]
+    graph = helper.make_graph(nodes, "pooled",
+                              [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])],
+                              [helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", WIDTH])],
+                              initializer=[numpy_helper.from_array(table, "table")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+    return path
+
+
+@pytest.fixture
+def short_quick_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--quick` in fewer, shorter steps, with no raising past the listed rates: a test of the path, not a
+    measurement."""
+    monkeypatch.setitem(PLANS, "quick", replace(PLANS["quick"], step_seconds=0.5, warmup_seconds=0.3, max_windows=3,
+                                                raise_cap=1.0))
+
+
+def run_lab(tmp_path: Path, *args: str) -> Path:
+    """The CLI's `latlab lab --quick` with args on CPU at two low rates; the run folder it made. Checks that
+    every process the lab started is gone."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    runs = tmp_path / "runs"
+    status = cli.main(["lab", "--quick", "--providers", "cpu", "--rates", "40,120", "--runs-dir", str(runs),
+                       "--models-dir", str(tmp_path / "models"), *args])
+    assert status == 0
+    left = {p.pid for p in psutil.Process().children(recursive=True)} - before
+    assert not left, f"lab left processes running: {left}"
+    (run,) = runs.iterdir()
+    return run
+
+
+def verdict_of(report: Path, model: str) -> str:
+    """The model's part of the report's first screen: its sentence and verdict table."""
+    page = report.read_text()
+    answer = page[page.index("<section id='answer'>"):]
+    answer = answer[:answer.index("</section>")]
+    assert f"<h2 class='model'>{model}</h2>" in answer
+    return answer[answer.index(f"<h2 class='model'>{model}</h2>"):]
+
+
+def check_results(run: Path, model: str, row_shape: list[int]) -> dict:
+    doc = json.loads((run / model / "results.json").read_text())
+    assert [d["name"] for d in doc["deployments"]] == [f"{model}-b1", f"{model}-batch"]
+    for deployment in doc["deployments"]:
+        assert deployment["steps"] and all(s["errors"] == 0 and s["ok"] > 0 for s in deployment["steps"])
+    sent = np.load(doc["payload"]["inputs"])  # what the generator sent lies in the run folder
+    assert Path(doc["payload"]["inputs"]).parent == run / model
+    assert [list(sent[n].shape[1:]) for n in sent.files] == [row_shape]
+    return doc
+
+
+def test_lab_on_an_onnx_file_with_real_inputs_from_a_sample_file(tmp_path: Path, short_quick_plan: None) -> None:
+    model = scorer(tmp_path / "scorer.onnx")
+    samples = tmp_path / "samples.npz"
+    real = np.random.default_rng(5).uniform(0, 1, (10, FEATURES)).astype(np.float32)
+    np.savez(samples, x=real)
+    run = run_lab(tmp_path, "--onnx", str(model), "--inputs", str(samples), "--slo", "20ms,80ms",
+                  "--price", "cpu=0.20")
+    check_results(run, "scorer", [FEATURES])
+    np.testing.assert_array_equal(np.load(run / "scorer" / "inputs.npz")["x"], real)  # the user's rows, as given
+    verdict = verdict_of(run / "report.html", "scorer")
+    assert "p99 ≤ 20 ms" in verdict and "p99 ≤ 80 ms" in verdict and "p99 ≤ 10 ms" not in verdict
+    assert "<table class='answer'>" in verdict
+    assert "cpu $0.20/h (as given with --price)" in (run / "report.html").read_text()
+
+
+def test_lab_on_an_onnx_file_with_a_dynamic_sequence_axis_given_by_dim(tmp_path: Path, short_quick_plan: None) -> None:
+    model = pooled_embedding(tmp_path / "pooled.onnx")
+    run = run_lab(tmp_path, "--onnx", str(model), "--dim", "seq=24", "--name", "pooled-24")
+    check_results(run, "pooled-24", [24])
+    verdict = verdict_of(run / "report.html", "pooled-24")
+    assert "<table class='answer'>" in verdict and "pooled-24: at p99 ≤ 10 ms" in verdict
