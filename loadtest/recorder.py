@@ -205,7 +205,7 @@ class Recorder:
     def by_status(self, start: float, end: float) -> dict[str, dict]:
         """Answered requests intended within [start, end), per HTTP status ("0": no answer): how many,
         their latency from the intended send (p50/p99/max), their response time from the actual send
-        (p99, max: what the server and network took, without the generator's lateness), and how many
+        (p50, p99, max: what the server and network took, without the generator's lateness), and how many
         carried a Retry-After header; for status 0, why (`errors`: count by kind)."""
         intended = np.asarray(self.intended)
         mine = (intended >= start) & (intended < end)
@@ -222,6 +222,7 @@ class Recorder:
             result[str(code)] = {
                 "count": int(np.count_nonzero(of_code)), "p50_s": stats["p50_s"], "p99_s": stats["p99_s"],
                 "max_s": stats["max_s"],
+                "response_p50_s": float(np.percentile(times, 50, method="inverted_cdf")),
                 "response_p99_s": float(np.percentile(times, 99, method="inverted_cdf")),
                 "response_max_s": float(times.max()),
                 "with_retry_after": int(np.count_nonzero(retry_after[of_code]))}
