@@ -140,7 +140,12 @@ def _add_loadtest(sub: argparse._SubParsersAction) -> None:
                            "failed are within this fraction")
     load.add_argument("--slo", help="p99 bound, e.g. p99=50ms: search the highest rate that meets it")
     load.add_argument("--sweep", action="store_true", help="with --slo: sweep --rates, stop when p99 > 2x the SLO")
-    load.add_argument("--resolution", type=float, default=0.05, help="SLO search: bracket width / rate")
+    load.add_argument("--slos", metavar="BOUNDS",
+                      help="open loop: after the sweep, find the highest rate under each of these p99 bounds (e.g. "
+                           "10ms,25ms,50ms) to within --resolution, below the first rate too; 'never' only when one "
+                           "request at a time breaks it")
+    load.add_argument("--resolution", type=float, default=0.1,
+                      help="--slo search and --slos: the bracket's width as a fraction of the rate met (0.1)")
     load.add_argument("--workers", type=int, default=0, help="Locust distributed: local worker processes")
     load.add_argument("--expect-workers", type=int, default=0, help="Locust distributed: wait for remote workers")
     load.add_argument("--master-bind-host", default="127.0.0.1", help="where remote workers connect")
@@ -203,6 +208,8 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
     lab.add_argument("--models", help="only these of the plan's models, e.g. cnn,minilm")
     lab.add_argument("--slo", help="p99 bounds of the report and the sweep, e.g. 25ms,50ms,0.1s "
                                    "(default: the plan's, 10ms,25ms,50ms,100ms)")
+    lab.add_argument("--resolution", type=float,
+                     help="each SLO's highest rate is found to within this fraction (default: the plan's, 0.1)")
     lab.add_argument("--price", metavar="PROVIDER=USD", help="hourly price per provider, e.g. cpu=0.10,cuda=2.50 or "
                      "cpu=0.04/core (default: example prices, labelled as such in the report)")
     own = lab.add_argument_group("your own model (instead of the plan's zoo models)")
@@ -317,6 +324,11 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
                         "and --capacity, and --recovery-load between 0 and 1")
     if not 0 < args.refine_within < float("inf"):
         raise UserError(f"--refine-within must be a positive fraction, got {args.refine_within:g}")
+    if not 0 < args.resolution < float("inf"):
+        raise UserError(f"--resolution must be a positive fraction, e.g. 0.1, got {args.resolution:g}")
+    slos = tuple(sorted(parse_slos(args.slos))) if args.slos else ()
+    if slos and args.mode != "open":
+        raise UserError("--slos brackets offered rates: it needs --mode open")
     if not 0 <= args.max_rate < float("inf"):
         raise UserError(f"--max-rate must be a finite rate >= 0 (0: stop at the last of --rates), got {args.max_rate:g}")
     plan = SweepPlan(host=args.host, deployments=[d for item in args.deployment for d in item.split(",") if d],
@@ -325,7 +337,7 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
                      poisson=not args.constant, binary=args.binary, seq_len=args.seq_len, client=args.client,
                      text=args.text, seq_len_max=args.seq_len_max,
                      stop_at_saturation=not args.no_stop, max_rate=args.max_rate, refine_within=args.refine_within,
-                     slo_p99_s=slo,
+                     slo_p99_s=slo, slos_s=slos, resolution=args.resolution,
                      machine_name=args.machine_name,
                      search=bool(slo) and not args.sweep and args.mode == "open", search_resolution=args.resolution,
                      workers=args.workers, expect_workers=args.expect_workers,
@@ -395,6 +407,10 @@ def cmd_lab(args: argparse.Namespace) -> None:
     if args.slo is not None:
         parse_slos(args.slo)  # refuses a bad bound here, before any work
         plan = replace(plan, slos=args.slo)
+    if args.resolution is not None:
+        if not 0 < args.resolution < float("inf"):
+            raise UserError(f"--resolution must be a positive fraction, e.g. 0.1, got {args.resolution:g}")
+        plan = replace(plan, resolution=args.resolution)
     if own:
         from latlab.lab_user import UserModel, plan_user_model
 

@@ -104,6 +104,9 @@ class LabPlan:
     saturation; 1 stops at the last listed rate (a deployment that passed it is then "not saturated")."""
     refine_within: float = 0.1
     """Past saturation the sweep bisects until its bracket is this narrow (fraction of the rate met)."""
+    resolution: float = 0.1
+    """Each SLO's highest rate is found to within this fraction: the sweep measures between the last rate that
+    met it and the first that broke it until they are this close (`latlab loadtest --slos`)."""
     bench: bool = True
     """Run `latlab bench --quick` on the plan's models first (batch-time curves for the prediction)."""
     cpu: dict = field(default_factory=lambda: {"allow_spinning": False})

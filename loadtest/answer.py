@@ -4,10 +4,11 @@ the winner, and one plain sentence; or what is missing for a CPU-vs-GPU answer a
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from latlab.loadtest import costs
-from latlab.loadtest.verdict import is_gpu, is_lower_bound, max_rate_under
+from latlab.loadtest import verdict
+from latlab.loadtest.verdict import is_gpu, is_lower_bound, max_rate_under, unmet_clause, unmet_text
 
 ADD_SERVED_GPU = ("for served GPU curves run the gpu plan on a GPU box, `latlab lab --plan gpu`, and merge: "
                   "`latlab report CPU_RUN GPU_RUN`")
@@ -22,6 +23,9 @@ class Best:
     curve: dict | None = None
     step: dict | None = None
     price: costs.Price | None = None
+    slo_s: float | None = None
+    candidates: list[dict] = field(default_factory=list)
+    """Every deployment of the provider that was judged: what "never meets it" must hold for."""
 
     @property
     def rate(self) -> float:
@@ -47,9 +51,11 @@ def best_per_provider(curves: list[dict], slo_s: float, prices: dict) -> list[Be
     for curve in curves:
         provider = str(curve.get("provider", "?")).lower()
         step = max_rate_under(curve["steps"], slo_s)
-        current = best.setdefault(provider, Best(provider, curve, None, costs.machine_price(prices, curve)))
+        current = best.setdefault(provider, Best(provider, curve, None, costs.machine_price(prices, curve), slo_s))
+        current.candidates.append(curve)
         if step is not None and step["achieved_rps"] > current.rate:
-            best[provider] = Best(provider, curve, step, costs.machine_price(prices, curve))
+            best[provider] = Best(provider, curve, step, costs.machine_price(prices, curve), slo_s,
+                                  current.candidates)
     return [best[p] for p in sorted(best, key=lambda p: (p != "cpu", p))]
 
 
@@ -62,9 +68,11 @@ def winner(rows: list[Best]) -> Best | None:
 
 
 def rate_text(row: Best) -> str:
+    """The best rate as the tables show it (verdict.rate_text); without one, why: "never" with its evidence,
+    or where the search stopped."""
     if row.rate <= 0:
-        return "never meets it"
-    return f"≥ {row.rate:.0f} (not saturated)" if row.unsaturated else f"{row.rate:.0f}"
+        return unmet_text(row.candidates or [row.curve], row.slo_s) if row.slo_s else "–"
+    return verdict.rate_text(row.curve, row.step, row.slo_s)
 
 
 def settings(curve: dict) -> str:
@@ -117,7 +125,7 @@ def _clause(row: Best, first: bool) -> str:
     who = "the GPU" if is_gpu(row.curve) else "the CPU"
     what = f"{who} ({side([row.curve])}, {settings(row.curve)})"
     if row.rate <= 0:
-        return f"{who} never meets it"
+        return f"{who} {unmet_clause(row.candidates or [row.curve], row.slo_s)}"
     if row.unsaturated:
         rate = f"serves ≥ {row.rate:.0f} req/s (not saturated)"
     else:
@@ -146,7 +154,10 @@ def sentence(model: str, curves: list[dict], slos_s: list[float], prices: dict) 
     """The model's answer in one plain sentence, at the headline SLO."""
     slo = headline_slo(curves, slos_s)
     if slo is None:
-        return f"{model}: no deployment meets p99 ≤ {max(slos_s) * 1e3:g} ms at any measured load."
+        why = unmet_text(curves, max(slos_s))
+        if why.startswith("never"):
+            return f"{model}: no deployment meets p99 ≤ {max(slos_s) * 1e3:g} ms, {why}."
+        return f"{model}: no deployment meets p99 ≤ {max(slos_s) * 1e3:g} ms at any measured load ({why})."
     rows = best_per_provider(curves, slo, prices)
     cpu = next((r for r in rows if r.provider == "cpu"), None)
     gpu = max((r for r in rows if r.provider != "cpu"), key=lambda r: r.rate, default=None)

@@ -11,6 +11,7 @@ import locust  # first: gevent's monkey-patching must precede other imports
 import signal
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -22,6 +23,7 @@ from locust.runners import STATE_MISSING
 
 from latlab import procs
 from latlab.loadtest import users
+from latlab.loadtest.payloads import options_of
 from latlab.loadtest.prom import LoadGenMetrics
 
 if TYPE_CHECKING:
@@ -113,9 +115,7 @@ class LoadDriver:
         load = self.load if load is None else load
         rate = load / max(self.processes, 1) if self.plan.mode == "open" else 0.0
         message = {"deployment": deployment, "rate": rate, "poisson": self.plan.poisson,
-                   "payload": {"binary": self.plan.binary, "seq_len": self.plan.seq_len,
-                               "client": self.plan.client, "text": self.plan.text,
-                               "seq_len_max": self.plan.seq_len_max, "inputs": self.plan.inputs}}
+                   "payload": asdict(options_of(self.plan))}
         self.state.update(message)
         if self.distributed:
             for client_id in self.live_workers:

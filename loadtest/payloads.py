@@ -49,6 +49,12 @@ class PayloadOptions:
     "" for random inputs. It must exist where each load-generator process runs."""
 
 
+def options_of(plan) -> PayloadOptions:
+    """The payload options a sweep plan (SweepPlan) asks for: what every load-generator user sends."""
+    return PayloadOptions(binary=plan.binary, seq_len=plan.seq_len, client=plan.client, text=plan.text,
+                          seq_len_max=plan.seq_len_max, inputs=plan.inputs)
+
+
 @dataclass(frozen=True)
 class Body:
     data: bytes

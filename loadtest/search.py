@@ -41,6 +41,127 @@ def meets(step: dict, slo_p99_s: float) -> bool:
             and step["achieved_rps"] >= SEARCH_SATURATED_BELOW * step["offered_rps"])
 
 
+def slo_met(step: dict, slo_p99_s: float) -> bool:
+    """The rule every table and the sweep's SLO bracket judge a step by: its p99 (of enough samples to mean
+    something) within the bound, no errors, nothing dropped, and, in open loop, the offered rate kept up with."""
+    p99 = step.get("p99_s")
+    if p99 is None or p99 != p99 or p99 > slo_p99_s or step.get("errors") or step.get("dropped"):
+        return False
+    if step.get("too_few_samples"):
+        return False  # a "p99" of a handful of requests decides nothing
+    offered = step.get("offered_rps") if step.get("target_rps") else None
+    return not offered or step.get("achieved_rps", 0.0) >= SATURATED_BELOW * offered
+
+
+@dataclass
+class Bracket:
+    """Where one SLO's highest rate lies among a deployment's open-loop steps: `met` is the highest-rate step
+    that met it, `broke` the lowest-rate step above that one that did not (None: none measured)."""
+
+    slo_p99_s: float
+    met: dict | None
+    broke: dict | None
+
+    @property
+    def low(self) -> float | None:
+        return _rate(self.met) if self.met else None
+
+    @property
+    def high(self) -> float | None:
+        return _rate(self.broke) if self.broke else None
+
+    def width(self) -> float | None:
+        """(high - low) / low: how far the true rate may lie above the one measured; None without both ends."""
+        if self.low is None or self.high is None:
+            return None
+        return (self.high - self.low) / self.low
+
+
+def _rate(step: dict) -> float:
+    """A step's offered rate (what a bracket's ends are stated in)."""
+    return float(step.get("target_rps") or step.get("offered_rps") or 0.0)
+
+
+def slo_bracket(steps: list[dict], slo_p99_s: float) -> Bracket:
+    """The bracket of one SLO over the open-loop steps measured so far (a step serves every SLO)."""
+    rated = sorted((s for s in steps if s.get("target_rps")), key=_rate)
+    met = [s for s in rated if slo_met(s, slo_p99_s)]
+    best = met[-1] if met else None
+    above = [s for s in rated if not slo_met(s, slo_p99_s) and (best is None or _rate(s) > _rate(best))]
+    return Bracket(slo_p99_s, best, above[0] if above else None)
+
+
+def next_slo_rate(bracket: Bracket, resolution: float, floor_rps: float) -> float | None:
+    """The next rate to measure for this SLO, or None when the bracket is within `resolution` (or cannot
+    narrow: met at every rate measured, or broken down to `floor_rps`). Between the ends: their geometric
+    middle (a 104-500 bracket takes as many steps as a 10-50 one); below every step: half the lowest."""
+    if bracket.broke is None:
+        return None
+    if bracket.met is None:
+        if bracket.high <= floor_rps * (1 + resolution):
+            return None
+        return max(bracket.high / 2, floor_rps)
+    if bracket.width() <= resolution:
+        return None
+    return (bracket.low * bracket.high) ** 0.5
+
+
+def bracket_slos(slos_s: tuple[float, ...], steps: list[dict], measure: Callable[[float], dict],
+                 single: Callable[[], dict], resolution: float, floor_rps: float, budget: int) -> dict:
+    """Narrow every SLO's bracket to `resolution` with extra steps (`measure(rate)` appends each to `steps`; one
+    step serves every SLO), the tightest SLO first, at most `budget` steps in all. Below the lowest step only
+    once one request at a time (`single()`, called at most once) has shown the SLO can be met at all.
+    Returns `slo_brackets` (one record per SLO), `slo_steps` and, when it was measured, `single_request`."""
+    found: dict = {}
+    extra = 0
+    for slo in sorted(slos_s):
+        while extra < budget:
+            bracket = slo_bracket(steps, slo)
+            if bracket.met is None and bracket.broke is not None:
+                if "single_request" not in found:
+                    found["single_request"] = single()
+                if breaks(found["single_request"], slo):
+                    break
+            rate = next_slo_rate(bracket, resolution, floor_rps)
+            if rate is None:
+                break
+            measure(rate)
+            extra += 1
+    records = [bracket_record(slo_bracket(steps, slo), found.get("single_request"), resolution, floor_rps)
+               for slo in sorted(slos_s)]
+    return {**found, "slo_brackets": records, "slo_steps": extra}
+
+
+def bracket_record(bracket: Bracket, single: dict | None, resolution: float, floor_rps: float) -> dict:
+    """One SLO's bracket as results record it: its ends' rates, its width, and what it means in words."""
+    if bracket.met is None and single is not None and breaks(single, bracket.slo_p99_s):
+        meaning = NEVER
+    elif bracket.met is None:
+        meaning = f"below the lowest rate measured (the search stops at {floor_rps:.3g} req/s)" if bracket.broke \
+            else "not measured"
+    elif bracket.broke is None:
+        meaning = "met at every rate measured"
+    else:
+        meaning = "within the resolution" if bracket.width() <= resolution else "wider than the resolution (the " \
+            "step budget ran out)"
+    return {"slo_p99_s": bracket.slo_p99_s, "met_rps": bracket.low, "broke_rps": bracket.high,
+            "width": bracket.width(), "resolution": resolution, "floor_rps": floor_rps, "meaning": meaning}
+
+
+NEVER = "never: breaks it one request at a time"
+
+
+def breaks(single: dict, slo_p99_s: float) -> bool:
+    """The single-request evidence (loadtest/single.py) shows the SLO cannot be met at any rate: its p99 (of
+    enough requests) is over the bound, its median is (then so is every higher percentile, however few the
+    requests), or its requests failed."""
+    if single.get("errors") or not single.get("requests"):
+        return bool(single.get("errors"))
+    if single["p50_s"] > slo_p99_s:
+        return True
+    return not single.get("too_few_samples") and single["p99_s"] > slo_p99_s
+
+
 def validity(step: dict) -> list[str]:
     """Why a passing step's figure should not be trusted (empty list: VALID)."""
     reasons = []

@@ -63,7 +63,7 @@ def slo_table(curves: list[dict], slos_s: list[float]) -> str:
     for curve in curves:
         cells = []
         for slo in slos_s:
-            cells.append(f"<td>{esc(rate_text(curve, max_rate_under(curve['steps'], slo)))}</td>")
+            cells.append(f"<td>{esc(rate_text(curve, max_rate_under(curve['steps'], slo), slo))}</td>")
         rows.append(f"<tr><td>{esc(label(curve))}</td><td>{esc(curve['run_id'])} on {esc(machine_name(curve))}</td>"
                     f"{''.join(cells)}</tr>")
     return f"<table><tr><th>deployment</th><th>run on machine</th>{head}</tr>{''.join(rows)}</table>"
@@ -74,7 +74,7 @@ def provider_table(curves: list[dict], slos_s: list[float], prices: dict[str, fl
     rows = []
     for slo in slos_s:
         for row in best_per_provider(curves, slo, prices):
-            rate = rate_text(row["curve"], row["step"])
+            rate = esc(rate_text(row["curve"], row["step"], slo))
             best = label(row["curve"]) if row["rate"] > 0 else "none meets it"
             price = f"${row['price']:.2f}" if row["price"] is not None else "no price"
             cost = f"${row['cost']:.3f}" if row["cost"] is not None else "–"

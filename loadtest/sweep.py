@@ -24,7 +24,9 @@ from latlab.loadtest.recorder import MIN_SAMPLES_P99, Recorder, recovery_spans
 from latlab.loadtest.results import write_results
 from latlab.loadtest.scrape import QueueWatch, average_batch, describe, fetch, scrape_batches
 from latlab.loadtest.scrape import server_step, snapshot
-from latlab.loadtest.search import SATURATED_BELOW, is_stable, slo_search
+from latlab.loadtest.payloads import options_of
+from latlab.loadtest.search import SATURATED_BELOW, bracket_slos, is_stable, slo_search
+from latlab.loadtest.single import one_at_a_time
 
 GENERATOR_BOUND_CPU = 90.0  # % of one core used by a generator process during a step
 SERVER_BACK_S = 10.0        # after an interrupted step, how long to wait for the server to answer again
@@ -71,6 +73,14 @@ class SweepPlan:
     """With max_rate, after a failed step: bisect between the last rate met and the first failed until they
     are within this fraction of the former (0.1: about three more steps; 0.3: one)."""
     max_error_ratio: float = 0.01
+    slos_s: tuple[float, ...] = ()
+    """Open loop: after the sweep, find each of these SLOs' highest rate to within `resolution`, searching
+    between the last rate that met it and the first that broke it, and below the first step when that one
+    broke it; "never" only with the single-request evidence (see single.py)."""
+    resolution: float = 0.1
+    """The SLO brackets' width: (first rate broken - last rate met) / last rate met."""
+    max_slo_steps: int = 12
+    """At most this many extra steps per deployment for the SLO brackets (each says when it ran out)."""
     slo_p99_s: float | None = None
     slo_margin: float = 2.0
     search: bool = False
@@ -151,8 +161,12 @@ def _run_deployment(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics
     stop_reason, saturated = _sweep_rates(plan, measure)
     progress(f"{deployment}: {stop_reason}")
     cap = max(plan.max_rate, max(plan.loads)) if plan.mode == "open" else None
-    return {**info, "steps": sorted(steps, key=lambda s: s["target"]), "stop_reason": stop_reason,
-            "saturated": saturated, "rate_cap_rps": cap}
+    record = {**info, "steps": steps, "stop_reason": stop_reason, "saturated": saturated, "rate_cap_rps": cap}
+    interrupted = stop_reason.startswith("stopped at") and not saturated  # the server or the fleet went away
+    if plan.slos_s and plan.mode == "open" and not interrupted:
+        record.update(_bracket_slos(plan, driver, deployment, measure, steps, progress))
+    record["steps"] = sorted(steps, key=lambda s: s["target"])
+    return record
 
 
 def _sweep_rates(plan: SweepPlan, measure: Callable[[float], dict]) -> tuple[str, bool]:
@@ -176,6 +190,39 @@ def _sweep_rates(plan: SweepPlan, measure: Callable[[float], dict]) -> tuple[str
         return f"stopped at {failed:g}: {why}", True
     capped = plan.max_rate > max(plan.loads)
     return (f"rate cap {plan.max_rate:g} reached" if capped else "all loads done") + ": not saturated", False
+
+
+def _bracket_slos(plan: SweepPlan, driver: LoadDriver, deployment: str, measure: Callable[[float], dict],
+                  steps: list[dict], progress: Callable[[str], None]) -> dict:
+    """Every SLO's bracket narrowed to plan.resolution with extra steps (search.bracket_slos); each extra step,
+    and the one-at-a-time probe, after the previous step's backlog has drained."""
+    def step(rate: float) -> dict:
+        driver.drain()
+        return measure(rate)
+
+    def single() -> dict:
+        driver.drain()
+        found = one_at_a_time(plan.host, deployment, options_of(plan))
+        progress(single_line(deployment, found))
+        return found
+
+    try:
+        return bracket_slos(plan.slos_s, steps, step, single, plan.resolution, lowest_rate(plan), plan.max_slo_steps)
+    except ServerGone as exc:
+        progress(f"{deployment}: SLO brackets stopped: {exc}")
+        return {}
+
+
+def lowest_rate(plan: SweepPlan) -> float:
+    """The lowest rate an SLO bracket measures: its three longest windows still expect 1.5x MIN_SAMPLES_P99."""
+    return 1.5 * MIN_SAMPLES_P99 / (plan.min_windows * LONGEST_WINDOW_S)
+
+
+def single_line(deployment: str, single: dict) -> str:
+    if not single["requests"]:
+        return f"{deployment:>14}  one at a time: no request answered"
+    return (f"{deployment:>14}  one at a time: {single['requests']} requests  p50 {single['p50_s'] * 1e3:7.2f} ms  "
+            f"p99 {single['p99_s'] * 1e3:7.2f} ms  errors {single['errors']}")
 
 
 def _next_load(plan: SweepPlan, listed: list[float], passed: float | None, failed: float | None) -> float | None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+from latlab.loadtest.search import NEVER, slo_met
+
 DEFAULT_PRICES = {"cpu": 0.10, "cuda": 2.50}
 """Example hourly prices (USD) per provider, used when the user gives none; the report says so."""
 GPU_HINT = ("run `latlab bench` and the lab on a GPU box and merge with `latlab report CPU_RUN GPU_RUN` "
@@ -40,10 +42,46 @@ def parse_prices(text: str) -> dict[str, float | dict]:
 
 
 def max_rate_under(steps: list[dict], slo_s: float) -> dict | None:
-    """The step with the highest achieved throughput whose p99 meets the SLO without errors."""
-    good = [s for s in steps if s.get("p99_s") is not None and s["p99_s"] <= slo_s and not s["errors"]
-            and not s.get("too_few_samples")]  # a "p99" of a handful of requests decides nothing
-    return max(good, key=lambda s: s["achieved_rps"], default=None)
+    """The step with the highest achieved throughput that met the SLO (search.slo_met: the sweep's own rule)."""
+    return max((s for s in steps if slo_met(s, slo_s)), key=lambda s: s["achieved_rps"], default=None)
+
+
+def bracket_of(curve: dict, slo_s: float) -> dict | None:
+    """The sweep's bracket of this SLO for the deployment (`latlab loadtest --slos`); None in older results."""
+    return next((b for b in curve.get("slo_brackets") or [] if math.isclose(b["slo_p99_s"], slo_s)), None)
+
+
+def unmet_text(curves: list[dict], slo_s: float) -> str:
+    """What a table says for deployments none of whose steps met the SLO: "never" only when one request at a
+    time broke it for every one of them (with the fastest such p99), else where the search stopped."""
+    singles = [c.get("single_request") for c in curves]
+    brackets = [bracket_of(c, slo_s) for c in curves]
+    if curves and all(b and b["meaning"] == NEVER for b in brackets) and all(singles):
+        fastest = min((s["p99_s"] for s in singles if s.get("p99_s") is not None), default=None)
+        return "never" + (f" (p99 {fastest * 1e3:.0f} ms one request at a time)" if fastest is not None else "")
+    below = [b["broke_rps"] for b in brackets if b and b["broke_rps"] and b["meaning"] != NEVER]
+    if below:
+        return f"< {min(below):.3g} (met only below the lowest rate measured)"
+    lowest = min((_target(s) for c in curves for s in c["steps"]), default=None)
+    return f"not met at ≥ {lowest:g}" if lowest else "not measured"
+
+
+def unmet_clause(curves: list[dict], slo_s: float) -> str:
+    """unmet_text as a sentence's clause: 'never meets it (...)' or 'does not meet it at the rates measured'."""
+    why = unmet_text(curves, slo_s)
+    if why.startswith("never"):
+        return f"never meets it{why.removeprefix('never')}"
+    return f"does not meet it at the rates measured ({why})"
+
+
+def bracket_text(curve: dict, step: dict, slo_s: float | None) -> str:
+    """A met step's rate, with the rate that broke the SLO beside it when the bracket is wider than the
+    sweep's resolution: '104–500'."""
+    rate = f"{step['achieved_rps']:.0f}"
+    bracket = bracket_of(curve, slo_s) if slo_s else None
+    if bracket and bracket["broke_rps"] and bracket["width"] is not None and bracket["width"] > bracket["resolution"]:
+        return f"{rate}–{bracket['broke_rps']:.0f}"
+    return rate
 
 
 def _target(step: dict) -> float:
@@ -58,12 +96,14 @@ def is_lower_bound(curve: dict, step: dict) -> bool:
     return curve.get("saturated") is False and _target(step) >= max(_target(s) for s in curve["steps"])
 
 
-def rate_text(curve: dict, step: dict | None) -> str:
-    """A step's achieved rate as a table shows it: '≥ N (not saturated)' when it is only a lower bound."""
+def rate_text(curve: dict, step: dict | None, slo_s: float | None = None) -> str:
+    """A step's achieved rate as a table shows it: '≥ N (not saturated)' when it is only a lower bound, the
+    bracket when it is wider than the resolution; with no step, why (see unmet_text)."""
     if step is None:
-        return "–"
-    rate = f"{step['achieved_rps']:.0f}"
-    return f"≥ {rate} (not saturated)" if is_lower_bound(curve, step) else rate
+        return unmet_text([curve], slo_s) if slo_s else "–"
+    if is_lower_bound(curve, step):
+        return f"≥ {step['achieved_rps']:.0f} (not saturated)"
+    return bracket_text(curve, step, slo_s)
 
 
 def sustained_rate(curve: dict, slo_s: float) -> float:
@@ -123,7 +163,7 @@ def verdict(model: str, curves: list[dict], slo_s: float) -> str:
     sentence = f"{model} at {bound}: {name(top)} sustains {top_step['achieved_rps']:.0f} req/s"
     for step, curve in rest:
         if step is None or step["achieved_rps"] <= 0:
-            sentence += f"; {name(curve)} never meets it"
+            sentence += f"; {name(curve)} {unmet_clause([curve], slo_s)}"
         else:
             sentence += (f"; {name(curve)} {step['achieved_rps']:.0f} req/s "
                          f"({top_step['achieved_rps'] / step['achieved_rps']:.1f}× less)")

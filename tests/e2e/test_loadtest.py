@@ -135,3 +135,30 @@ def test_overload_refuses_a_recovery_load_outside_0_to_1(tmp_path):
     assert result.returncode == 2, result.stdout + result.stderr
     assert "--recovery-load between 0 and 1" in result.stderr + result.stdout
     assert not (tmp_path / "x" / "results.json").exists()
+
+
+def test_slo_brackets_below_the_first_rate_and_never_only_with_evidence(tmp_path):
+    """A stub serving one request at a time in 1/capacity s. Bound A, half its service time, cannot be met at any
+    rate: the sweep says "never" with the one-at-a-time evidence. Bound B, four service times, is broken by the
+    first listed rate (90% of capacity): the sweep searches below it and brackets the highest rate that meets it."""
+    from latlab.loadtest.report import write_report
+    from latlab.loadtest.search import NEVER, slo_met
+
+    capacity = 40.0
+    service_s = 1 / capacity
+    slo_a, slo_b = service_s / 2, 4 * service_s
+    with stub_server(StubModel(capacity=capacity)) as host:
+        doc = loadtest(host, tmp_path / "brackets", "--rates", f"{0.9 * capacity:g}",
+                       "--slos", f"{slo_a * 1e3:g}ms,{slo_b * 1e3:g}ms", "--resolution", "0.3",
+                       "--warmup-seconds", "0.5", "--step-seconds", "1.5", "--max-windows", "3", timeout=400)
+    curve = doc["deployments"][0]
+    never, below = curve["slo_brackets"]
+    single = curve["single_request"]
+    assert never["meaning"] == NEVER and single["p50_s"] > slo_a and single["requests"] >= 100, (never, single)
+    assert below["met_rps"] is not None and below["met_rps"] < 0.9 * capacity, below
+    assert below["width"] <= 0.3 and below["meaning"] == "within the resolution", below
+    steps = {s["target"]: s for s in curve["steps"]}
+    assert slo_met(steps[below["met_rps"]], slo_b) and not slo_met(steps[below["broke_rps"]], slo_b)
+    assert not any(slo_met(s, slo_a) for s in curve["steps"])
+    page = write_report(tmp_path / "brackets", [slo_a, slo_b]).read_text()
+    assert "never (p99" in page and "one request at a time" in page

@@ -13,6 +13,7 @@ import pytest
 from latlab import cli
 from latlab.cli_options import UserError, parse_rates, parse_slos
 from latlab.loadtest import report as report_module
+from latlab.loadtest.search import NEVER
 from latlab.loadtest.report import REPORT_FILE, max_rate_under, verdict, write_report
 from latlab.loadtest.results import RESULTS_FILE, SCHEMA, read_results, write_results
 
@@ -89,7 +90,17 @@ def test_verdict_names_better_deployment_and_ratio() -> None:
 def test_verdict_says_which_deployment_never_meets_slo() -> None:
     sentence = verdict("ffn", [B1, BATCHED], 0.009)
     assert "ffn-batch" in sentence.split(":")[1] and "sustains 100 req/s" in sentence
-    assert "ffn-b1 (cpu, batching off) never meets it" in sentence
+    assert "ffn-b1 (cpu, batching off) does not meet it at the rates measured (not met at ≥ 100)" in sentence
+    assert "never" not in sentence  # no one-at-a-time evidence in these results: "never" would be a guess
+
+
+def test_verdict_says_never_only_with_the_single_request_evidence() -> None:
+    single = {"requests": 300, "errors": 0, "p50_s": 0.0095, "p99_s": 0.0121, "max_s": 0.013,
+              "too_few_samples": False}
+    bracket = {"slo_p99_s": 0.009, "met_rps": None, "broke_rps": 100.0, "width": None, "resolution": 0.1,
+               "floor_rps": 5.0, "meaning": NEVER}
+    sentence = verdict("ffn", [{**B1, "single_request": single, "slo_brackets": [bracket]}, BATCHED], 0.009)
+    assert "ffn-b1 (cpu, batching off) never meets it (p99 12 ms one request at a time)" in sentence
 
 
 def test_verdict_when_no_deployment_meets_slo() -> None:
@@ -139,7 +150,7 @@ def test_report_contains_table_values_and_verdicts(run_dir: Path) -> None:
     assert "max req/s at p99 ≤ 9 ms" in page and "max req/s at p99 ≤ 25 ms" in page
     summary_row = re.compile(r"<tr><td>([^<]+)</td><td>[^<]+</td>((?:<td>[^<]*</td>)+)</tr>")
     rows = {m.group(1): m.group(2) for m in summary_row.finditer(page)}
-    assert rows["ffn-b1 (cpu, batching off)"] == "<td>–</td><td>198</td>"
+    assert rows["ffn-b1 (cpu, batching off)"] == "<td>not met at ≥ 100</td><td>198</td>"
     assert rows["ffn-batch (cpu, batch ≤ 64, wait ≤ 2 ms)"] == "<td>100</td><td>398</td>"
     assert "sustains 398 req/s" in page and "(2.0× less)" in page
     assert "labbox" in page and "Test CPU @ 3GHz" in page
@@ -193,7 +204,7 @@ def test_verdict_survives_a_zero_throughput_step_that_meets_the_slo():
     curves = [{"name": "a", "steps": [{"achieved_rps": 100.0, "p99_s": 0.01, "errors": 0}]},
               {"name": "b", "steps": [{"achieved_rps": 0.0, "p99_s": 0.002, "errors": 0}]}]
     sentence = verdict("m", curves, 0.025)
-    assert "a (" in sentence and "b (?, batcher settings unknown) never meets it" in sentence
+    assert "a (" in sentence and "b (?, batcher settings unknown) does not meet it" in sentence
 
 
 @pytest.mark.parametrize("text", ["nan", "inf", "-5", "0"])

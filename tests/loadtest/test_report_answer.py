@@ -80,11 +80,11 @@ def test_a_step_with_too_few_samples_is_marked_and_never_decides_an_slo(tmp_path
     batch = [c for c in curves_of(run) if c["name"] == "minilm-cpu-batch"]
     # Its only step within 10 ms is the 5 req/s one, from 50 requests: so it does not meet 10 ms at all.
     (row,) = answer.best_per_provider(batch, 0.010, PRICES)
-    assert row.rate == 0 and answer.rate_text(row) == "never meets it"
+    assert row.rate == 0 and answer.rate_text(row) == "not met at ≥ 5"  # never said without the evidence
     page = write_report(run, SLOS).read_text()
     assert "(too few samples: 50)" in page
     table = re.search(r"<tr><td>minilm-cpu-batch \(cpu, batch ≤ 32, wait ≤ 2 ms\)</td><td>[^<]+</td>(.*?)</tr>", page)
-    assert table.group(1).startswith("<td>–</td><td>240</td>")
+    assert table.group(1).startswith("<td>not met at ≥ 5</td><td>240</td>")
 
 
 # --- cost ----------------------------------------------------------------------------------------------

@@ -1,0 +1,131 @@
+"""The SLO brackets of a sweep (search.bracket_slos) on simulated deployments whose latency curve is known:
+each SLO's highest rate found within the resolution, below the first listed rate too, "never" only with the
+one-at-a-time evidence, and the step budget held."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from latlab.loadtest.search import NEVER, bracket_slos, slo_bracket, slo_met
+
+
+class Curve:
+    """A deployment of service time `service_s` and `capacity` req/s whose p99 grows as 1 / (1 - load):
+    p99(rate) = service_s * (1 + 10 * u / (1 - u)), u = rate / capacity. Its highest rate under a bound is
+    known in closed form (`true_rate`). Records every rate it was asked for."""
+
+    def __init__(self, service_s: float, capacity: float, samples: int = 500) -> None:
+        self.service_s, self.capacity, self.samples = service_s, capacity, samples
+        self.asked: list[float] = []
+        self.single_calls = 0
+
+    def p99(self, rate: float) -> float:
+        u = rate / self.capacity
+        return math.inf if u >= 1 else self.service_s * (1 + 10 * u / (1 - u))
+
+    def true_rate(self, slo_s: float) -> float:
+        """The rate at which p99 equals the bound (0 when even an idle deployment breaks it)."""
+        k = slo_s / self.service_s - 1
+        return max(0.0, self.capacity * k / (10 + k))
+
+    def step(self, rate: float) -> dict:
+        self.asked.append(rate)
+        p99 = self.p99(rate)
+        achieved = min(rate, self.capacity)
+        return {"target": rate, "target_rps": rate, "offered_rps": rate, "achieved_rps": achieved,
+                "p99_s": p99 if p99 < math.inf else 60.0, "errors": 0, "dropped": 0, "sent": self.samples,
+                "too_few_samples": False}
+
+    def single(self) -> dict:
+        self.single_calls += 1
+        return {"requests": 300, "errors": 0, "p50_s": self.service_s, "p99_s": self.service_s,
+                "max_s": self.service_s, "too_few_samples": False}
+
+
+def run(curve: Curve, listed: list[float], slos: tuple[float, ...], resolution: float = 0.1,
+        floor: float = 1.0, budget: int = 40) -> tuple[list[dict], dict]:
+    steps = [curve.step(rate) for rate in listed]
+
+    def measure(rate: float) -> dict:
+        steps.append(curve.step(rate))
+        return steps[-1]
+
+    return steps, bracket_slos(slos, steps, measure, curve.single, resolution, floor, budget)
+
+
+SLOS = (0.010, 0.025, 0.050, 0.100)
+
+
+@pytest.mark.parametrize("resolution", [0.1, 0.05])
+def test_every_slo_is_found_within_the_resolution(resolution):
+    curve = Curve(service_s=0.002, capacity=3000)
+    steps, found = run(curve, [100, 500, 1000, 2000, 3000], SLOS, resolution)
+    for record in found["slo_brackets"]:
+        truth = curve.true_rate(record["slo_p99_s"])
+        assert record["met_rps"] <= truth < record["broke_rps"]
+        assert record["width"] <= resolution and record["meaning"] == "within the resolution"
+        assert slo_met(slo_bracket(steps, record["slo_p99_s"]).met, record["slo_p99_s"])
+    assert curve.single_calls == 0  # every SLO was met at a measured rate: no need for the evidence
+
+
+def test_below_the_first_listed_rate_when_that_one_breaks_it():
+    """cnn's case: the lowest listed step already breaks the bound, which is met at lower rates."""
+    curve = Curve(service_s=0.040, capacity=20)
+    _, found = run(curve, [8, 15, 20], (0.100,), floor=1.0)
+    record = found["slo_brackets"][0]
+    truth = curve.true_rate(0.100)
+    assert truth < 8 and record["met_rps"] <= truth < record["broke_rps"] <= 8
+    assert record["width"] <= 0.1
+    assert curve.single_calls == 1 and "single_request" in found
+
+
+def test_never_only_with_the_single_request_evidence():
+    curve = Curve(service_s=0.040, capacity=20)
+    steps, found = run(curve, [8, 15], (0.025, 0.100))
+    never, met = found["slo_brackets"]
+    assert never["meaning"] == NEVER and never["met_rps"] is None
+    assert found["single_request"]["p99_s"] > 0.025
+    assert met["met_rps"] is not None  # the looser bound is still searched below the first rate
+    assert not any(s["target"] < 8 and slo_met(s, 0.025) for s in steps)
+
+
+def test_below_the_floor_is_said_not_called_never():
+    curve = Curve(service_s=0.040, capacity=20)
+    _, found = run(curve, [8], (0.0402,), floor=4.0)  # met only below ~0.1 req/s
+    record = found["slo_brackets"][0]
+    assert record["met_rps"] is None and record["meaning"].startswith("below the lowest rate measured")
+    assert record["meaning"] != NEVER
+
+
+def test_the_step_budget_is_held_and_said():
+    curve = Curve(service_s=0.002, capacity=3000)
+    _, found = run(curve, [100, 3000], SLOS, budget=3)
+    assert found["slo_steps"] == 3 and len(curve.asked) == 2 + 3
+    assert any("wider than the resolution" in r["meaning"] for r in found["slo_brackets"])
+
+
+def test_a_step_serves_every_slo():
+    """Brackets found for one SLO are reused by the others: fewer steps than searching each alone."""
+    together = Curve(service_s=0.002, capacity=3000)
+    run(together, [100, 3000], SLOS)
+    alone = 0
+    for slo in SLOS:
+        curve = Curve(service_s=0.002, capacity=3000)
+        run(curve, [100, 3000], (slo,))
+        alone += len(curve.asked) - 2
+    assert len(together.asked) - 2 < alone
+
+
+def test_met_at_every_rate_has_no_upper_end():
+    curve = Curve(service_s=0.001, capacity=1e6)
+    _, found = run(curve, [100, 200], (0.100,))
+    record = found["slo_brackets"][0]
+    assert record["broke_rps"] is None and record["meaning"] == "met at every rate measured"
+
+
+def test_a_saturated_step_breaks_every_slo_even_with_a_short_p99():
+    step = {"target_rps": 100, "offered_rps": 100, "achieved_rps": 70, "p99_s": 0.001, "errors": 0, "dropped": 0}
+    assert not slo_met(step, 0.1) and slo_met({**step, "achieved_rps": 95}, 0.1)
+    assert not slo_met({**step, "achieved_rps": 95, "too_few_samples": True}, 0.1)
