@@ -144,6 +144,8 @@ def _add_loadtest(sub: argparse._SubParsersAction) -> None:
                       help="open loop: after the sweep, find the highest rate under each of these p99 bounds (e.g. "
                            "10ms,25ms,50ms) to within --resolution, below the first rate too; 'never' only when one "
                            "request at a time breaks it")
+    load.add_argument("--confidence", type=float, default=0.95,
+                      help="level of each step's p50/p99 intervals and SLO decisions (met, broken, undecided)")
     load.add_argument("--resolution", type=float, default=0.1,
                       help="--slo search and --slos: the bracket's width as a fraction of the rate met (0.1)")
     load.add_argument("--workers", type=int, default=0, help="Locust distributed: local worker processes")
@@ -210,6 +212,8 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
                                    "(default: the plan's, 10ms,25ms,50ms,100ms)")
     lab.add_argument("--resolution", type=float,
                      help="each SLO's highest rate is found to within this fraction (default: the plan's, 0.1)")
+    lab.add_argument("--confidence", type=float,
+                     help="level of every step's p50/p99 intervals and SLO decisions (default: the plan's, 0.95)")
     lab.add_argument("--price", metavar="PROVIDER=USD", help="hourly price per provider, e.g. cpu=0.10,cuda=2.50 or "
                      "cpu=0.04/core (default: example prices, labelled as such in the report)")
     own = lab.add_argument_group("your own model (instead of the plan's zoo models)")
@@ -327,6 +331,8 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
     if not 0 < args.resolution < float("inf"):
         raise UserError(f"--resolution must be a positive fraction, e.g. 0.1, got {args.resolution:g}")
     slos = tuple(sorted(parse_slos(args.slos))) if args.slos else ()
+    if not 0.5 <= args.confidence < 1:
+        raise UserError(f"--confidence must be at least 0.5 and below 1, e.g. 0.95, got {args.confidence:g}")
     if slos and args.mode != "open":
         raise UserError("--slos brackets offered rates: it needs --mode open")
     if not 0 <= args.max_rate < float("inf"):
@@ -337,7 +343,7 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
                      poisson=not args.constant, binary=args.binary, seq_len=args.seq_len, client=args.client,
                      text=args.text, seq_len_max=args.seq_len_max,
                      stop_at_saturation=not args.no_stop, max_rate=args.max_rate, refine_within=args.refine_within,
-                     slo_p99_s=slo, slos_s=slos, resolution=args.resolution,
+                     slo_p99_s=slo, slos_s=slos, resolution=args.resolution, confidence=args.confidence,
                      machine_name=args.machine_name,
                      search=bool(slo) and not args.sweep and args.mode == "open", search_resolution=args.resolution,
                      workers=args.workers, expect_workers=args.expect_workers,
@@ -407,6 +413,10 @@ def cmd_lab(args: argparse.Namespace) -> None:
     if args.slo is not None:
         parse_slos(args.slo)  # refuses a bad bound here, before any work
         plan = replace(plan, slos=args.slo)
+    if args.confidence is not None:
+        if not 0.5 <= args.confidence < 1:
+            raise UserError(f"--confidence must be at least 0.5 and below 1, e.g. 0.95, got {args.confidence:g}")
+        plan = replace(plan, confidence=args.confidence)
     if args.resolution is not None:
         if not 0 < args.resolution < float("inf"):
             raise UserError(f"--resolution must be a positive fraction, e.g. 0.1, got {args.resolution:g}")

@@ -104,6 +104,8 @@ class LabPlan:
     saturation; 1 stops at the last listed rate (a deployment that passed it is then "not saturated")."""
     refine_within: float = 0.1
     """Past saturation the sweep bisects until its bracket is this narrow (fraction of the rate met)."""
+    confidence: float = 0.95
+    """The level of every step's p50/p99 intervals and SLO decisions (`latlab loadtest --confidence`)."""
     resolution: float = 0.1
     """Each SLO's highest rate is found to within this fraction: the sweep measures between the last rate that
     met it and the first that broke it until they are this close (`latlab loadtest --slos`)."""

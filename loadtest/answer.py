@@ -4,10 +4,12 @@ the winner, and one plain sentence; or what is missing for a CPU-vs-GPU answer a
 from __future__ import annotations
 
 import html
+import math
 from dataclasses import dataclass, field
 
 from latlab.loadtest import costs
 from latlab.loadtest import verdict
+from latlab.loadtest.sections import p99_interval
 from latlab.loadtest.verdict import is_gpu, is_lower_bound, max_rate_under, unmet_clause, unmet_text
 
 ADD_SERVED_GPU = ("for served GPU curves run the gpu plan on a GPU box, `latlab lab --plan gpu`, and merge: "
@@ -210,6 +212,26 @@ def answer_table(curves: list[dict], slos_s: list[float], prices: dict) -> str:
             f"<tr>{sub}</tr>{''.join(rows)}</table>")
 
 
+def evidence(curves: list[dict], slos_s: list[float], prices: dict) -> str:
+    """The p99 of every step behind the answer table, with its interval and SLO decision (loadtest/confidence.py),
+    folded: a reader can check how well each rate's p99 was measured."""
+    items = []
+    for slo in slos_s:
+        for row in best_per_provider(curves, slo, prices):
+            if row.step is None:
+                continue
+            ci = row.step.get("confidence") or {}
+            decision = next((d for d in ci.get("slos", []) if math.isclose(d["slo_p99_s"], slo)), None)
+            said = f", {decision['verdict']} at {ci['level']:.0%}" if decision else ""
+            needed = f" (a decision needs {decision['needed']} requests)" if decision and decision.get("needed") else ""
+            items.append(f"<li>p99 ≤ {slo * 1e3:g} ms, {html.escape(row.provider)} at {row.rate:.0f} req/s: p99 "
+                         f"{row.step['p99_s'] * 1e3:.2f} ms (interval {html.escape(p99_interval(row.step))} ms, "
+                         f"{row.step.get('samples', '?')} requests{said}){needed}</li>")
+    if not items:
+        return ""
+    return f"<details class='evidence'><summary>p99 intervals behind this table</summary><ul>{''.join(items)}</ul></details>"
+
+
 def answer_section(by_model: dict[str, list[dict]], slos_s: list[float], prices: dict, prices_note: str,
                    bench_gpu: bool = False) -> str:
     """The first screen: what is compared, then per model its sentence and table; what is missing, if anything.
@@ -226,5 +248,5 @@ def answer_section(by_model: dict[str, list[dict]], slos_s: list[float], prices:
     for model, curves in by_model.items():
         parts.append(f"<h2 class='model'>{html.escape(model)}</h2>"
                      f"<p class='sentence'>{html.escape(sentence(model, curves, slos_s, prices))}</p>"
-                     f"{answer_table(curves, slos_s, prices)}")
+                     f"{answer_table(curves, slos_s, prices)}{evidence(curves, slos_s, prices)}")
     return "".join(parts) + "</section>"

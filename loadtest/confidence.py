@@ -245,3 +245,20 @@ def min_samples_to_meet(q: float = 0.99, confidence: float = DEFAULT_CONFIDENCE,
     if found is None:
         raise ValueError(f"over={over} would need more than {MAX_NEEDED} samples to be decided met")
     return found
+
+
+def step_confidence(latencies: Sequence[float] | np.ndarray, slos_s: Sequence[float],
+                    confidence: float = DEFAULT_CONFIDENCE) -> dict:
+    """What a step's results carry: its p50 and p99 intervals, and per SLO bound the count over it and the
+    decision (a report can judge the step again from these, without the raw latencies)."""
+    values = _as_latencies(latencies)
+    intervals = {f"p{round(q * 100)}": percentile_interval(values, q, confidence) for q in (0.5, 0.99)}
+    decisions = []
+    for bound in sorted(set(slos_s)):
+        decision = decide(values, bound, 0.99, confidence)
+        decisions.append({"slo_p99_s": bound, "verdict": decision.verdict, "over": decision.over,
+                          "needed": decision.needed})
+    return {"level": confidence, "samples": int(len(values)),
+            **{f"{name}_low_s": _finite_or_none(i.low) for name, i in intervals.items()},
+            **{f"{name}_high_s": _finite_or_none(i.high) for name, i in intervals.items()},
+            "slos": decisions}

@@ -182,13 +182,30 @@ def steps_table(curve: dict) -> str:
         cpu = f"{s['generator_cpu_percent']:.0f}%" if s.get("generator_cpu_percent") is not None else "–"
         dropped = s.get("dropped") if s.get("dropped") is not None else "–"
         rows.append(f"<tr><td>{s['offered_rps']:.0f}</td><td>{s['achieved_rps']:.0f}</td><td>{p['p50_s']}</td>"
-                    f"<td>{p['p90_s']}</td><td>{p['p99_s']}</td><td>{p['max_s']}</td><td>{s['errors']}</td>"
-                    f"<td>{dropped}</td><td>{batch}</td><td>{cpu}{esc(flags)}</td></tr>")
+                    f"<td>{p['p90_s']}</td><td>{p['p99_s']}</td><td>{esc(p99_interval(s))}</td><td>{p['max_s']}</td>"
+                    f"<td>{s['errors']}</td><td>{dropped}</td><td>{batch}</td><td>{cpu}{esc(flags)}</td></tr>")
     return (f"<details><summary>{esc(curve['name'])} on {esc(machine_name(curve))}: {len(curve['steps'])} steps — "
             f"{esc(curve.get('stop_reason', ''))}{esc(_saturation(curve))}</summary>"
             "<table><tr><th>offered/s</th><th>achieved/s</th>"
-            f"<th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>max ms</th><th>errors</th><th>dropped</th>"
+            f"<th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>p99 {_level(curve)} interval ms</th><th>max ms</th>"
+            "<th>errors</th><th>dropped</th>"
             f"<th>avg batch</th><th>generator CPU, flags</th></tr>{''.join(rows)}</table></details>")
+
+
+def p99_interval(step: dict) -> str:
+    """'8.1–9.6': the step's p99 interval in ms (loadtest/confidence.py); '≥ 8.1' with too few samples for an
+    upper bound; '–' in results from before intervals were recorded."""
+    ci = step.get("confidence")
+    if not ci or ci.get("p99_low_s") is None:
+        return "–"
+    if ci.get("p99_high_s") is None:
+        return f"≥ {ci['p99_low_s'] * 1e3:.2f}"
+    return f"{ci['p99_low_s'] * 1e3:.2f}–{ci['p99_high_s'] * 1e3:.2f}"
+
+
+def _level(curve: dict) -> str:
+    levels = {s["confidence"]["level"] for s in curve["steps"] if s.get("confidence")}
+    return f"{levels.pop():.0%}" if len(levels) == 1 else "confidence"
 
 
 def _saturation(curve: dict) -> str:

@@ -17,6 +17,7 @@ import requests
 from prometheus_client import CollectorRegistry
 
 from latlab import machine
+from latlab.loadtest.confidence import DEFAULT_CONFIDENCE, step_confidence
 from latlab.loadtest.driver import WORKER_LAG_S, LoadDriver
 from latlab.loadtest.overload import OverloadPlan, run_overload
 from latlab.loadtest.prom import LoadGenMetrics, start_exporter
@@ -77,6 +78,8 @@ class SweepPlan:
     """Open loop: after the sweep, find each of these SLOs' highest rate to within `resolution`, searching
     between the last rate that met it and the first that broke it, and below the first step when that one
     broke it; "never" only with the single-request evidence (see single.py)."""
+    confidence: float = DEFAULT_CONFIDENCE
+    """The level of each step's percentile intervals and SLO decisions (`confidence` in the results)."""
     resolution: float = 0.1
     """The SLO brackets' width: (first rate broken - last rate met) / last rate met."""
     max_slo_steps: int = 12
@@ -351,6 +354,8 @@ def measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, d
         "start_time": start,
         "end_time": end,
         "timeline": windows,
+        "confidence": step_confidence(latencies, [*plan.slos_s, *([plan.slo_p99_s] if plan.slo_p99_s else [])],
+                                      plan.confidence),
         **({"recovery_spans": pooled} if spans else {}),
     }
     metrics.record_step(deployment, index, latencies, step, ended_at=end)

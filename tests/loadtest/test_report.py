@@ -159,7 +159,7 @@ def test_report_contains_table_values_and_verdicts(run_dir: Path) -> None:
 def test_report_step_table_handles_empty_window(run_dir: Path) -> None:
     page = write_report(run_dir, [0.025]).read_text()
     # The 1600 req/s step had no latencies: its cells read "–", its rates are still shown.
-    empty_row = "".join(f"<td>{cell}</td>" for cell in ("1600", "0", "–", "–", "–", "–", "0", "0", "–"))
+    empty_row = "".join(f"<td>{cell}</td>" for cell in ("1600", "0", "–", "–", "–", "–", "–", "0", "0", "–"))
     assert f"<tr>{empty_row}" in page
     assert "<td>22.00</td>" in page  # the 400 req/s step's p99 in ms
     assert "<td>5.0</td>" in page    # its average batch
