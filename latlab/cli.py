@@ -146,6 +146,11 @@ def _add_loadtest(sub: argparse._SubParsersAction) -> None:
                            "request at a time breaks it")
     load.add_argument("--confidence", type=float, default=0.95,
                       help="level of each step's p50/p99 intervals and SLO decisions (met, broken, undecided)")
+    load.add_argument("--slo-steps", type=int, default=12,
+                      help="with --slos: at most this many extra steps per deployment for the SLO brackets")
+    load.add_argument("--decide-windows", type=int, default=6,
+                      help="with --slos: extend a step whose p99 is undecided for one of them by up to this many "
+                           "windows (0: never)")
     load.add_argument("--resolution", type=float, default=0.1,
                       help="--slo search and --slos: the bracket's width as a fraction of the rate met (0.1)")
     load.add_argument("--workers", type=int, default=0, help="Locust distributed: local worker processes")
@@ -344,6 +349,7 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
                      text=args.text, seq_len_max=args.seq_len_max,
                      stop_at_saturation=not args.no_stop, max_rate=args.max_rate, refine_within=args.refine_within,
                      slo_p99_s=slo, slos_s=slos, resolution=args.resolution, confidence=args.confidence,
+                     decide_windows=max(0, args.decide_windows), max_slo_steps=max(0, args.slo_steps),
                      machine_name=args.machine_name,
                      search=bool(slo) and not args.sweep and args.mode == "open", search_resolution=args.resolution,
                      workers=args.workers, expect_workers=args.expect_workers,

@@ -10,7 +10,6 @@ from typing import Callable
 MIN_REQUESTS = 500          # fewer samples than this cannot support a p99
 SATURATED_BELOW = 0.9       # achieved / offered: a sweep stops below this
 SEARCH_SATURATED_BELOW = 0.95  # the search is stricter: a short window hides a slight overload's latency
-STABLE_WITHIN = 0.10        # perf_analyzer's rule: the last 3 windows agree within 10%
 
 
 @dataclass
@@ -41,16 +40,38 @@ def meets(step: dict, slo_p99_s: float) -> bool:
             and step["achieved_rps"] >= SEARCH_SATURATED_BELOW * step["offered_rps"])
 
 
-def slo_met(step: dict, slo_p99_s: float) -> bool:
-    """The rule every table and the sweep's SLO bracket judge a step by: its p99 (of enough samples to mean
-    something) within the bound, no errors, nothing dropped, and, in open loop, the offered rate kept up with."""
-    p99 = step.get("p99_s")
-    if p99 is None or p99 != p99 or p99 > slo_p99_s or step.get("errors") or step.get("dropped"):
-        return False
-    if step.get("too_few_samples"):
-        return False  # a "p99" of a handful of requests decides nothing
+def slo_verdict(step: dict, slo_p99_s: float) -> str:
+    """"met", "broken" or "undecided": the rule every table and the sweep's SLO brackets judge a step by.
+    Errors, dropped arrivals or an offered rate not kept up with (open loop) break any SLO. Otherwise the
+    step's decision at its confidence (`confidence.slos`, loadtest/confidence.py): met only when the count of
+    requests over the bound is small enough for their number, broken when it is too large, else undecided.
+    Steps without decisions (older results, or a bound not given to the sweep): the sample p99 against the
+    bound, undecided with fewer than MIN_SAMPLES_P99 requests."""
+    if step.get("errors") or step.get("dropped"):
+        return "broken"
     offered = step.get("offered_rps") if step.get("target_rps") else None
-    return not offered or step.get("achieved_rps", 0.0) >= SATURATED_BELOW * offered
+    if offered and step.get("achieved_rps", 0.0) < SATURATED_BELOW * offered:
+        return "broken"
+    decision = step_decision(step, slo_p99_s)
+    if decision is not None:
+        return decision["verdict"]
+    p99 = step.get("p99_s")
+    if p99 is None or p99 != p99 or step.get("too_few_samples"):
+        return "undecided"  # a "p99" of a handful of requests decides nothing
+    return "met" if p99 <= slo_p99_s else "broken"
+
+
+def step_decision(step: dict, slo_p99_s: float) -> dict | None:
+    """The step's recorded decision for this bound (results since percentile confidence), else None."""
+    for decision in (step.get("confidence") or {}).get("slos", []):
+        if abs(decision["slo_p99_s"] - slo_p99_s) <= 1e-9 * slo_p99_s:
+            return decision
+    return None
+
+
+def slo_met(step: dict, slo_p99_s: float) -> bool:
+    """The step met the SLO (slo_verdict says "met")."""
+    return slo_verdict(step, slo_p99_s) == "met"
 
 
 @dataclass
@@ -144,8 +165,11 @@ def bracket_record(bracket: Bracket, single: dict | None, resolution: float, flo
     else:
         meaning = "within the resolution" if bracket.width() <= resolution else "wider than the resolution (the " \
             "step budget ran out)"
+    upper = slo_verdict(bracket.broke, bracket.slo_p99_s) if bracket.broke else None
+    needed = (step_decision(bracket.broke, bracket.slo_p99_s) or {}).get("needed") if upper == "undecided" else None
     return {"slo_p99_s": bracket.slo_p99_s, "met_rps": bracket.low, "broke_rps": bracket.high,
-            "width": bracket.width(), "resolution": resolution, "floor_rps": floor_rps, "meaning": meaning}
+            "width": bracket.width(), "resolution": resolution, "floor_rps": floor_rps, "meaning": meaning,
+            "broke_verdict": upper, "needed": needed}
 
 
 NEVER = "never: breaks it one request at a time"
@@ -215,14 +239,33 @@ def slo_search(measure: Callable[[float], dict], slo_p99_s: float, start: float,
 
 
 def is_stable(windows: list[dict]) -> bool:
-    """perf_analyzer's rule: throughput and p99 of each of the last 3 windows within 10% of their mean."""
+    """Whether a reader may trust the windows as one steady state: every two of them agree within their noise.
+    Throughput: their answered counts differ by at most AGREE_SIGMAS Poisson standard deviations. Latency:
+    their p99 intervals (`p99_low_s`..`p99_high_s`, loadtest/confidence.py) overlap; a window without an upper
+    bound (too few requests for one) overlaps everything above its lower one. Fewer than 3 windows: not yet.
+    (perf_analyzer's rule, within 10% of the mean, fired on 72 of 80 steps of a 2-core lab: p99s of ~100 requests
+    differ by more than 10% by chance alone.)"""
     if len(windows) < 3:
         return False
-    for key in ("achieved_rps", "p99_s"):
-        values = [w[key] for w in windows]
-        if any(v is None or v != v for v in values):
-            return False
-        mean = sum(values) / len(values)
-        if mean <= 0 or any(abs(v - mean) > STABLE_WITHIN * mean for v in values):
-            return False
+    for i, a in enumerate(windows):
+        for b in windows[i + 1:]:
+            if not _counts_agree(a.get("ok"), b.get("ok")) or not _intervals_overlap(a, b):
+                return False
     return True
+
+
+AGREE_SIGMAS = 3.0
+
+
+def _counts_agree(a: int | None, b: int | None) -> bool:
+    if a is None or b is None:
+        return True
+    return abs(a - b) <= AGREE_SIGMAS * max(a + b, 1) ** 0.5
+
+
+def _intervals_overlap(a: dict, b: dict) -> bool:
+    def bounds(w: dict) -> tuple[float, float]:
+        low, high = w.get("p99_low_s"), w.get("p99_high_s")
+        return (0.0 if low is None else low, float("inf") if high is None else high)
+    (a_low, a_high), (b_low, b_high) = bounds(a), bounds(b)
+    return a_low <= b_high and b_low <= a_high

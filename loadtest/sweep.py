@@ -17,7 +17,7 @@ import requests
 from prometheus_client import CollectorRegistry
 
 from latlab import machine
-from latlab.loadtest.confidence import DEFAULT_CONFIDENCE, step_confidence
+from latlab.loadtest.confidence import DEFAULT_CONFIDENCE, decide, percentile_interval, step_confidence
 from latlab.loadtest.driver import WORKER_LAG_S, LoadDriver
 from latlab.loadtest.overload import OverloadPlan, run_overload
 from latlab.loadtest.prom import LoadGenMetrics, start_exporter
@@ -80,6 +80,9 @@ class SweepPlan:
     broke it; "never" only with the single-request evidence (see single.py)."""
     confidence: float = DEFAULT_CONFIDENCE
     """The level of each step's percentile intervals and SLO decisions (`confidence` in the results)."""
+    decide_windows: int = 6
+    """With slos_s: a step whose p99 is undecided for one of them (loadtest/confidence.py) gets up to this many
+    more windows before its figures are read (0: never extended)."""
     resolution: float = 0.1
     """The SLO brackets' width: (first rate broken - last rate met) / last rate met."""
     max_slo_steps: int = 12
@@ -320,8 +323,9 @@ def measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, d
     driver.generator_cpu()
     start = time.time()
     windows, stable = _windows_until_stable(plan, recorder, start, lag)
+    extended = 0 if spans else _extend_until_decided(plan, recorder, start, lag, windows)
     end = start + len(windows) * plan.window_seconds
-    first = end - min(3, len(windows)) * plan.window_seconds
+    first = end - (min(3, len(windows) - extended) + extended) * plan.window_seconds
     cpu = driver.generator_cpu()
     _await_answers(recorder, end)
     stats, latencies, per_source = recorder.window_detail(first, end, time.time())
@@ -338,6 +342,7 @@ def measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, d
         **stats.as_dict(),
         "duration_s": end - first,
         "windows": len(windows),
+        "extended_windows": extended,
         "window_seconds": plan.window_seconds,
         "stable": stable,
         "avg_batch_size": average_batch(batches_before, batches_after),
@@ -388,14 +393,39 @@ def _windows_until_stable(plan: SweepPlan, recorder: Recorder, start: float, lag
     three agree (stable) or max_windows were taken."""
     windows: list[dict] = []
     while True:
-        edge = start + (len(windows) + 1) * plan.window_seconds
-        gevent.sleep(max(0.0, edge + lag - time.time()))
-        window_start = edge - plan.window_seconds
-        windows.append({"t_s": window_start - start, **recorder.window(window_start, edge, time.time()).as_dict()})
+        windows.append(_next_window(plan, recorder, start, lag, len(windows)))
         if len(windows) >= plan.min_windows:
             stable = is_stable(windows[-3:])
             if stable or len(windows) >= plan.max_windows:
                 return windows, stable
+
+
+def _next_window(plan: SweepPlan, recorder: Recorder, start: float, lag: float, index: int) -> dict:
+    """Window `index` from `start`, read `lag` after its end, with its p99 interval (search.is_stable)."""
+    edge = start + (index + 1) * plan.window_seconds
+    gevent.sleep(max(0.0, edge + lag - time.time()))
+    window_start = edge - plan.window_seconds
+    stats, latencies, _ = recorder.window_detail(window_start, edge, time.time())
+    p99 = percentile_interval(latencies, 0.99, plan.confidence)
+    return {"t_s": window_start - start, **stats.as_dict(), "p99_low_s": p99.as_dict()["low"],
+            "p99_high_s": p99.as_dict()["high"]}
+
+
+def _extend_until_decided(plan: SweepPlan, recorder: Recorder, start: float, lag: float,
+                          windows: list[dict]) -> int:
+    """Add windows to a step while the p99 of its measured span is undecided for one of plan.slos_s (too few
+    requests to say on which side of the bound it lies), up to plan.decide_windows more. Returns how many
+    were added; the step's figures then come from its last three windows and these."""
+    added = 0
+    while plan.slos_s and added < plan.decide_windows:
+        end = start + len(windows) * plan.window_seconds
+        first = end - (min(3, len(windows) - added) + added) * plan.window_seconds
+        _, latencies, _ = recorder.window_detail(first, end, time.time())
+        if not any(decide(latencies, slo, 0.99, plan.confidence).verdict == "undecided" for slo in plan.slos_s):
+            break
+        windows.append(_next_window(plan, recorder, start, lag, len(windows)))
+        added += 1
+    return added
 
 
 def _interruption(by_status: dict, failed_scrapes: int) -> str | None:

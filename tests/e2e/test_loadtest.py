@@ -162,3 +162,29 @@ def test_slo_brackets_below_the_first_rate_and_never_only_with_evidence(tmp_path
     assert not any(slo_met(s, slo_a) for s in curve["steps"])
     page = write_report(tmp_path / "brackets", [slo_a, slo_b]).read_text()
     assert "never (p99" in page and "one request at a time" in page
+
+
+@pytest.mark.parametrize("slow_every, extra, verdict", [
+    (200, 0, "undecided"),   # 0.5% slow, ~300 requests: one or two over the bound cannot tell 0.5% from 1%
+    (200, 40, "met"),        # the same tail, the step extended until its count decides: within the SLO
+    (50, 40, "broken"),      # 2% slow: over the SLO once enough requests arrive
+])
+def test_a_known_tail_is_decided_once_enough_requests_arrive(tmp_path, slow_every, extra, verdict):
+    """A stub whose every n-th answer is slow and the rest immediate: the p99 SLO (half the slow time) is met when
+    fewer than 1% are slow. The step's decision says so only when its request count supports it."""
+    slow_s = 0.2
+    with stub_server(StubModel(slow_every=slow_every, slow_for=slow_s)) as host:
+        doc = loadtest(host, tmp_path / "tail", "--rates", "200", "--slos", f"{slow_s / 2 * 1e3:g}ms",
+                       "--decide-windows", str(extra), "--slo-steps", "0", "--warmup-seconds", "0.5", "--step-seconds", "1.5",
+                       "--max-windows", "3", timeout=300)
+    (step,) = doc["deployments"][0]["steps"]
+    (decision,) = step["confidence"]["slos"]
+    assert decision["verdict"] == verdict, (decision, step["samples"], step["extended_windows"])
+    assert decision["over"] >= 1 and step["samples"] == step["confidence"]["samples"]
+    if verdict == "undecided":
+        assert step["extended_windows"] == 0 and decision["needed"] > step["samples"]
+    else:
+        assert decision["needed"] == 0
+    # the p99 interval brackets the sample p99, and the slow answers lie above the bound
+    ci = step["confidence"]
+    assert ci["p99_low_s"] <= step["p99_s"] and (ci["p99_high_s"] is None or step["p99_s"] <= ci["p99_high_s"])

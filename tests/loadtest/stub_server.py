@@ -33,16 +33,25 @@ CONFIG = {"name": "m", "model": "stub", "provider": "cpu", "batcher": {"max_batc
 
 class StubModel:
     """stall_every/stall_for: every `stall_every` s, requests wait out a `stall_for` s stall;
-    capacity: one request at a time, each taking 1/capacity s."""
+    capacity: one request at a time, each taking 1/capacity s; slow_every/slow_for: every `slow_every`-th request
+    takes `slow_for` s, the others none (a known tail: exactly 1/slow_every of the answers are slow)."""
 
-    def __init__(self, stall_every: float = 0.0, stall_for: float = 0.0, capacity: float = 0.0) -> None:
+    def __init__(self, stall_every: float = 0.0, stall_for: float = 0.0, capacity: float = 0.0,
+                 slow_every: int = 0, slow_for: float = 0.0) -> None:
         self.stall_every, self.stall_for, self.capacity = stall_every, stall_for, capacity
+        self.slow_every, self.slow_for = slow_every, slow_for
         self.started = time.monotonic()
         self.lock = threading.Lock()
         self.next_free = 0.0
         self.served = 0
 
     def serve(self) -> None:
+        if self.slow_every:
+            with self.lock:
+                self.served += 1
+                slow = self.served % self.slow_every == 0
+            time.sleep(self.slow_for if slow else 0.0)
+            return
         if self.capacity:
             # Absolute slots, one every 1/capacity s: sleep overshoot never accumulates into lost capacity.
             with self.lock:

@@ -129,3 +129,25 @@ def test_a_saturated_step_breaks_every_slo_even_with_a_short_p99():
     step = {"target_rps": 100, "offered_rps": 100, "achieved_rps": 70, "p99_s": 0.001, "errors": 0, "dropped": 0}
     assert not slo_met(step, 0.1) and slo_met({**step, "achieved_rps": 95}, 0.1)
     assert not slo_met({**step, "achieved_rps": 95, "too_few_samples": True}, 0.1)
+
+
+def test_a_step_with_decisions_is_judged_by_them_not_by_its_sample_p99():
+    """Since percentile confidence, a step meets an SLO only when its count over the bound says so."""
+    from latlab.loadtest.search import bracket_record, slo_verdict
+
+    def step(rate: float, verdict: str, needed: int = 0) -> dict:
+        decision = {"slo_p99_s": 0.05, "verdict": verdict, "over": 2, "needed": needed}
+        return {"target_rps": rate, "offered_rps": rate, "achieved_rps": rate, "p99_s": 0.049, "errors": 0,
+                "dropped": 0, "confidence": {"level": 0.95, "samples": 300, "slos": [decision]}}
+
+    assert slo_verdict(step(100, "undecided", 473), 0.05) == "undecided"  # sample p99 within, yet not "met"
+    assert slo_verdict(step(100, "met"), 0.05) == "met"
+    assert slo_verdict({**step(100, "met"), "errors": 1}, 0.05) == "broken"
+    assert slo_verdict({**step(100, "met"), "achieved_rps": 50}, 0.05) == "broken"  # saturated
+    steps = [step(100, "met"), step(120, "undecided", 900), step(400, "broken")]
+    bracket = slo_bracket(steps, 0.05)
+    assert bracket.low == 100 and bracket.high == 120  # an undecided rate is not claimed
+    record = bracket_record(bracket, None, 0.3, 5.0)
+    assert record["broke_verdict"] == "undecided" and record["needed"] == 900
+    assert slo_verdict({"p99_s": 0.04, "errors": 0}, 0.05) == "met"  # older results: the sample p99
+    assert slo_verdict({"p99_s": 0.04, "errors": 0, "too_few_samples": True}, 0.05) == "undecided"
