@@ -80,7 +80,9 @@ def bracket_text(curve: dict, step: dict, slo_s: float | None) -> str:
     rate = f"{step['achieved_rps']:.0f}"
     bracket = bracket_of(curve, slo_s) if slo_s else None
     if bracket and bracket["broke_rps"] and bracket["width"] is not None and bracket["width"] > bracket["resolution"]:
-        return f"{rate}–{bracket['broke_rps']:.0f}"
+        rate = f"{rate}–{bracket['broke_rps']:.0f}"
+    if bracket and bracket.get("broke_verdict") == "undecided" and bracket.get("needed"):
+        rate += f" (undecided at {bracket['broke_rps']:.0f}: {bracket['needed']} requests would decide)"
     return rate
 
 

@@ -151,3 +151,17 @@ def test_a_step_with_decisions_is_judged_by_them_not_by_its_sample_p99():
     assert record["broke_verdict"] == "undecided" and record["needed"] == 900
     assert slo_verdict({"p99_s": 0.04, "errors": 0}, 0.05) == "met"  # older results: the sample p99
     assert slo_verdict({"p99_s": 0.04, "errors": 0, "too_few_samples": True}, 0.05) == "undecided"
+
+
+def test_tables_show_a_wide_bracket_and_an_undecided_upper_end():
+    from latlab.loadtest.verdict import rate_text
+
+    step = {"target_rps": 100, "offered_rps": 100, "achieved_rps": 101, "p99_s": 0.005, "errors": 0}
+    bracket = {"slo_p99_s": 0.01, "met_rps": 100, "broke_rps": 500, "width": 4.0, "resolution": 0.1,
+               "meaning": "wider than the resolution (the step budget ran out)", "broke_verdict": "broken"}
+    curve = {"steps": [step], "slo_brackets": [bracket]}
+    assert rate_text(curve, step, 0.01) == "101–500"
+    narrow = {**bracket, "broke_rps": 108, "width": 0.08, "broke_verdict": "undecided", "needed": 900}
+    assert rate_text({**curve, "slo_brackets": [narrow]}, step, 0.01) == \
+        "101 (undecided at 108: 900 requests would decide)"
+    assert rate_text({**curve, "slo_brackets": [{**narrow, "broke_verdict": "broken"}]}, step, 0.01) == "101"
