@@ -109,6 +109,8 @@ class LabPlan:
     confidence: see docs/measurement.md)."""
     confidence: float = 0.95
     """The level of every step's p50/p99 intervals and SLO decisions (`latlab loadtest --confidence`)."""
+    slo_steps: int = 8
+    """At most this many extra steps per deployment for the SLO brackets (a bracket left wider says so)."""
     resolution: float = 0.1
     """Each SLO's highest rate is found to within this fraction: the sweep measures between the last rate that
     met it and the first that broke it until they are this close (`latlab loadtest --slos`)."""
@@ -151,12 +153,13 @@ class LabPlan:
 
 
 # Listed rates give the curve its shape below saturation; past them the sweep raises and bisects to find it.
-MLP = ModelPlan("mlp", {}, rates=(100, 500, 1000, 1500, 2000, 3000))
-FFN = ModelPlan("ffn", {"d_model": 128, "n_layers": 128}, rates=(100, 500, 1000, 1500, 2000, 3000))
+# Each SLO's bracket adds the steps that place its rate (LabPlan.resolution), so the lists stay short.
+MLP = ModelPlan("mlp", {}, rates=(100, 1000, 3000))
+FFN = ModelPlan("ffn", {"d_model": 128, "n_layers": 128}, rates=(100, 1000, 3000))
 # ResNet-18 at 224x224 takes tens of ms per image on one core: a few requests per second saturate it.
-CNN = ModelPlan("cnn", {}, rates=(8, 15, 20, 30, 40), binary=True,
+CNN = ModelPlan("cnn", {}, rates=(8, 20, 40), binary=True,
                 batching={"max_batch_size": 8, "max_queue_delay_ms": 5.0})
-MINILM = ModelPlan("minilm", {}, rates=(15, 50, 100, 200, 300), seq_len=16, text=True,
+MINILM = ModelPlan("minilm", {}, rates=(15, 100, 300), seq_len=16, text=True,
                    batching={"max_batch_size": 32, "max_queue_delay_ms": 3.0})
 
 PLANS = {
@@ -165,16 +168,17 @@ PLANS = {
     # Same models, fewer and shorter steps (318 s measured on 2 cores, models already exported).
     "quick": LabPlan(models=(replace(MLP, rates=(250, 1000, 2000)), replace(FFN, rates=(250, 750, 1500, 2500)),
                              replace(CNN, rates=(10, 20, 30)), replace(MINILM, rates=(25, 100, 250))),
-                     step_seconds=1.5, max_windows=3, warmup_seconds=0.5, refine_within=0.3),
+                     step_seconds=1.5, max_windows=3, warmup_seconds=0.5, refine_within=0.3, resolution=0.3,
+                     slo_steps=4),
     # For a GPU box: every model on CUDA and on the CPU, batching off and on; merge its run folder with
     # a CPU box's in `latlab report`.
     # Rates reach further: the sweep stops where each deployment saturates.
-    "gpu": LabPlan(models=(MLP, FFN, replace(CNN, rates=CNN.rates + (60, 100, 200, 400, 800)),
-                           replace(MINILM, rates=MINILM.rates + (600, 1000, 2000))), providers=("cpu", "cuda")),
+    "gpu": LabPlan(models=(MLP, FFN, replace(CNN, rates=CNN.rates + (100, 400, 800)),
+                           replace(MINILM, rates=MINILM.rates + (1000, 2000))), providers=("cpu", "cuda")),
     # The gpu plan in fewer, shorter steps: fits one call of a borrowed GPU machine (benchmarks/gpu_kit.py).
     "gpu-quick": LabPlan(models=(replace(MLP, rates=(250, 1000, 2000, 4000)), replace(FFN, rates=(250, 1000, 2000, 4000)),
                                  replace(CNN, rates=(20, 60, 150, 400)),
                                  replace(MINILM, rates=(50, 250, 600, 1200))),
                          providers=("cpu", "cuda"), step_seconds=1.5, max_windows=3, warmup_seconds=0.5,
-                         refine_within=0.3),
+                         refine_within=0.3, resolution=0.3, slo_steps=4),
 }

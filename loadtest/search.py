@@ -141,22 +141,41 @@ def bracket_slos(slos_s: tuple[float, ...], steps: list[dict], measure: Callable
             if bracket.met is None and bracket.broke is not None:
                 if "single_request" not in found:
                     found["single_request"] = single()
-                if breaks(found["single_request"], slo):
+                if breaks(found["single_request"], slo) or tail_flat(steps) is not None:
                     break
             rate = next_slo_rate(bracket, resolution, floor_rps)
             if rate is None:
                 break
             measure(rate)
             extra += 1
-    records = [bracket_record(slo_bracket(steps, slo), found.get("single_request"), resolution, floor_rps)
-               for slo in sorted(slos_s)]
+    records = [bracket_record(slo_bracket(steps, slo), found.get("single_request"), resolution, floor_rps,
+                              tail_flat(steps)) for slo in sorted(slos_s)]
     return {**found, "slo_brackets": records, "slo_steps": extra}
 
 
-def bracket_record(bracket: Bracket, single: dict | None, resolution: float, floor_rps: float) -> dict:
+TAIL_FLAT = 0.8
+"""Below this ratio of p99s, halving the rate still helps; at or above it the p99 has stopped falling."""
+
+
+def tail_flat(steps: list[dict]) -> dict | None:
+    """The lowest-rate step when the p99 has stopped falling with the load: its p99 is at least TAIL_FLAT times
+    that of the next rate up. Below that, lower rates buy nothing (the machine's tail, not queueing, sets the
+    p99), so a search for a bound the deployment breaks there stops instead of halving on to the floor."""
+    rated = sorted((s for s in steps if s.get("target_rps") and s.get("p99_s") is not None), key=_rate)
+    if len(rated) < 2:
+        return None
+    low, high = rated[0], rated[1]
+    return low if low["p99_s"] >= TAIL_FLAT * high["p99_s"] else None
+
+
+def bracket_record(bracket: Bracket, single: dict | None, resolution: float, floor_rps: float,
+                   flat: dict | None = None) -> dict:
     """One SLO's bracket as results record it: its ends' rates, its width, and what it means in words."""
     if bracket.met is None and single is not None and breaks(single, bracket.slo_p99_s):
         meaning = NEVER
+    elif bracket.met is None and bracket.broke is not None and flat is not None:
+        meaning = (f"not met down to {_rate(flat):.3g} req/s: the p99 stopped falling with the load "
+                   f"({flat['p99_s'] * 1e3:.1f} ms there)")
     elif bracket.met is None:
         meaning = f"below the lowest rate measured (the search stops at {floor_rps:.3g} req/s)" if bracket.broke \
             else "not measured"

@@ -165,3 +165,24 @@ def test_tables_show_a_wide_bracket_and_an_undecided_upper_end():
     assert rate_text({**curve, "slo_brackets": [narrow]}, step, 0.01) == \
         "101 (undecided at 108: 900 requests would decide)"
     assert rate_text({**curve, "slo_brackets": [{**narrow, "broke_verdict": "broken"}]}, step, 0.01) == "101"
+
+
+def test_the_search_below_stops_where_the_p99_stops_falling():
+    """A machine whose tail, not its load, sets the p99 at low rates: halving the rate does not help, so the
+    search stops after the step that shows it and says so (never 'never': one request at a time meets it)."""
+    def measure(rate: float) -> dict:
+        asked.append(rate)
+        steps.append({"target": rate, "target_rps": rate, "offered_rps": rate, "achieved_rps": rate,
+                      "p99_s": 0.015 if rate < 200 else 0.030, "errors": 0, "dropped": 0})
+        return steps[-1]
+
+    asked: list[float] = []
+    steps: list[dict] = []
+    for rate in (100, 500):
+        measure(rate)
+    single = {"requests": 300, "errors": 0, "p50_s": 0.002, "p99_s": 0.004, "too_few_samples": False}
+    found = bracket_slos((0.010,), steps, measure, lambda: single, 0.1, 5.0, 12)
+    (record,) = found["slo_brackets"]
+    assert asked == [100, 500, 50] and record["meaning"].startswith("not met down to 50 req/s")
+    from latlab.loadtest.verdict import rate_text
+    assert rate_text({"steps": steps, "slo_brackets": [record]}, None, 0.010).startswith("not met down to 50")
