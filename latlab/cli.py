@@ -158,6 +158,11 @@ def _add_loadtest(sub: argparse._SubParsersAction) -> None:
     load.add_argument("--master-bind-host", default="127.0.0.1", help="where remote workers connect")
     load.add_argument("--master-port", type=int, default=5557)
     load.add_argument("--metrics-port", type=int, help="expose the generator's Prometheus /metrics here")
+    load.add_argument("--server-metrics", metavar="URL", default="",
+                      help="where the server exports its own figures, e.g. Triton's http://HOST:8002/metrics: its "
+                           "nv_inference_* counters (queue, compute, batch sizes) feed the report's 'where the time "
+                           "goes' (default: the server's /metrics, latlab's observer port when it has one; none "
+                           "there: the report shows the client side only)")
     load.add_argument("--overload", type=float, metavar="FACTOR",
                       help="overload test instead of a sweep: offer FACTOR x the capacity for --burst-seconds, "
                            "then report the 503s, queue depth, timeouts and the time to recover")
@@ -342,6 +347,8 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
         raise UserError("--slos brackets offered rates: it needs --mode open")
     if not 0 <= args.max_rate < float("inf"):
         raise UserError(f"--max-rate must be a finite rate >= 0 (0: stop at the last of --rates), got {args.max_rate:g}")
+    if args.server_metrics and not args.server_metrics.startswith(("http://", "https://")):
+        raise UserError(f"--server-metrics must be an http:// or https:// URL, got {args.server_metrics!r}")
     plan = SweepPlan(host=args.host, deployments=[d for item in args.deployment for d in item.split(",") if d],
                      loads=loads, mode=args.mode, warmup_seconds=args.warmup_seconds,
                      window_seconds=args.step_seconds / 3, max_windows=max(3, args.max_windows),
@@ -355,7 +362,7 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
                      workers=args.workers, expect_workers=args.expect_workers,
                      master_bind_host=args.master_bind_host,
                      master_port=procs.free_port() if args.workers and args.master_port == 5557 else args.master_port,
-                     metrics_port=args.metrics_port, log_dir=out)
+                     metrics_port=args.metrics_port, log_dir=out, server_metrics=args.server_metrics or "")
     if args.text:
         _require_text(args.host, plan.deployments)
     if args.inputs is not None:

@@ -76,6 +76,18 @@ def bars(curves: list[dict], slos_s: list[float]) -> list[dict]:
     return found
 
 
+def client_only(curves: list[dict]) -> str:
+    """Which deployments were measured from the client side only because their server exports no figures latlab
+    reads (their run recorded why, in `server_metrics`), in one sentence; "" when none was."""
+    missing = [c for c in curves if "server_metrics" in c and not (c.get("server_metrics") or {}).get("kind")]
+    if not missing:
+        return ""
+    reasons = sorted({str((c.get("server_metrics") or {}).get("note") or "no metrics") for c in missing})
+    names = ", ".join(f"{label(c)} on {machine_name(c)}" for c in missing)
+    return (f"Client side only for {names}: the server exports no figures latlab reads ({'; '.join(reasons)}). "
+            "Where it exports Triton's metrics, give their URL with --server-metrics.")
+
+
 def bar_label(bar: dict) -> str:
     return f"{bar['curve']['name']} @ {bar['step']['achieved_rps']:.0f}/s"
 

@@ -56,6 +56,10 @@ def time_section(model: str, curves: list[dict], slos_s: list[float]) -> tuple[s
     """Where the time goes for every deployment step that has server figures; (html, png or None)."""
     title = f"<h3>{html.escape(model)}: where the time goes</h3>"
     found = breakdown.bars(curves, slos_s)
+    client_only = breakdown.client_only(curves)
+    if not found and client_only:
+        return (title + "<p>No server figures in these results: the report shows the client side only (the latency "
+                f"curves and tables). {html.escape(client_only)}</p>"), None
     if not found:
         return (title + "<p>No server figures in these results (runs before server histograms were recorded "
                 "per step, or /metrics unreachable): re-run the sweep to see them.</p>"), None
@@ -65,6 +69,12 @@ def time_section(model: str, curves: list[dict], slos_s: list[float]) -> tuple[s
     flagged = [breakdown.bar_label(b) for b in found if b["server_bound"]]
     warning = (f"<p class='warning'><strong>Server-bound</strong>: {html.escape('; '.join(flagged))}.</p>"
                if flagged else "")
+    triton = [breakdown.bar_label(b) for b in found if (b["step"].get("server") or {}).get("source") == "triton"]
+    warning += (f"<p>From Triton's nv_inference_* counters ({html.escape('; '.join(triton))}): mean per successful "
+                "request of its queue wait, compute input (shown as input transfer), the model's run and compute "
+                "output (output transfer); instances busy is estimated as the mean run times the runs counted.</p>"
+                if triton else "")
+    warning += f"<p>{html.escape(client_only)}</p>" if client_only else ""
     return (f"{title}{img(png, f'where the time goes for {model}')}{warning}"
             f"<details><summary>the numbers and the server-bound rule</summary>{breakdown.breakdown_table(found)}"
             f"<p>{html.escape(breakdown.RULE)}</p></details>"), png

@@ -1,11 +1,19 @@
 """Reads the server's /config and /metrics, from its observer port when it has one: its deployment's settings,
 what its batcher did during a measurement window and how full its queue got. A server restarting must not crash
 the load test: requests are retried briefly, then fail with one readable line (or give None where a figure can
-be missing)."""
+be missing).
+
+Any Open Inference Protocol v2 server will do: latlab's extras (/config, GET /v2's metrics_port, latlab_* series)
+are used where the server has them; elsewhere the deployment is described from its standard metadata, and the
+server's figures come from Triton's standard nv_inference_* counters where a metrics URL exports them, else there
+are none (the report then shows the client side only)."""
 
 from __future__ import annotations
 
+import re
 import time
+from dataclasses import asdict, dataclass
+from typing import Callable
 from urllib.parse import urlsplit
 
 import gevent
@@ -15,12 +23,25 @@ from prometheus_client.parser import text_string_to_metric_families
 BATCH_SIZE = "latlab_batcher_batch_size"
 QUEUE_DEPTH = "latlab_batcher_queue_depth"
 QUEUE_CAPACITY = "latlab_batcher_queue_capacity"
+TRITON_INFERENCES = "nv_inference_count"
+"""Triton's counters of one model (labels model, version): inferences (batch elements) and model executions
+(batches); inferences / executions between two scrapes is the average batch size."""
+TRITON_EXECUTIONS = "nv_inference_exec_count"
 
 
 def batch_totals(metrics_text: str, deployment: str) -> tuple[float, float]:
-    """(samples, batches) so far for one deployment, from the batch-size histogram's _sum and _count."""
+    """(samples, batches) so far for one deployment, from the batch-size histogram's _sum and _count (latlab), or
+    from Triton's inference and execution counters of the model of that name."""
     samples = batches = 0.0
     for family in text_string_to_metric_families(metrics_text):
+        if family.name in (TRITON_INFERENCES, TRITON_EXECUTIONS):
+            total = sum(s.value for s in family.samples
+                        if s.labels.get("model") == deployment and s.name in (family.name, family.name + "_total"))
+            if family.name == TRITON_INFERENCES:
+                samples += total
+            else:
+                batches += total
+            continue
         if family.name != BATCH_SIZE:
             continue
         for sample in family.samples:
@@ -55,6 +76,20 @@ def queue_gauges(metrics_text: str, deployment: str) -> tuple[float | None, floa
 
 _OBSERVERS: dict[str, str] = {}
 """Server URL -> its observer's URL, found once per process (the server's address does not change mid-run)."""
+_SERVERS: dict[str, dict] = {}
+"""Server URL -> its GET /v2 document (name, version, extensions; latlab's also metrics_port)."""
+
+
+def server_info(host: str, timeout: float = 5.0) -> dict | None:
+    """The server's GET /v2 document, asked once per host; None when it cannot be read (asked again next time)."""
+    host = host.rstrip("/")
+    if host not in _SERVERS:
+        try:
+            doc = requests.get(f"{host}/v2", timeout=timeout).json()
+        except (requests.RequestException, ValueError):
+            return None
+        _SERVERS[host] = doc if isinstance(doc, dict) else {}
+    return _SERVERS[host]
 
 
 def observer(host: str, timeout: float = 5.0) -> str:
@@ -63,10 +98,10 @@ def observer(host: str, timeout: float = 5.0) -> str:
     without one. Asked once per host, before any load: an unreachable server is asked again next time."""
     host = host.rstrip("/")
     if host not in _OBSERVERS:
-        try:
-            port = requests.get(f"{host}/v2", timeout=timeout).json().get("metrics_port")
-        except (requests.RequestException, ValueError, AttributeError):
+        info = server_info(host, timeout)
+        if info is None:
             return host
+        port = info.get("metrics_port")
         parts = urlsplit(host)
         _OBSERVERS[host] = f"{parts.scheme}://{_host_name(parts.hostname or '')}:{port}" if port else host
     return _OBSERVERS[host]
@@ -77,9 +112,9 @@ def _host_name(name: str) -> str:
 
 
 def fetch(host: str, path: str, timeout: float = 5.0, attempts: int = 3, pause_s: float = 1.0) -> requests.Response:
-    """GET path from the server's observer, retrying connection failures (a restarting server) `attempts`
-    times; then raise requests.ConnectionError with one readable line."""
-    url = f"{observer(host)}{path}"
+    """GET path from the server's observer (or `path` itself when it is a full URL), retrying connection failures
+    (a restarting server) `attempts` times; then raise requests.ConnectionError with one readable line."""
+    url = path if path.startswith(("http://", "https://")) else f"{observer(host)}{path}"
     for attempt in range(attempts):
         try:
             return requests.get(url, timeout=timeout)
@@ -91,17 +126,140 @@ def fetch(host: str, path: str, timeout: float = 5.0, attempts: int = 3, pause_s
 
 
 def describe(host: str, deployment: str) -> dict:
-    """The deployment's settings as the server reports them, to label the curve."""
-    response = fetch(host, f"/v2/models/{deployment}/config", timeout=10)
-    if response.status_code != 200:
-        raise LookupError(f"server at {host} has no deployment '{deployment}': {response.text.strip()[:200]}")
-    return response.json()
+    """The deployment's settings as the server reports them, to label the curve: latlab's GET .../config. On any
+    other OIP server, what its standard routes say (the name, the model's platform, GET /v2's server name and
+    version; a Triton model config's batching settings where /config answers one) and, in `settings_unknown`,
+    why the batcher settings are not known. LookupError, naming the route and its answer, when the server has
+    no such model."""
+    config_path, metadata_path = f"/v2/models/{deployment}/config", f"/v2/models/{deployment}"
+    response = fetch(host, config_path, timeout=10)
+    config = _json_or_none(response) if response.status_code == 200 else None
+    server = {k: v for k, v in (server_info(host) or {}).items() if k in ("name", "version")}
+    if isinstance(config, dict) and isinstance(config.get("batcher"), dict):  # latlab's own
+        return {**config, **({"server": server} if server and "server" not in config else {})}
+    metadata = fetch(host, metadata_path, timeout=10)
+    if metadata.status_code != 200:
+        raise LookupError(f"server at {host} has no model '{deployment}': GET {metadata_path} answered "
+                          f"{metadata.status_code} {metadata.text.strip()[:200]}")
+    found = _json_or_none(metadata)
+    if not isinstance(found, dict):
+        raise LookupError(f"server at {host}: GET {metadata_path} answered 200 but not a JSON object: "
+                          f"{metadata.text.strip()[:200]}")
+    info: dict = {"name": deployment, "model": str(found.get("name") or deployment),  # the name the server gives it
+                  **({"platform": found["platform"]} if found.get("platform") else {}),
+                  **({"server": server} if server else {})}
+    batcher = triton_batcher(config) if isinstance(config, dict) else None
+    if batcher is not None:
+        info.update(batcher=batcher, server_config=config)
+    else:
+        answer = (f"answered {response.status_code}" if response.status_code != 200
+                  else "answered no JSON" if config is None else "answered a config that is not latlab's")
+        info["settings_unknown"] = f"GET {config_path} {answer}"
+    return info
 
 
-def scrape_batches(host: str, deployment: str, timeout: float = 5.0) -> tuple[float, float] | None:
-    """Batch totals so far, or None when /metrics cannot be read (the step's average is then unknown)."""
+def triton_batcher(config: dict) -> dict | None:
+    """latlab's batcher fields from a Triton model configuration (GET .../config on Triton): its maximum batch
+    (no dynamic batcher: every request runs alone), queue delay and instance count; None for any other JSON."""
+    if "max_batch_size" not in config or not any(k in config for k in ("dynamic_batching", "instance_group",
+                                                                       "backend", "platform")):
+        return None
+    dynamic = config.get("dynamic_batching")
+    size = int(config.get("max_batch_size") or 0)
+    batcher: dict = {"max_batch_size": max(1, size) if isinstance(dynamic, dict) else 1}
+    if isinstance(dynamic, dict):
+        batcher["max_queue_delay_ms"] = float(dynamic.get("max_queue_delay_microseconds") or 0) / 1000.0
+    groups = [g for g in config.get("instance_group") or [] if isinstance(g, dict)]
+    if groups:
+        batcher["instances"] = sum(int(g.get("count") or 1) for g in groups)
+    return batcher
+
+
+def _json_or_none(response: requests.Response) -> object:
     try:
-        response = fetch(host, "/metrics", timeout=timeout, attempts=2, pause_s=0.5)
+        return response.json()
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class MetricsSource:
+    """Where a run reads the server's own figures and what it found there: kind "latlab" (latlab_* series),
+    "triton" (Triton's nv_inference_* counters) or None (no figures: url is None and `note` says why)."""
+
+    url: str | None
+    kind: str | None
+    note: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+_SOURCES: dict[tuple[str, str], MetricsSource] = {}
+_LATLAB_SERIES = re.compile(r"^(?:# (?:HELP|TYPE) )?latlab_", re.MULTILINE)
+_TRITON_SERIES = re.compile(r"^(?:# (?:HELP|TYPE) )?nv_inference_", re.MULTILINE)
+
+
+def metrics_source(host: str, server_metrics: str = "", timeout: float = 5.0) -> MetricsSource:
+    """Where this run reads server figures: `server_metrics` when the user gave a URL, else the server's /metrics
+    (on its observer port when it has one), else, for a server whose GET /v2 says it is Triton, Triton's default
+    metrics port 8002. Looked at once per host and URL in a process, before the first step."""
+    key = (host.rstrip("/"), server_metrics)
+    if key not in _SOURCES:
+        source = _look_for_metrics(server_metrics or f"{observer(host)}/metrics", timeout)
+        if not server_metrics and source.kind is None and (server_info(host) or {}).get("name") == "triton":
+            parts = urlsplit(host)
+            default = _look_for_metrics(f"{parts.scheme}://{_host_name(parts.hostname or '')}:8002/metrics", timeout)
+            source = default if default.kind is not None else source
+        _SOURCES[key] = source
+    return _SOURCES[key]
+
+
+def _look_for_metrics(url: str, timeout: float) -> MetricsSource:
+    """What figures `url` has: latlab's series, Triton's counters or none (and why)."""
+    try:
+        response = requests.get(url, timeout=timeout)
+    except requests.RequestException as exc:
+        return MetricsSource(None, None, f"cannot read {url}: {_reason(exc)}")
+    if response.status_code != 200:
+        return MetricsSource(None, None, f"GET {url} answered {response.status_code}")
+    if _LATLAB_SERIES.search(response.text):
+        return MetricsSource(url, "latlab", f"latlab's series at {url}")
+    if _TRITON_SERIES.search(response.text):
+        return MetricsSource(url, "triton", f"Triton's nv_inference_* counters at {url}")
+    return MetricsSource(None, None, f"{url} has neither latlab_* nor Triton's nv_inference_* series")
+
+
+def extras_notice(host: str, info: dict, source: MetricsSource, given: bool = False) -> tuple[str, str] | None:
+    """The one progress line saying which of latlab's extras the server lacks and what that costs, and a key
+    for saying it once per run (the same absence on the next deployment is not said again); None when nothing
+    is missing. `given`: the metrics URL came from --server-metrics."""
+    parts, key = [], [host.rstrip("/")]
+    if info.get("settings_unknown"):
+        parts.append(f"{info['settings_unknown']} (not a latlab server?): batcher settings unknown")
+        key.append("config")
+    elif info.get("server_config") is not None:
+        parts.append("no latlab /config: batcher settings from its Triton model config")
+        key.append("triton-config")
+    if source.kind is None:
+        hint = "check --server-metrics" if given else "give --server-metrics URL where it exports Triton's metrics"
+        parts.append(f"no server figures ({source.note}; {hint}): no server-side batch sizes or time breakdown, "
+                     "the report shows the client side only")
+        key.append("no-metrics")
+    elif source.kind == "triton":
+        parts.append(f"server figures and batch sizes from {source.note}")
+        key.append("triton")
+    if not parts:
+        return None
+    return "|".join(key), f"server at {host.rstrip('/')}: " + "; ".join(parts)
+
+
+def scrape_batches(host: str, deployment: str, timeout: float = 5.0,
+                   url: str | None = None) -> tuple[float, float] | None:
+    """Batch totals so far (from `url`, default the server's /metrics), or None when they cannot be read (the
+    step's average is then unknown)."""
+    try:
+        response = fetch(host, url or "/metrics", timeout=timeout, attempts=2, pause_s=0.5)
         response.raise_for_status()
     except requests.RequestException:
         return None
@@ -172,14 +330,39 @@ PROCESS_CPU = "process_cpu_seconds_total"
 REQUESTS = "latlab_server_requests_total"
 """Infer requests answered, by outcome: `ok` and `rejected` counts per step (goodput under overload)."""
 OUTCOMES = ("ok", "rejected")
+TRITON_DURATIONS = {
+    "request": "nv_inference_request_duration_us",
+    "queue": "nv_inference_queue_duration_us",
+    "input_transfer": "nv_inference_compute_input_duration_us",
+    "infer": "nv_inference_compute_infer_duration_us",
+    "output_transfer": "nv_inference_compute_output_duration_us",
+}
+"""Step figure name -> Triton's counter (microseconds, summed over its successful requests; a batch's compute
+times count once for each request in it, as latlab's per-batch times are what each of its requests waits through).
+Triton's compute input and output (tensors into and out of the backend) stand where latlab has its transfers."""
+TRITON_SUCCESS = "nv_inference_request_success"
+TRITON_FAILURE = "nv_inference_request_failure"
+"""By `reason` in Triton 2.4x (REJECTED: a full queue refused it, latlab's `rejected`); without one before."""
+TRITON_COUNTERS = (*TRITON_DURATIONS.values(), TRITON_SUCCESS, TRITON_FAILURE, TRITON_INFERENCES, TRITON_EXECUTIONS)
 
 
 def metric_sums(metrics_text: str, deployment: str) -> dict[str, float]:
     """Every _sum/_count of the server histograms for one deployment, the process's CPU seconds (unlabelled, when
-    the server exports it), keyed by sample name, and its answered requests per outcome ("<name>:<outcome>")."""
+    the server exports it), keyed by sample name, and its answered requests per outcome ("<name>:<outcome>").
+    From Triton's metrics: its nv_inference_* counters of the model named `deployment`, all versions together,
+    keyed by family name (failures also per reason, "<name>:<reason>")."""
     wanted = {name + suffix for name in SERVER_HISTOGRAMS.values() for suffix in ("_sum", "_count")}
     found: dict[str, float] = {}
     for family in text_string_to_metric_families(metrics_text):
+        if family.name in TRITON_COUNTERS:
+            for sample in family.samples:
+                if sample.labels.get("model") != deployment or sample.name not in (family.name, family.name + "_total"):
+                    continue
+                found[family.name] = found.get(family.name, 0.0) + sample.value
+                if "reason" in sample.labels:
+                    key = f"{family.name}:{sample.labels['reason']}"
+                    found[key] = found.get(key, 0.0) + sample.value
+            continue
         for sample in family.samples:
             if sample.name == PROCESS_CPU:
                 found[PROCESS_CPU] = sample.value
@@ -196,7 +379,8 @@ def server_step(before: tuple[float, str] | None, after: tuple[float, str] | Non
                 instances: int = 1) -> dict | None:
     """Mean seconds per request of each server histogram between two (monotonic time, /metrics text)
     snapshots, the process's CPU use in cores and the share of time the deployment's instances ran batches.
-    None when a snapshot is missing; a histogram the server does not export (or that saw nothing) is absent."""
+    None when a snapshot is missing; a histogram the server does not export (or that saw nothing) is absent.
+    From Triton's counters instead (see triton_step): the same figures, `source` "triton"."""
     if before is None or after is None or after[0] <= before[0]:
         return None
     seconds = after[0] - before[0]
@@ -217,15 +401,45 @@ def server_step(before: tuple[float, str] | None, after: tuple[float, str] | Non
     cpu = delta(PROCESS_CPU)
     figures["process_cpu_cores"] = cpu / seconds if cpu is not None else None
     busy = delta(SERVER_HISTOGRAMS["compute"] + "_sum")  # batches run: the device's (or ORT's) busy time
+    if TRITON_SUCCESS in end:
+        figures.update(triton_step(delta))
+        busy = figures.pop("busy_s", busy)
     figures["busy_s"] = busy
     figures["busy_share"] = busy / (seconds * max(1, instances)) if busy is not None else None
     return figures
 
 
-def snapshot(host: str, timeout: float = 5.0) -> tuple[float, str] | None:
-    """(monotonic time, /metrics text) now, or None when /metrics cannot be read."""
+def triton_step(delta: Callable[[str], float | None]) -> dict:
+    """A step's figures from the differences of Triton's counters (`delta(name)`, None for one not exported):
+    mean seconds per successful request of the request, its queue wait, compute input, the model's run and compute
+    output (compute_s is the three together, as latlab's compute histogram times a run with its transfers), the
+    requests answered and refused, and busy_s, the model's running time estimated as the mean run per request
+    times the executions (exact when no two requests share a run). Empty when no request succeeded."""
+    ok = delta(TRITON_SUCCESS)
+    if not ok or ok <= 0:
+        return {}
+    means = {key: delta(name) / ok / 1e6 for key, name in TRITON_DURATIONS.items() if delta(name) is not None}
+    figures: dict = {"source": "triton", "ok_count": ok}
+    for key in ("request", "queue", "input_transfer", "output_transfer"):
+        if key in means:
+            figures[f"{key}_s"], figures[f"{key}_count"] = means[key], ok
+    if "infer" in means:
+        figures["compute_s"] = means["infer"] + means.get("input_transfer", 0.0) + means.get("output_transfer", 0.0)
+        figures["compute_count"] = ok
+    rejected = delta(f"{TRITON_FAILURE}:REJECTED")
+    if rejected is not None:
+        figures["rejected_count"] = rejected
+    executions = delta(TRITON_EXECUTIONS)
+    if "compute_s" in figures and executions is not None:
+        figures["busy_s"] = figures["compute_s"] * executions
+    return figures
+
+
+def snapshot(host: str, timeout: float = 5.0, url: str | None = None) -> tuple[float, str] | None:
+    """(monotonic time, /metrics text) now (from `url`, default the server's /metrics), or None when it cannot
+    be read."""
     try:
-        response = requests.get(f"{observer(host)}/metrics", timeout=timeout)
+        response = requests.get(url or f"{observer(host)}/metrics", timeout=timeout)
         response.raise_for_status()
     except requests.RequestException:
         return None

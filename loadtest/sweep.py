@@ -24,7 +24,7 @@ from latlab.loadtest.prom import LoadGenMetrics, start_exporter
 from latlab.loadtest.recorder import MIN_SAMPLES_P99, Recorder, recovery_spans
 from latlab.loadtest.results import write_results
 from latlab.loadtest.scrape import QueueWatch, average_batch, describe, fetch, scrape_batches
-from latlab.loadtest.scrape import server_step, snapshot
+from latlab.loadtest.scrape import extras_notice, metrics_source, server_step, snapshot
 from latlab.loadtest.payloads import options_of
 from latlab.loadtest.search import SATURATED_BELOW, bracket_slos, is_stable, slo_search
 from latlab.loadtest.single import one_at_a_time
@@ -82,7 +82,7 @@ class SweepPlan:
     """The level of each step's percentile intervals and SLO decisions (`confidence` in the results)."""
     decide_windows: int = 6
     """With slos_s: a step whose p99 is undecided for one of them (loadtest/confidence.py) gets up to this many
-    more windows before its figures are read (0: never extended)."""
+    more of the plan's windows' time before its figures are read, while more could decide it (0: never)."""
     resolution: float = 0.1
     """The SLO brackets' width: (first rate broken - last rate met) / last rate met."""
     max_slo_steps: int = 12
@@ -101,10 +101,28 @@ class SweepPlan:
     queue_sample_seconds: float = 0.0
     """Sample the server's queue depth this often during each step (0: off; each scrape costs the server
     a few ms of its interpreter lock, so plain sweeps leave it off)."""
+    server_metrics: str = ""
+    """Where the server's own figures are read: a Prometheus text URL (latlab's series or Triton's nv_inference_*
+    counters); empty: the server's /metrics (on latlab's observer port when it has one), if it answers."""
 
 
 def _print(line: str) -> None:
     print(line, flush=True)  # progress must show live, also when stdout is a pipe
+
+
+class _Progress:
+    """A run's progress lines, with `once(key, line)` for what is said once per run (a server's missing extras)."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say, self.said = say, set()
+
+    def __call__(self, line: str) -> None:
+        self.say(line)
+
+    def once(self, key: str, line: str) -> None:
+        if key not in self.said:
+            self.said.add(key)
+            self.say(line)
 
 
 def run_sweep(plan: SweepPlan, out_path: Path, run_id: str, progress: Callable[[str], None] = _print,
@@ -112,6 +130,7 @@ def run_sweep(plan: SweepPlan, out_path: Path, run_id: str, progress: Callable[[
     """Sweep (or search) every deployment in turn; write and return the results document.
     `run_one(plan, driver, metrics, deployment, progress)` replaces the sweep of one deployment
     (the overload test uses it)."""
+    progress = _Progress(progress)
     registry = CollectorRegistry()
     metrics = LoadGenMetrics(registry, run_id)
     if plan.metrics_port:
@@ -146,7 +165,7 @@ class ServerGone(requests.ConnectionError):
 
 def _run_deployment(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, deployment: str,
                     progress: Callable[[str], None]) -> dict:
-    info = describe(plan.host, deployment)
+    info = _describe(plan, deployment, progress)
     steps: list[dict] = []
 
     def measure(load: float) -> dict:
@@ -265,7 +284,7 @@ def overload_runner(overload: OverloadPlan) -> Callable[..., dict]:
     """What `run_sweep(run_one=...)` calls per deployment for the overload test instead of a sweep."""
     def run_one(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, deployment: str,
                 progress: Callable[[str], None]) -> dict:
-        info = describe(plan.host, deployment)
+        info = _describe(plan, deployment, progress)
         steps: list[dict] = []
 
         def phase(name: str, load: float, seconds: float, windows: int = 3, warmup: float = 0.0,
@@ -290,10 +309,24 @@ def overload_runner(overload: OverloadPlan) -> Callable[..., dict]:
     return run_one
 
 
+def _describe(plan: SweepPlan, deployment: str, progress: Callable[[str], None]) -> dict:
+    """The deployment's record before its first step: its settings (scrape.describe) and where its server figures
+    come from (`server_metrics`); what the server lacks of latlab's extras is said once per run."""
+    info = describe(plan.host, deployment)
+    source = metrics_source(plan.host, plan.server_metrics)
+    notice = extras_notice(plan.host, info, source, given=bool(plan.server_metrics))
+    if notice and hasattr(progress, "once"):
+        progress.once(*notice)
+    elif notice:
+        progress(notice[1])
+    return {**info, "server_metrics": source.as_dict()}
+
+
 def _wait_for_server(host: str, deployment: str, step: dict, progress: Callable[[str], None]) -> None:
-    """After an interrupted step: go on once the server answers again, or raise ServerGone."""
+    """After an interrupted step: go on once the server answers again (its model's standard metadata route, which
+    every OIP server has), or raise ServerGone."""
     try:
-        fetch(host, f"/v2/models/{deployment}/config", attempts=int(SERVER_BACK_S), pause_s=1.0)
+        fetch(host, f"/v2/models/{deployment}", attempts=int(SERVER_BACK_S), pause_s=1.0)
     except requests.ConnectionError as exc:
         raise ServerGone(f"the server stopped answering ({step['interruption']}) and was not back within "
                          f"{SERVER_BACK_S:g} s: {exc}") from None
@@ -308,22 +341,24 @@ def measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, d
     test's recovery): the plan's windows as they are, short for time resolution, and `recovery_spans`, the
     requests pooled from each window on (see recorder.recovery_spans)."""
     began = time.time()
+    decide_budget_s = plan.decide_windows * plan.window_seconds  # the plan's windows, before a low rate's lengthen
     if not spans:
         plan = replace(plan, window_seconds=window_for(plan, load))
     driver.step_index = index
     driver.set_load(deployment, load)
     metrics.set_load(deployment, index, load if plan.mode == "open" else 0.0,
                      int(load) if plan.mode == "closed" else driver.runner.user_count)
-    queue = QueueWatch(plan.host, deployment, plan.queue_sample_seconds)
+    source = metrics_source(plan.host, plan.server_metrics)  # asked once per run: none, latlab's or Triton's
+    queue = QueueWatch(plan.host, deployment, plan.queue_sample_seconds if source.kind == "latlab" else 0.0)
     gevent.sleep(plan.warmup_seconds)
     recorder = driver.state.recorder
     lag = WORKER_LAG_S if driver.distributed else 0.05
-    batches_before = scrape_batches(plan.host, deployment)
-    server_before = snapshot(plan.host)  # the server's histograms: where a request's time went (report)
+    batches_before = scrape_batches(plan.host, deployment, url=source.url) if source.url else None
+    server_before = snapshot(plan.host, url=source.url) if source.url else None  # where a request's time went
     driver.generator_cpu()
     start = time.time()
     windows, stable = _windows_until_stable(plan, recorder, start, lag)
-    extended = 0 if spans else _extend_until_decided(plan, recorder, start, lag, windows)
+    extended = 0 if spans else _extend_until_decided(plan, recorder, start, lag, windows, decide_budget_s)
     end = start + len(windows) * plan.window_seconds
     first = end - (min(3, len(windows) - extended) + extended) * plan.window_seconds
     cpu = driver.generator_cpu()
@@ -331,10 +366,11 @@ def measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, d
     stats, latencies, per_source = recorder.window_detail(first, end, time.time())
     pooled = (recovery_spans(recorder, [w["samples"] for w in windows], start, plan.window_seconds, time.time())
               if spans else None)
-    batches_after = scrape_batches(plan.host, deployment)
-    server_after = snapshot(plan.host)
+    batches_after = scrape_batches(plan.host, deployment, url=source.url) if source.url else None
+    server_after = snapshot(plan.host, url=source.url) if source.url else None
     by_status = recorder.by_status(first, end)
-    interruption = _interruption(by_status, queue.failures + (batches_before is None) + (batches_after is None))
+    unread = (batches_before is None) + (batches_after is None) if source.url else 0  # none to read: not a failure
+    interruption = _interruption(by_status, queue.failures + unread)
     step = {
         "target": load,
         "target_rps": load if plan.mode == "open" else None,
@@ -411,18 +447,23 @@ def _next_window(plan: SweepPlan, recorder: Recorder, start: float, lag: float, 
             "p99_high_s": p99.as_dict()["high"]}
 
 
-def _extend_until_decided(plan: SweepPlan, recorder: Recorder, start: float, lag: float,
-                          windows: list[dict]) -> int:
-    """Add windows to a step while the p99 of its measured span is undecided for one of plan.slos_s (too few
-    requests to say on which side of the bound it lies), up to plan.decide_windows more. Returns how many
-    were added; the step's figures then come from its last three windows and these."""
+def _extend_until_decided(plan: SweepPlan, recorder: Recorder, start: float, lag: float, windows: list[dict],
+                          budget_s: float) -> int:
+    """Add windows to a step while its p99 is undecided for one of plan.slos_s (too few requests to say on which
+    side of the bound it lies) and the windows that `budget_s` still allows could bring the requests a decision
+    needs (loadtest/confidence.py's `needed`). Returns how many were added; the step's figures then come from its
+    last three windows and these. The budget is in time, not windows: a low rate's long windows get fewer."""
     added = 0
-    while plan.slos_s and added < plan.decide_windows:
+    allowed = int(budget_s / plan.window_seconds + 1e-9)
+    while plan.slos_s and added < allowed:
+        counted = min(3, len(windows) - added) + added
         end = start + len(windows) * plan.window_seconds
-        first = end - (min(3, len(windows) - added) + added) * plan.window_seconds
-        _, latencies, _ = recorder.window_detail(first, end, time.time())
-        if not any(decide(latencies, slo, 0.99, plan.confidence).verdict == "undecided" for slo in plan.slos_s):
-            break
+        _, latencies, _ = recorder.window_detail(end - counted * plan.window_seconds, end, time.time())
+        open_ = [d for d in (decide(latencies, slo, 0.99, plan.confidence) for slo in plan.slos_s)
+                 if d.verdict == "undecided"]
+        reachable = len(latencies) * (counted + allowed - added) / counted
+        if not any(d.needed is not None and d.needed <= reachable for d in open_):
+            break  # decided, or more windows could not bring enough requests to decide
         windows.append(_next_window(plan, recorder, start, lag, len(windows)))
         added += 1
     return added

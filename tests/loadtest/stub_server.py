@@ -3,6 +3,10 @@ it stalls on a schedule, or serves exactly K requests per second. In a thread of
 or as its own process that can be killed and restarted on the same port (`StubProcess`):
 
     python -m tests.loadtest.stub_server --port 8123 [--capacity 300]
+
+`standard_only=True`: a third-party OIP server, only the standard routes (GET /v2 without metrics_port, model
+metadata, ready, infer; no /config, no /metrics); with `triton_metrics_path` too, it serves Triton's standard
+counters there (the captured triton_metrics.txt, model "ffn" relabelled "m", advanced by what the stub serves).
 """
 
 from __future__ import annotations
@@ -29,6 +33,26 @@ METADATA = {"name": "m", "versions": ["1"], "platform": "stub",
             "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
             "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 4]}]}
 CONFIG = {"name": "m", "model": "stub", "provider": "cpu", "batcher": {"max_batch_size": 1}}
+SERVER = {"name": "stub-oip", "version": "0.1", "extensions": []}
+TRITON_METRICS = Path(__file__).with_name("triton_metrics.txt")
+"""A /metrics text captured from Triton 2.x (models ffn and ffn_b64), the base the stub's counters add to."""
+TRITON_BATCH = 2
+"""The stub's Triton counters count one model execution per this many requests (a batcher's average batch)."""
+
+
+def advance(text: str, model: str, add: dict[str, float]) -> str:
+    """A Prometheus text with the samples of `model` (label model="...") of each counter in `add` raised by its
+    amount: the same server a while later. A counter with a `reason` label is raised only for reason="REJECTED"."""
+    lines = []
+    for line in text.splitlines():
+        name = line.split("{", 1)[0]
+        if not line.startswith("#") and name in add and f'model="{model}"' in line \
+                and ("reason=" not in line or 'reason="REJECTED"' in line):
+            head, value = line.rsplit(" ", 1)
+            total = float(value) + add[name]
+            line = f"{head} {int(total) if total == int(total) else total}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 class StubModel:
@@ -44,6 +68,35 @@ class StubModel:
         self.lock = threading.Lock()
         self.next_free = 0.0
         self.served = 0
+        self.triton = {"requests": 0, "request_us": 0, "input_us": 0, "infer_us": 0, "output_us": 0}
+        """What a Triton serving this model would have counted (standard_only stub with Triton metrics)."""
+
+    def count(self, began: float, read: float, served: float, answered: float) -> None:
+        """One request's Triton-style times (perf_counter instants): input until read, infer until served,
+        output until the answer was encoded; no queue (the stub never queues a request before serving it).
+        Whole microseconds, as Triton counts them: the parts never add up to more than the request."""
+        parts = [int((read - began) * 1e6), int((served - read) * 1e6), int((answered - served) * 1e6)]
+        with self.lock:
+            counts = self.triton
+            counts["requests"] += 1
+            counts["request_us"] += max(round((answered - began) * 1e6), sum(parts))
+            for key, value in zip(("input_us", "infer_us", "output_us"), parts):
+                counts[key] += value
+
+    def triton_text(self) -> str:
+        """Triton's /metrics for this model: the captured text, ffn relabelled m, plus what the stub served."""
+        with self.lock:
+            counts = dict(self.triton)
+        n = counts["requests"]
+        base = TRITON_METRICS.read_text().replace('model="ffn",', 'model="m",')
+        return advance(base, "m", {
+            "nv_inference_request_success": n, "nv_inference_count": n,
+            "nv_inference_exec_count": -(-n // TRITON_BATCH),
+            "nv_inference_request_duration_us": counts["request_us"],
+            "nv_inference_queue_duration_us": 0,
+            "nv_inference_compute_input_duration_us": counts["input_us"],
+            "nv_inference_compute_infer_duration_us": counts["infer_us"],
+            "nv_inference_compute_output_duration_us": counts["output_us"]})
 
     def serve(self) -> None:
         if self.slow_every:
@@ -65,22 +118,32 @@ class StubModel:
         self.served += 1
 
 
-def _app(model: StubModel):
+def _app(model: StubModel, standard_only: bool = False, triton_metrics_path: str | None = None):
     def app(environ, start_response):
         request = Request(environ)
         path = request.path
-        if path == "/metrics":
+        if triton_metrics_path and path == triton_metrics_path:
+            response = Response(model.triton_text(), content_type="text/plain; version=0.0.4")
+        elif path == "/metrics" and not standard_only:
             response = Response("", content_type="text/plain")
+        elif path == "/v2" and standard_only:
+            response = Response(json.dumps(SERVER), content_type="application/json")
+        elif path in ("/v2/health/ready", "/v2/health/live", "/v2/models/m/ready") and standard_only:
+            response = Response("", status=200)
         elif path == "/v2/models/m":
             response = Response(json.dumps(METADATA), content_type="application/json")
-        elif path == "/v2/models/m/config":
+        elif path == "/v2/models/m/config" and not standard_only:
             response = Response(json.dumps(CONFIG), content_type="application/json")
         elif path == "/v2/models/m/infer" and request.method == "POST":
+            began = time.perf_counter()
             request.get_data()
+            read = time.perf_counter()
             model.serve()
+            served = time.perf_counter()
             body = {"model_name": "m", "outputs": [{"name": "y", "datatype": "FP32", "shape": [1, 4],
                                                    "data": [0, 0, 0, 0]}]}
             response = Response(json.dumps(body), content_type="application/json")
+            model.count(began, read, served, time.perf_counter())
         else:
             response = Response('{"error": "not found"}', status=404, content_type="application/json")
         return response(environ, start_response)
@@ -88,9 +151,10 @@ def _app(model: StubModel):
 
 
 @contextmanager
-def stub_server(model: StubModel) -> Iterator[str]:
-    """Serve on a free port of 127.0.0.1 in a background thread; always shut down."""
-    server = make_server("127.0.0.1", 0, _app(model), threaded=True)
+def stub_server(model: StubModel, standard_only: bool = False, triton_metrics_path: str | None = None) -> Iterator[str]:
+    """Serve on a free port of 127.0.0.1 in a background thread; always shut down. `standard_only` and
+    `triton_metrics_path`: see the module's docstring."""
+    server = make_server("127.0.0.1", 0, _app(model, standard_only, triton_metrics_path), threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

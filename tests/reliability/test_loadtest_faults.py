@@ -141,7 +141,7 @@ def test_a_server_that_does_not_come_back_stops_the_sweep_with_its_reason(tmp_pa
 
 @pytest.mark.parametrize("deployment, expected", [
     ("m", "cannot reach the server at http://127.0.0.1:{port}/v2/models/m/config (3 tries): connection refused"),
-    ("nope", "server at http://127.0.0.1:{port} has no deployment 'nope'"),
+    ("nope", "server at http://127.0.0.1:{port} has no model 'nope': GET /v2/models/nope answered 404"),
 ])
 def test_an_unreachable_server_or_unknown_deployment_is_one_line(tmp_path, deployment, expected):
     with stub_server(StubModel()) as host:
