@@ -109,7 +109,7 @@ class LabPlan:
     confidence: see docs/measurement.md)."""
     confidence: float = 0.95
     """The level of every step's p50/p99 intervals and SLO decisions (`latlab loadtest --confidence`)."""
-    slo_steps: int = 8
+    slo_steps: int = 6
     """At most this many extra steps per deployment for the SLO brackets (a bracket left wider says so)."""
     resolution: float = 0.1
     """Each SLO's highest rate is found to within this fraction: the sweep measures between the last rate that

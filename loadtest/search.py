@@ -135,13 +135,14 @@ def bracket_slos(slos_s: tuple[float, ...], steps: list[dict], measure: Callable
     Returns `slo_brackets` (one record per SLO), `slo_steps` and, when it was measured, `single_request`."""
     found: dict = {}
     extra = 0
+    lowest = min((_rate(s) for s in steps if s.get("target_rps")), default=0.0)
     for slo in sorted(slos_s):
         while extra < budget:
             bracket = slo_bracket(steps, slo)
             if bracket.met is None and bracket.broke is not None:
                 if "single_request" not in found:
                     found["single_request"] = single()
-                if breaks(found["single_request"], slo) or tail_flat(steps) is not None:
+                if breaks(found["single_request"], slo) or tail_flat(steps, lowest) is not None:
                     break
             rate = next_slo_rate(bracket, resolution, floor_rps)
             if rate is None:
@@ -149,7 +150,7 @@ def bracket_slos(slos_s: tuple[float, ...], steps: list[dict], measure: Callable
             measure(rate)
             extra += 1
     records = [bracket_record(slo_bracket(steps, slo), found.get("single_request"), resolution, floor_rps,
-                              tail_flat(steps)) for slo in sorted(slos_s)]
+                              tail_flat(steps, lowest)) for slo in sorted(slos_s)]
     return {**found, "slo_brackets": records, "slo_steps": extra}
 
 
@@ -157,12 +158,13 @@ TAIL_FLAT = 0.8
 """Below this ratio of p99s, halving the rate still helps; at or above it the p99 has stopped falling."""
 
 
-def tail_flat(steps: list[dict]) -> dict | None:
-    """The lowest-rate step when the p99 has stopped falling with the load: its p99 is at least TAIL_FLAT times
-    that of the next rate up. Below that, lower rates buy nothing (the machine's tail, not queueing, sets the
-    p99), so a search for a bound the deployment breaks there stops instead of halving on to the floor."""
+def tail_flat(steps: list[dict], below: float) -> dict | None:
+    """The lowest-rate step when the p99 has stopped falling with the load: the search measured it below `below`
+    (the sweep's lowest rate) and its p99 is at least TAIL_FLAT times that of the next rate up. Below that, lower
+    rates buy nothing (the machine's tail, not queueing, sets the p99), so a search for a bound the deployment
+    breaks there stops instead of halving on to the floor."""
     rated = sorted((s for s in steps if s.get("target_rps") and s.get("p99_s") is not None), key=_rate)
-    if len(rated) < 2:
+    if len(rated) < 2 or _rate(rated[0]) >= below:
         return None
     low, high = rated[0], rated[1]
     return low if low["p99_s"] >= TAIL_FLAT * high["p99_s"] else None
