@@ -7,6 +7,7 @@ Locust (which monkey-patches sockets) before anything else.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -163,6 +164,10 @@ def _add_loadtest(sub: argparse._SubParsersAction) -> None:
                            "nv_inference_* counters (queue, compute, batch sizes) feed the report's 'where the time "
                            "goes' (default: the server's /metrics, latlab's observer port when it has one; none "
                            "there: the report shows the client side only)")
+    load.add_argument("--provider", metavar="NAME", default="",
+                      help="what the deployments compute on (cpu, cuda, ...), recorded for a server that does not say "
+                           "(Triton without a model config telling, MLServer, KServe): the report then counts them as "
+                           "CPU or GPU deployments (default: provider unknown, neither); latlab's own server says")
     load.add_argument("--overload", type=float, metavar="FACTOR",
                       help="overload test instead of a sweep: offer FACTOR x the capacity for --burst-seconds, "
                            "then report the 503s, queue depth, timeouts and the time to recover")
@@ -222,6 +227,9 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
                                    "(default: the plan's, 10ms,25ms,50ms,100ms)")
     lab.add_argument("--resolution", type=float,
                      help="each SLO's highest rate is found to within this fraction (default: the plan's, 0.1)")
+    lab.add_argument("--slo-steps", type=int,
+                     help="extra steps per deployment for the SLO brackets (default: the plan's, 6); more buys "
+                          "brackets within --resolution on a noisy machine")
     lab.add_argument("--confidence", type=float,
                      help="level of every step's p50/p99 intervals and SLO decisions (default: the plan's, 0.95)")
     lab.add_argument("--price", metavar="PROVIDER=USD", help="hourly price per provider, e.g. cpu=0.10,cuda=2.50 or "
@@ -349,6 +357,8 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
         raise UserError(f"--max-rate must be a finite rate >= 0 (0: stop at the last of --rates), got {args.max_rate:g}")
     if args.server_metrics and not args.server_metrics.startswith(("http://", "https://")):
         raise UserError(f"--server-metrics must be an http:// or https:// URL, got {args.server_metrics!r}")
+    if args.provider and not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", args.provider.strip()):
+        raise UserError(f"--provider names what the deployments compute on, e.g. cpu or cuda, got {args.provider!r}")
     plan = SweepPlan(host=args.host, deployments=[d for item in args.deployment for d in item.split(",") if d],
                      loads=loads, mode=args.mode, warmup_seconds=args.warmup_seconds,
                      window_seconds=args.step_seconds / 3, max_windows=max(3, args.max_windows),
@@ -362,7 +372,8 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
                      workers=args.workers, expect_workers=args.expect_workers,
                      master_bind_host=args.master_bind_host,
                      master_port=procs.free_port() if args.workers and args.master_port == 5557 else args.master_port,
-                     metrics_port=args.metrics_port, log_dir=out, server_metrics=args.server_metrics or "")
+                     metrics_port=args.metrics_port, log_dir=out, server_metrics=args.server_metrics or "",
+                     provider=(args.provider or "").strip().lower())
     if args.text:
         _require_text(args.host, plan.deployments)
     if args.inputs is not None:
@@ -426,6 +437,10 @@ def cmd_lab(args: argparse.Namespace) -> None:
     if args.slo is not None:
         parse_slos(args.slo)  # refuses a bad bound here, before any work
         plan = replace(plan, slos=args.slo)
+    if args.slo_steps is not None:
+        if args.slo_steps < 0:
+            raise UserError(f"--slo-steps must be >= 0, got {args.slo_steps}")
+        plan = replace(plan, slo_steps=args.slo_steps)
     if args.confidence is not None:
         if not 0.5 <= args.confidence < 1:
             raise UserError(f"--confidence must be at least 0.5 and below 1, e.g. 0.95, got {args.confidence:g}")

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import html
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from latlab.loadtest import costs
 from latlab.loadtest import verdict
 from latlab.loadtest.sections import p99_interval
-from latlab.loadtest.verdict import is_gpu, is_lower_bound, max_rate_under, unmet_clause, unmet_text
+from latlab.loadtest.verdict import (PROVIDER_HINT, UNKNOWN, by_server, group_name, is_cpu, is_gpu, is_lower_bound,
+                                     max_rate_under, provider_of, server_name, server_names, unmet_clause, unmet_text)
 
 ADD_SERVED_GPU = ("for served GPU curves run the gpu plan on a GPU box, `latlab lab --plan gpu`, and merge: "
                   "`latlab report CPU_RUN GPU_RUN`")
@@ -28,6 +29,8 @@ class Best:
     slo_s: float | None = None
     candidates: list[dict] = field(default_factory=list)
     """Every deployment of the provider that was judged: what "never meets it" must hold for."""
+    group: str = ""
+    """What the row stands for in tables: the provider, or "server, provider" when servers are compared."""
 
     @property
     def rate(self) -> float:
@@ -48,17 +51,22 @@ class Best:
 
 
 def best_per_provider(curves: list[dict], slo_s: float, prices: dict) -> list[Best]:
-    """Per provider (cpu first, then device providers), the deployment with the highest rate meeting the SLO."""
+    """Per provider (cpu first, then device providers, then an unknown one), the deployment with the highest rate
+    meeting the SLO; per server and provider, servers in order (latlab's first), when servers are compared."""
     best: dict[str, Best] = {}
+    servers = by_server(curves)
+    order = {name: i for i, name in enumerate(server_names(curves))}
     for curve in curves:
-        provider = str(curve.get("provider", "?")).lower()
+        provider, group = provider_of(curve), group_name(curve, servers)
         step = max_rate_under(curve["steps"], slo_s)
-        current = best.setdefault(provider, Best(provider, curve, None, costs.machine_price(prices, curve), slo_s))
+        current = best.setdefault(group, Best(provider, curve, None, costs.machine_price(prices, curve), slo_s,
+                                              group=group))
         current.candidates.append(curve)
         if step is not None and step["achieved_rps"] > current.rate:
-            best[provider] = Best(provider, curve, step, costs.machine_price(prices, curve), slo_s,
-                                  current.candidates)
-    return [best[p] for p in sorted(best, key=lambda p: (p != "cpu", p))]
+            best[group] = Best(provider, curve, step, costs.machine_price(prices, curve), slo_s,
+                               current.candidates, group)
+    return sorted(best.values(), key=lambda r: (order[server_name(r.curve)] if servers else 0, r.provider == UNKNOWN,
+                                                r.provider != "cpu", r.provider))
 
 
 def winner(rows: list[Best]) -> Best | None:
@@ -79,15 +87,13 @@ def rate_text(row: Best) -> str:
 
 def settings(curve: dict) -> str:
     """The batching settings in a few words."""
-    batcher = curve.get("batcher") or {}
-    size = batcher.get("max_batch_size")
-    if size is None:
-        return "batching unknown"
-    return "batching off" if size == 1 else f"batching ≤ {size}, wait ≤ {batcher.get('max_queue_delay_ms', 0):g} ms"
+    return verdict.batching_text(curve, short=False)
 
 
 def side(curves: list[dict]) -> str:
-    """What one side of the comparison is: '16 CPU cores', '1 NVIDIA H100 80GB HBM3'."""
+    """What one side of the comparison is: '16 CPU cores', '1 NVIDIA H100 80GB HBM3', 'provider unknown'."""
+    if curves and provider_of(curves[0]) == UNKNOWN:
+        return "provider unknown"
     if curves and is_gpu(curves[0]):
         names = sorted({str((c.get("environment") or {}).get("gpu") or (c.get("machine") or {}).get("gpu")
                             or "GPU of unknown model") for c in curves})
@@ -100,16 +106,21 @@ def side(curves: list[dict]) -> str:
 
 
 def compared(curves: list[dict]) -> str:
-    cpu = [c for c in curves if not is_gpu(c)]
+    """'16 CPU cores vs 1 NVIDIA H100 80GB HBM3'; the servers first when they are not only latlab's
+    ('latlab vs MLServer: 2 CPU cores vs provider unknown')."""
+    cpu = [c for c in curves if is_cpu(c)]
     gpu = [c for c in curves if is_gpu(c)]
-    return " vs ".join(side(group) for group in (cpu, gpu) if group)
+    unknown = [c for c in curves if provider_of(c) == UNKNOWN]
+    sides = " vs ".join(side(group) for group in (cpu, gpu, unknown) if group)
+    servers = server_names(curves)
+    return f"{' vs '.join(servers)}: {sides}" if servers != ["latlab"] else sides
 
 
 def headline_slo(curves: list[dict], slos_s: list[float]) -> float | None:
     """The SLO the sentence speaks of: the tightest that both CPU and GPU meet, else the tightest any meets."""
     def meets(group: list[dict], slo: float) -> bool:
         return any(max_rate_under(c["steps"], slo) for c in group)
-    cpu = [c for c in curves if not is_gpu(c)]
+    cpu = [c for c in curves if is_cpu(c)]
     gpu = [c for c in curves if is_gpu(c)]
     ordered = sorted(slos_s)
     both = [s for s in ordered if meets(cpu, s) and meets(gpu, s)]
@@ -123,9 +134,16 @@ def _money(value: float | None) -> str:
     return f"${value:.2f}" if value >= 0.01 else f"${value:.4f}"
 
 
-def _clause(row: Best, first: bool) -> str:
-    who = "the GPU" if is_gpu(row.curve) else "the CPU"
-    what = f"{who} ({side([row.curve])}, {settings(row.curve)})"
+def _who(row: Best) -> str:
+    if provider_of(row.curve) == UNKNOWN:
+        return server_name(row.curve)
+    return "the GPU" if is_gpu(row.curve) else "the CPU"
+
+
+def _clause(row: Best, first: bool, servers: bool = False) -> str:
+    who = _who(row)
+    where = f"{server_name(row.curve)}, " if servers and provider_of(row.curve) != UNKNOWN else ""
+    what = f"{who} ({where}{side([row.curve])}, {settings(row.curve)})"
     if row.rate <= 0:
         return f"{who} {unmet_clause(row.candidates or [row.curve], row.slo_s)}"
     if row.unsaturated:
@@ -161,18 +179,73 @@ def sentence(model: str, curves: list[dict], slos_s: list[float], prices: dict) 
             return f"{model}: no deployment meets p99 ≤ {max(slos_s) * 1e3:g} ms, {why}."
         return f"{model}: no deployment meets p99 ≤ {max(slos_s) * 1e3:g} ms at any measured load ({why})."
     rows = best_per_provider(curves, slo, prices)
-    cpu = next((r for r in rows if r.provider == "cpu"), None)
-    gpu = max((r for r in rows if r.provider != "cpu"), key=lambda r: r.rate, default=None)
-    ordered = sorted([r for r in (cpu, gpu) if r is not None], key=lambda r: -r.rate)
-    clauses = [_clause(row, i == 0) for i, row in enumerate(ordered)]
+    servers = by_server(curves)
+    cpu = max((r for r in rows if r.provider == "cpu"), key=lambda r: r.rate, default=None)
+    gpu = max((r for r in rows if r.provider not in ("cpu", UNKNOWN)), key=lambda r: r.rate, default=None)
+    unknown = max((r for r in rows if r.provider == UNKNOWN), key=lambda r: r.rate, default=None)
+    ordered = sorted([r for r in (cpu, gpu, unknown) if r is not None], key=lambda r: -r.rate)
+    clauses = [_clause(row, i == 0, servers) for i, row in enumerate(ordered)]
     if cpu is not None and gpu is not None:
         found = cost_crossover(cpu, gpu)
         if found:
             clauses.append(crossover_clause(found))
+    elif unknown is not None:
+        clauses.append(f"whether {server_name(unknown.curve)} ran on a CPU or a GPU is not recorded "
+                       f"({PROVIDER_HINT}), so whether a GPU pays off is unknown")
     else:
         clauses.append("no GPU measurements, so whether a GPU pays off is unknown" if gpu is None
                        else "no CPU measurements to compare with")
     return f"{model}: at p99 ≤ {slo * 1e3:g} ms " + "; ".join(clauses) + "."
+
+
+def server_sentence(model: str, curves: list[dict], slos_s: list[float], prices: dict) -> str:
+    """Where servers are compared: per SLO, the server whose best deployment sustains the most under it, and what
+    each other server's best sustains."""
+    parts = []
+    for slo in sorted(slos_s):
+        rows = best_per_server(curves, slo, prices)
+        ranked = sorted(rows, key=lambda r: -r.rate)
+        bound = f"at p99 ≤ {slo * 1e3:g} ms"
+        top = ranked[0] if ranked and ranked[0].rate > 0 else None
+        if top is None:
+            parts.append(f"{bound} no server meets it")
+            continue
+        ties = [r for r in ranked if r.rate > 0 and top.rate / r.rate < 1.05]  # a prefix of ranked
+        if len(ties) > 1:
+            names = [server_name(r.curve) for r in ties]
+            text = (f"{bound} {', '.join(names[:-1])} and {names[-1]} serve about as much (within 5%): "
+                    + ", ".join(f"{server_name(r.curve)} {_rate_words(r)}" for r in ties))
+        else:
+            text = (f"{bound} {server_name(top.curve)} serves the most, "
+                    + _rate_words(top, f"{verdict.provider_text(top.curve)}, {settings(top.curve)}"))
+        for row in ranked[len(ties):]:
+            if row.rate <= 0:
+                text += f", {server_name(row.curve)} {unmet_clause(row.candidates or [row.curve], slo)}"
+            else:
+                text += f", {server_name(row.curve)} {_rate_words(row)} ({top.rate / row.rate:.1f}× less)"
+        parts.append(text)
+    return f"{model}, by server: " + "; ".join(parts) + "."
+
+
+def _rate_words(row: Best, extra: str = "") -> str:
+    """'240 req/s', '≥ 1347 req/s (not saturated)', '104–500 req/s'; with `extra`, in the parenthesis first."""
+    number, _, why = rate_text(row).partition(" (")
+    inside = "; ".join(part for part in (extra, why.removesuffix(")")) if part)
+    return f"{number} req/s ({inside})" if inside else f"{number} req/s"
+
+
+def best_per_server(curves: list[dict], slo_s: float, prices: dict) -> list[Best]:
+    """Per server, its best row under the SLO (any provider), servers in order (latlab's first)."""
+    best: dict[str, Best] = {}
+    for row in best_per_provider(curves, slo_s, prices):
+        server = server_name(row.curve)
+        if server not in best:
+            best[server] = row
+        elif row.rate > best[server].rate:
+            best[server] = replace(row, candidates=best[server].candidates + row.candidates)
+        else:
+            best[server].candidates = best[server].candidates + row.candidates
+    return list(best.values())
 
 
 def _winner_cell(rows: list[Best]) -> str:
@@ -181,25 +254,33 @@ def _winner_cell(rows: list[Best]) -> str:
         return "none meets it"
     met = [r for r in rows if r.rate > 0]
     if len(rows) == 1:
-        return f"{best.provider} (only provider measured)"
-    why = "only one meeting it" if len(met) == 1 else ("cheaper per inference" if best.cost is not None
+        return f"{best.group} (only provider measured)"
+    priced = all(r.cost is not None for r in met)  # winner() compares cost only when every one has a price
+    why = "only one meeting it" if len(met) == 1 else ("cheaper per inference" if priced
                                                        else "higher rate (no price to compare)")
-    return f"{best.provider} ({why})"
+    return f"{best.group} ({why})"
 
 
-def _of_provider(curves: list[dict], provider: str) -> list[dict]:
-    return [c for c in curves if str(c.get("provider", "?")).lower() == provider]
+def _of_group(curves: list[dict], group: str) -> list[dict]:
+    servers = by_server(curves)
+    return [c for c in curves if group_name(c, servers) == group]
+
+
+def _heading(curves: list[dict], group: str) -> str:
+    """A column group's heading: 'cpu (16 CPU cores)', 'latlab, cpu (2 CPU cores)', 'MLServer, provider unknown'."""
+    what = side(_of_group(curves, group))
+    return group if what == "provider unknown" else f"{group} ({what})"
 
 
 def answer_table(curves: list[dict], slos_s: list[float], prices: dict) -> str:
-    """One row per SLO; per provider its best settings, max rate (≥ when unsaturated), cost; the winner."""
-    providers = [r.provider for r in best_per_provider(curves, slos_s[0], prices)]
-    head = "".join(f"<th colspan='3'>{html.escape(p)} ({html.escape(side(_of_provider(curves, p)))})</th>"
-                   for p in providers)
+    """One row per SLO; per provider (per server and provider when servers are compared) its best settings, max
+    rate (≥ when unsaturated), cost; the winner."""
+    providers = [r.group for r in best_per_provider(curves, slos_s[0], prices)]
+    head = "".join(f"<th colspan='3'>{html.escape(_heading(curves, p))}</th>" for p in providers)
     sub = "<th>best settings</th><th>max req/s</th><th>$ per 1M</th>" * len(providers)
     rows = []
     for slo in slos_s:
-        found = {r.provider: r for r in best_per_provider(curves, slo, prices)}
+        found = {r.group: r for r in best_per_provider(curves, slo, prices)}
         cells = ""
         for provider in providers:
             row = found[provider]
@@ -224,7 +305,7 @@ def evidence(curves: list[dict], slos_s: list[float], prices: dict) -> str:
             decision = next((d for d in ci.get("slos", []) if math.isclose(d["slo_p99_s"], slo)), None)
             said = f", {decision['verdict']} at {ci['level']:.0%}" if decision else ""
             needed = f" (a decision needs {decision['needed']} requests)" if decision and decision.get("needed") else ""
-            items.append(f"<li>p99 ≤ {slo * 1e3:g} ms, {html.escape(row.provider)} at {row.rate:.0f} req/s: p99 "
+            items.append(f"<li>p99 ≤ {slo * 1e3:g} ms, {html.escape(row.group)} at {row.rate:.0f} req/s: p99 "
                          f"{row.step['p99_s'] * 1e3:.2f} ms (interval {html.escape(p99_interval(row.step))} ms, "
                          f"{row.step.get('samples', '?')} requests{said}){needed}</li>")
     if not items:
@@ -246,7 +327,11 @@ def answer_section(by_model: dict[str, list[dict]], slos_s: list[float], prices:
                 f"No GPU data</strong>: this report cannot say whether a GPU pays off. {html.escape(ADD_GPU)}")
         parts.append(f"<p class='warning'><strong>{what}.</p>")
     for model, curves in by_model.items():
+        said = [sentence(model, curves, slos_s, prices)]
+        if by_server(curves):  # the best server per SLO first; the CPU-vs-GPU answer where both were measured
+            both = any(is_cpu(c) for c in curves) and any(is_gpu(c) for c in curves)
+            said = [server_sentence(model, curves, slos_s, prices)] + (said if both else [])
         parts.append(f"<h2 class='model'>{html.escape(model)}</h2>"
-                     f"<p class='sentence'>{html.escape(sentence(model, curves, slos_s, prices))}</p>"
-                     f"{answer_table(curves, slos_s, prices)}{evidence(curves, slos_s, prices)}")
+                     + "".join(f"<p class='sentence'>{html.escape(s)}</p>" for s in said)
+                     + f"{answer_table(curves, slos_s, prices)}{evidence(curves, slos_s, prices)}")
     return "".join(parts) + "</section>"

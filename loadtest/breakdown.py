@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 
 from latlab.loadtest.costs import cpu_threads
-from latlab.loadtest.verdict import is_gpu, label, machine_name, max_rate_under
+from latlab.loadtest.verdict import BY_SERVER, is_gpu, label, machine_name, max_rate_under, server_name
 
 PARTS = ("queue", "preprocess", "input_transfer", "compute", "output_transfer", "rest")
 """The stacked bar's parts, bottom to top."""
@@ -89,7 +89,8 @@ def client_only(curves: list[dict]) -> str:
 
 
 def bar_label(bar: dict) -> str:
-    return f"{bar['curve']['name']} @ {bar['step']['achieved_rps']:.0f}/s"
+    server = f"{server_name(bar['curve'])}: " if bar["curve"].get(BY_SERVER) else ""
+    return f"{server}{bar['curve']['name']} @ {bar['step']['achieved_rps']:.0f}/s"
 
 
 def breakdown_table(found: list[dict]) -> str:

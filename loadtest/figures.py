@@ -11,7 +11,7 @@ matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
 from latlab.loadtest.costs import fleet_cost_per_million, rate_grid  # noqa: E402
-from latlab.loadtest.verdict import machine_name  # noqa: E402
+from latlab.loadtest.verdict import BY_SERVER, machine_name, server_name  # noqa: E402
 
 def curve_png(model: str, curves: list[dict], slos_s: list[float]) -> bytes:
     """p99 (solid) and p50 (dashed) against achieved throughput, one colour per deployment and machine."""
@@ -21,6 +21,8 @@ def curve_png(model: str, curves: list[dict], slos_s: list[float]) -> bytes:
         steps = [s for s in curve["steps"] if s.get("p99_s") is not None and not s.get("server_interrupted")]
         x = [s["achieved_rps"] for s in steps]
         name = f"{curve['name']} @ {machine_name(curve)}"
+        if curve.get(BY_SERVER):  # servers compared: the same deployment name may be on each
+            name = f"{server_name(curve)}: {name}"
         color = f"C{i % 10}"
         ax.plot(x, [s["p99_s"] * 1e3 for s in steps], "o-", color=color, label=f"{name} p99")
         ax.plot(x, [s["p50_s"] * 1e3 for s in steps], "s--", color=color, alpha=0.6, label=f"{name} p50")

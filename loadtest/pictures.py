@@ -8,7 +8,7 @@ import html
 
 from latlab.loadtest import answer, breakdown
 from latlab.loadtest.figures import breakdown_png, cost_png
-from latlab.loadtest.verdict import is_gpu
+from latlab.loadtest.verdict import is_cpu, is_gpu
 
 
 def img(png: bytes, alt: str) -> str:
@@ -18,10 +18,10 @@ def img(png: bytes, alt: str) -> str:
 def cost_lines(curves: list[dict], slo_s: float, prices: dict) -> tuple[list[dict], dict | None]:
     """Per provider, the best deployment's staircase inputs; and the CPU-vs-GPU crossover when both exist."""
     rows = [r for r in answer.best_per_provider(curves, slo_s, prices) if r.rate > 0 and r.price is not None]
-    lines = [{"label": f"{r.provider}: {answer.side([r.curve])}, {answer.settings(r.curve)} "
+    lines = [{"label": f"{r.group}: {answer.side([r.curve])}, {answer.settings(r.curve)} "
                        f"({answer.rate_text(r)} req/s each, {r.price.basis})",
               "capacity_rps": r.rate, "price_per_hour": r.price.per_hour, "row": r} for r in rows]
-    cpu = next((r for r in rows if not is_gpu(r.curve)), None)
+    cpu = max((r for r in rows if is_cpu(r.curve)), key=lambda r: r.rate, default=None)
     gpu = max((r for r in rows if is_gpu(r.curve)), key=lambda r: r.rate, default=None)
     found = answer.cost_crossover(cpu, gpu) if cpu and gpu else None
     return lines, found

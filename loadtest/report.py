@@ -17,8 +17,9 @@ from latlab.loadtest.figures import curve_png
 from latlab.loadtest.predict import bench_fits, request_overheads
 from latlab.loadtest.results import read_results
 # max_rate_under and verdict are also imported from here by older callers.
-from latlab.loadtest.verdict import (DEFAULT_PRICES, GPU_HINT, crossover, is_gpu, machine_name,  # noqa: F401
-                                     max_rate_under, size_crossover, verdict)
+from latlab.loadtest.verdict import (DEFAULT_PRICES, GPU_HINT, PROVIDER_HINT, UNKNOWN, crossover,  # noqa: F401
+                                     is_gpu, label, machine_name, max_rate_under, provider_of, size_crossover,
+                                     tag_servers, verdict)
 
 REPORT_FILE = "report.html"
 BENCH_SCHEMA = "latlab.bench/1"
@@ -79,12 +80,14 @@ def write_report(run_dirs: Path | list[Path], slos_s: list[float], prices: dict[
     by_model: dict[str, list[dict]] = defaultdict(list)
     for curve in curves:
         by_model[curve.get("model") or curve["name"]].append(curve)
+    # A model whose curves come from more than one server is compared by server (verdict.tag_servers).
+    by_model = {model: tag_servers(group) for model, group in by_model.items()}
     # First screen: the answer. Then the pictures, then the details (folded where long).
     bench_gpu = any(p.get("backend", "").endswith("cuda") for d in bench for e in d.get("experiments", [])
                     for p in e.get("points", []))
     body = [answer.answer_section(by_model, slos_s, prices, _prices_line(prices, example_prices), bench_gpu)]
     body += _pictures(by_model, slos_s, prices, out)
-    body.append(_gpu_notice(curves, bench, with_reference, reference_dir))
+    body.append(_gpu_notice([c for group in by_model.values() for c in group], bench, with_reference, reference_dir))
     for model, model_curves in by_model.items():
         png = curve_png(model, model_curves, slos_s)
         (out / f"curve-{_slug(model)}.png").write_bytes(png)
@@ -118,7 +121,7 @@ def _flat_prices(prices: dict, curves: list[dict]) -> dict[str, float]:
     the provider's first deployment of this model)."""
     flat = {}
     for curve in curves:
-        provider = str(curve.get("provider", "?")).lower()
+        provider = provider_of(curve)
         price = machine_price(prices, curve)
         if price is not None and provider not in flat:
             flat[provider] = price.per_hour
@@ -134,7 +137,12 @@ def _gpu_notice(curves: list[dict], bench: list[dict], with_reference: bool, ref
     if gpu_machines:
         text += f" GPU deployments were measured on: {html.escape('; '.join(gpu_machines))}."
     text += "</p>"
-    if not gpu_machines and not bench_gpu:
+    unknown = [f"{label(c)} on {machine_name(c)}" for c in curves if provider_of(c) == UNKNOWN]
+    if not gpu_machines and not bench_gpu and unknown:
+        text += (f"<p class='warning'><strong>No GPU measurements recorded</strong>: whether these ran on a CPU or a "
+                 f"GPU is not recorded ({html.escape(PROVIDER_HINT)}): {html.escape('; '.join(unknown))}. To "
+                 f"measure a GPU, {html.escape(GPU_HINT)}.</p>")
+    elif not gpu_machines and not bench_gpu:
         text += (f"<p class='warning'><strong>No GPU measurements</strong>: every figure in this report comes from the "
                  f"CPU of {html.escape('; '.join(machines))}; no number here says how a GPU would do. To answer that, "
                  f"{html.escape(GPU_HINT)}.</p>")

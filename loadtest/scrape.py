@@ -151,6 +151,9 @@ def describe(host: str, deployment: str) -> dict:
     batcher = triton_batcher(config) if isinstance(config, dict) else None
     if batcher is not None:
         info.update(batcher=batcher, server_config=config)
+        provider = triton_provider(config)
+        if provider:
+            info.update(provider=provider, provider_from="Triton model config (instance_group kind)")
     else:
         answer = (f"answered {response.status_code}" if response.status_code != 200
                   else "answered no JSON" if config is None else "answered a config that is not latlab's")
@@ -173,6 +176,19 @@ def triton_batcher(config: dict) -> dict | None:
     if groups:
         batcher["instances"] = sum(int(g.get("count") or 1) for g in groups)
     return batcher
+
+
+def triton_provider(config: dict) -> str | None:
+    """What a Triton model computes on, from its config's instance groups: "cuda" (KIND_GPU; "tensorrt" for a
+    TensorRT plan) or "cpu" (KIND_CPU); None when they differ or say KIND_AUTO/KIND_MODEL, and for the Python
+    backend, whose code, not its instance kind, picks the device."""
+    if str(config.get("backend") or "").lower() == "python":
+        return None
+    groups = [g for g in config.get("instance_group") or [] if isinstance(g, dict)]
+    kinds = {str(g.get("kind") or "KIND_AUTO").upper() for g in groups}
+    if kinds == {"KIND_GPU"}:
+        return "tensorrt" if str(config.get("platform") or "").lower() == "tensorrt_plan" else "cuda"
+    return "cpu" if kinds == {"KIND_CPU"} else None
 
 
 def _json_or_none(response: requests.Response) -> object:

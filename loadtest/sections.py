@@ -8,8 +8,8 @@ from latlab.loadtest.bench_pivot import gpu_speedup, pivot
 from latlab.machine import key as machine_key
 from latlab.loadtest.breakdown import server_bound
 from latlab.loadtest.predict import ASSUMPTIONS, predict_deployment
-from latlab.loadtest.verdict import (best_per_provider, label, machine_name, max_rate_under, rate_text,
-                                     sustained_rate)
+from latlab.loadtest.verdict import (BY_SERVER, best_per_provider, label, machine_name, max_rate_under, rate_text,
+                                     server_name, sustained_rate)
 
 MACHINE_KEYS = ("cpu", "cores", "memory_gib", "os", "gpu", "ort_version", "torch_version", "threads", "python")
 
@@ -78,7 +78,7 @@ def provider_table(curves: list[dict], slos_s: list[float], prices: dict[str, fl
             best = label(row["curve"]) if row["rate"] > 0 else "none meets it"
             price = f"${row['price']:.2f}" if row["price"] is not None else "no price"
             cost = f"${row['cost']:.3f}" if row["cost"] is not None else "–"
-            rows.append(f"<tr><td>p99 ≤ {slo * 1e3:g} ms</td><td>{esc(row['provider'])}</td><td>{esc(best)}</td>"
+            rows.append(f"<tr><td>p99 ≤ {slo * 1e3:g} ms</td><td>{esc(row['group'])}</td><td>{esc(best)}</td>"
                         f"<td>{esc(machine_name(row['curve']))}</td><td>{rate}</td><td>{price}</td>"
                         f"<td>{cost}</td></tr>")
     return ("<table class='cost'><tr><th>SLO</th><th>provider</th><th>best settings found</th><th>machine</th>"
@@ -184,7 +184,9 @@ def steps_table(curve: dict) -> str:
         rows.append(f"<tr><td>{s['offered_rps']:.0f}</td><td>{s['achieved_rps']:.0f}</td><td>{p['p50_s']}</td>"
                     f"<td>{p['p90_s']}</td><td>{p['p99_s']}</td><td>{esc(p99_interval(s))}</td><td>{p['max_s']}</td>"
                     f"<td>{s['errors']}</td><td>{dropped}</td><td>{batch}</td><td>{cpu}{esc(flags)}</td></tr>")
-    return (f"<details><summary>{esc(curve['name'])} on {esc(machine_name(curve))}: {len(curve['steps'])} steps — "
+    server = f" ({server_name(curve)})" if curve.get(BY_SERVER) else ""
+    return (f"<details><summary>{esc(curve['name'])}{esc(server)} on {esc(machine_name(curve))}: "
+            f"{len(curve['steps'])} steps — "
             f"{esc(curve.get('stop_reason', ''))}{esc(_saturation(curve))}</summary>"
             "<table><tr><th>offered/s</th><th>achieved/s</th>"
             f"<th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>p99 {_level(curve)} interval ms</th><th>max ms</th>"

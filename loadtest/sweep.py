@@ -82,7 +82,7 @@ class SweepPlan:
     """The level of each step's percentile intervals and SLO decisions (`confidence` in the results)."""
     decide_windows: int = 6
     """With slos_s: a step whose p99 is undecided for one of them (loadtest/confidence.py) gets up to this many
-    more of the plan's windows' time before its figures are read, while more could decide it (0: never)."""
+    more windows before its figures are read, while they could decide it (0: never)."""
     resolution: float = 0.1
     """The SLO brackets' width: (first rate broken - last rate met) / last rate met."""
     max_slo_steps: int = 12
@@ -101,6 +101,9 @@ class SweepPlan:
     queue_sample_seconds: float = 0.0
     """Sample the server's queue depth this often during each step (0: off; each scrape costs the server
     a few ms of its interpreter lock, so plain sweeps leave it off)."""
+    provider: str = ""
+    """What the deployments compute on ("cpu", "cuda"), recorded where the server does not say (any server other than
+    latlab's, unless its Triton model config tells); empty: the record has no provider (the report says unknown)."""
     server_metrics: str = ""
     """Where the server's own figures are read: a Prometheus text URL (latlab's series or Triton's nv_inference_*
     counters); empty: the server's /metrics (on latlab's observer port when it has one), if it answers."""
@@ -319,6 +322,10 @@ def _describe(plan: SweepPlan, deployment: str, progress: Callable[[str], None])
         progress.once(*notice)
     elif notice:
         progress(notice[1])
+    if plan.provider and not info.get("provider"):
+        info = {**info, "provider": plan.provider, "provider_from": "--provider"}
+    elif plan.provider and str(info["provider"]).lower() != plan.provider.lower():
+        progress(f"{deployment}: --provider {plan.provider} ignored: the server says {info['provider']}")
     return {**info, "server_metrics": source.as_dict()}
 
 
@@ -341,7 +348,6 @@ def measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, d
     test's recovery): the plan's windows as they are, short for time resolution, and `recovery_spans`, the
     requests pooled from each window on (see recorder.recovery_spans)."""
     began = time.time()
-    decide_budget_s = plan.decide_windows * plan.window_seconds  # the plan's windows, before a low rate's lengthen
     if not spans:
         plan = replace(plan, window_seconds=window_for(plan, load))
     driver.step_index = index
@@ -358,7 +364,7 @@ def measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, d
     driver.generator_cpu()
     start = time.time()
     windows, stable = _windows_until_stable(plan, recorder, start, lag)
-    extended = 0 if spans else _extend_until_decided(plan, recorder, start, lag, windows, decide_budget_s)
+    extended = 0 if spans else _extend_until_decided(plan, recorder, start, lag, windows)
     end = start + len(windows) * plan.window_seconds
     first = end - (min(3, len(windows) - extended) + extended) * plan.window_seconds
     cpu = driver.generator_cpu()
@@ -447,23 +453,22 @@ def _next_window(plan: SweepPlan, recorder: Recorder, start: float, lag: float, 
             "p99_high_s": p99.as_dict()["high"]}
 
 
-def _extend_until_decided(plan: SweepPlan, recorder: Recorder, start: float, lag: float, windows: list[dict],
-                          budget_s: float) -> int:
+def _extend_until_decided(plan: SweepPlan, recorder: Recorder, start: float, lag: float, windows: list[dict]) -> int:
     """Add windows to a step while its p99 is undecided for one of plan.slos_s (too few requests to say on which
-    side of the bound it lies) and the windows that `budget_s` still allows could bring the requests a decision
-    needs (loadtest/confidence.py's `needed`). Returns how many were added; the step's figures then come from its
-    last three windows and these. The budget is in time, not windows: a low rate's long windows get fewer."""
+    side of the bound it lies) and the plan.decide_windows still allowed could bring the requests a decision
+    needs (loadtest/confidence.py's `needed`): a low rate's step, whose 150 requests cannot show a p99 met, gets
+    the windows that can; a step whose tail sits on the bound, needing thousands more, gets none. Returns how
+    many were added; the step's figures then come from its last three windows and these."""
     added = 0
-    allowed = int(budget_s / plan.window_seconds + 1e-9)
-    while plan.slos_s and added < allowed:
+    while plan.slos_s and added < plan.decide_windows:
         counted = min(3, len(windows) - added) + added
         end = start + len(windows) * plan.window_seconds
         _, latencies, _ = recorder.window_detail(end - counted * plan.window_seconds, end, time.time())
         open_ = [d for d in (decide(latencies, slo, 0.99, plan.confidence) for slo in plan.slos_s)
                  if d.verdict == "undecided"]
-        reachable = len(latencies) * (counted + allowed - added) / counted
+        reachable = len(latencies) * (counted + plan.decide_windows - added) / counted
         if not any(d.needed is not None and d.needed <= reachable for d in open_):
-            break  # decided, or more windows could not bring enough requests to decide
+            break  # decided, or the windows left could not bring enough requests to decide
         windows.append(_next_window(plan, recorder, start, lag, len(windows)))
         added += 1
     return added

@@ -124,20 +124,82 @@ def cost_per_million(price_per_hour: float | None, rate_rps: float) -> float | N
     return price_per_hour / (rate_rps * 3600) * 1e6
 
 
+UNKNOWN = "?"
+"""The provider of a deployment whose record does not say: one served by another server (Triton, MLServer) whose
+run gave no --provider and whose model config does not tell, or a curve rebuilt from Prometheus. Neither CPU nor
+GPU in any verdict: every text says "provider unknown" and how to record it (PROVIDER_HINT)."""
+PROVIDER_HINT = "`latlab loadtest --provider cpu|cuda` records it"
+SERVER_NAMES = {"latlab": "latlab", "triton": "Triton", "mlserver": "MLServer", "kserve": "KServe"}
+"""GET /v2's `name` of known servers -> how the report writes it."""
+BY_SERVER = "by_server"
+"""Set on every curve of a report whose curves come from more than one server (tag_servers): labels, tables,
+curves and the answer then name each curve's server."""
+
+
+def provider_of(curve: dict) -> str:
+    """The deployment's execution provider, lower case ("cpu", "cuda", "tensorrt"); UNKNOWN when not recorded."""
+    return str(curve.get("provider") or UNKNOWN).lower()
+
+
 def is_gpu(curve: dict) -> bool:
-    return str(curve.get("provider", "cpu")).lower() != "cpu"
+    """A device deployment (a recorded provider other than the CPU's); an unknown provider is not one."""
+    return provider_of(curve) not in ("cpu", UNKNOWN)
 
 
-def label(curve: dict) -> str:
-    """A deployment in words: name, provider and batcher settings."""
+def is_cpu(curve: dict) -> bool:
+    return provider_of(curve) == "cpu"
+
+
+def server_name(curve: dict) -> str:
+    """The server that served the curve, by GET /v2's name ("latlab", "Triton", "MLServer"); results from before
+    the server was recorded come from latlab's own."""
+    name = str((curve.get("server") or {}).get("name") or "latlab")
+    return SERVER_NAMES.get(name.lower(), name)
+
+
+def server_names(curves: list[dict]) -> list[str]:
+    """The servers of these curves, latlab's first, then alphabetically."""
+    return sorted({server_name(c) for c in curves}, key=lambda name: (name != "latlab", name.lower()))
+
+
+def tag_servers(curves: list[dict]) -> list[dict]:
+    """The curves, each marked BY_SERVER when they come from more than one server; a one-server set is left as
+    it is (its report renders without the server dimension)."""
+    if len(server_names(curves)) < 2:
+        return curves
+    return [{**c, BY_SERVER: True} for c in curves]
+
+
+def by_server(curves: list[dict]) -> bool:
+    """Whether these curves are compared by server (tagged by tag_servers, or from more than one server)."""
+    return any(c.get(BY_SERVER) for c in curves) or len(server_names(curves)) > 1
+
+
+def provider_text(curve: dict) -> str:
+    provider = curve.get("provider")
+    return "provider unknown" if provider_of(curve) == UNKNOWN else str(provider)
+
+
+def batching_text(curve: dict, short: bool = True) -> str:
+    """The batcher settings in a few words: latlab's batcher ("batch ≤ 64, wait ≤ 2 ms", short; "batching ≤ 64,
+    wait ≤ 2 ms"), Triton's dynamic batcher from its model config, or "batcher settings unknown"."""
     batcher = curve.get("batcher") or {}
     size = batcher.get("max_batch_size")
     if size is None:
-        mode = "batcher settings unknown"
-    else:
-        delay = batcher.get("max_queue_delay_ms", 0)
-        mode = "batching off" if size == 1 else f"batch ≤ {size}, wait ≤ {delay:g} ms"
-    return f"{curve['name']} ({curve.get('provider', '?')}, {mode})"
+        return "batcher settings unknown" if short else "batching unknown"
+    delay = batcher.get("max_queue_delay_ms", 0)
+    if curve.get("server_config") is not None:  # Triton's model config: its dynamic batcher
+        return "no dynamic batcher" if size == 1 else f"dynamic batcher ≤ {size}, wait ≤ {delay:g} ms"
+    if size == 1:
+        return "batching off"
+    return f"{'batch' if short else 'batching'} ≤ {size}, wait ≤ {delay:g} ms"
+
+
+def label(curve: dict) -> str:
+    """A deployment in words: name, provider and batcher settings; its server first when the report compares
+    servers (BY_SERVER)."""
+    server = f"{server_name(curve)}, " if curve.get(BY_SERVER) else ""
+    return f"{curve['name']} ({server}{provider_text(curve)}, {batching_text(curve)})"
 
 
 def machine_name(curve: dict) -> str:
@@ -175,19 +237,30 @@ def verdict(model: str, curves: list[dict], slo_s: float) -> str:
     return sentence + "."
 
 
+def group_name(curve: dict, servers: bool) -> str:
+    """What a table's row or column of best deployments stands for: the provider ("cpu", "provider unknown"),
+    after the server when servers are compared ("MLServer, provider unknown")."""
+    provider = provider_of(curve) if provider_of(curve) != UNKNOWN else "provider unknown"
+    return f"{server_name(curve)}, {provider}" if servers else provider
+
+
 def best_per_provider(curves: list[dict], slo_s: float, prices: dict[str, float]) -> list[dict]:
-    """Per provider, the deployment (batcher settings) with the highest rate under the SLO, and its cost."""
+    """Per provider (per server and provider when servers are compared), the deployment (batcher settings) with
+    the highest rate under the SLO, and its cost."""
     best: dict[str, dict] = {}
+    servers = by_server(curves)
     for curve in curves:
-        provider = str(curve.get("provider", "?")).lower()
+        provider = provider_of(curve)
+        group = group_name(curve, servers)
         step = max_rate_under(curve["steps"], slo_s)
         rate = step["achieved_rps"] if step else 0.0
         # TensorRT runs on the CUDA machine: without a price of its own it costs what that machine costs.
         price = prices.get(provider, prices.get("cuda") if provider == "tensorrt" else None)
-        if provider not in best or rate > best[provider]["rate"]:
-            best[provider] = {"provider": provider, "curve": curve, "step": step, "rate": rate, "price": price,
-                              "cost": cost_per_million(price, rate)}
-    return [best[p] for p in sorted(best)]
+        if group not in best or rate > best[group]["rate"]:
+            best[group] = {"provider": provider, "group": group, "curve": curve, "step": step, "rate": rate,
+                           "price": price, "cost": cost_per_million(price, rate)}
+    order = {name: i for i, name in enumerate(server_names(curves))}
+    return sorted(best.values(), key=lambda r: (order[server_name(r["curve"])] if servers else 0, r["group"]))
 
 
 def crossover(model: str, curves: list[dict], slo_s: float, prices: dict[str, float]) -> str:
@@ -195,7 +268,12 @@ def crossover(model: str, curves: list[dict], slo_s: float, prices: dict[str, fl
     bound = f"p99 ≤ {slo_s * 1e3:g} ms"
     rows = best_per_provider(curves, slo_s, prices)
     cpu = _best([r for r in rows if r["provider"] == "cpu"])
-    gpu = _best([r for r in rows if r["provider"] != "cpu"])
+    gpu = _best([r for r in rows if r["provider"] not in ("cpu", UNKNOWN)])
+    unknown = [c for c in curves if provider_of(c) == UNKNOWN]
+    if unknown:
+        known = [c for c in curves if provider_of(c) != UNKNOWN]
+        return _with_unknown(model, bound, known, _best([r for r in rows if r["provider"] == UNKNOWN]), slo_s,
+                             prices)
     if not any(is_gpu(c) for c in curves):
         known = (f"the CPU sustains up to {cpu['rate']:.0f} req/s ({_where(cpu)}{_cost(cpu)})" if cpu
                  else "no CPU deployment met it at any measured load")
@@ -213,6 +291,21 @@ def crossover(model: str, curves: list[dict], slo_s: float, prices: dict[str, fl
                 f"the GPU only up to {gpu['rate']:.0f} req/s ({_where(gpu)}{_cost(gpu)}): "
                 "the GPU does not pay off here.")
     return _gpu_wins(model, bound, cpu, gpu)
+
+
+def _with_unknown(model: str, bound: str, known: list[dict], unknown: dict | None, slo_s: float,
+                  prices: dict[str, float]) -> str:
+    """The verdict where some deployments' provider is not recorded: they count as neither CPU nor GPU; what they
+    sustain is said, and the CPU-vs-GPU verdict is given over the others."""
+    if unknown is not None:
+        said = (f"{_where(unknown)} sustains up to {unknown['rate']:.0f} req/s{_cost(unknown)}; whether on a CPU "
+                f"or a GPU is not recorded ({PROVIDER_HINT})")
+    else:
+        said = (f"no deployment of unknown provider met it at any measured load (whether they ran on a CPU or a "
+                f"GPU is not recorded: {PROVIDER_HINT})")
+    if not known:
+        return f"{model}, {bound}: {said}: no CPU-vs-GPU verdict."
+    return f"{crossover(model, known, slo_s, prices)} Provider unknown: {said}."
 
 
 def _gpu_wins(model: str, bound: str, cpu: dict, gpu: dict) -> str:

@@ -173,6 +173,8 @@ def test_a_triton_config_route_is_read_as_triton_s_not_latlab_s() -> None:
     assert info["batcher"] == {"max_batch_size": 64, "max_queue_delay_ms": 1.0, "instances": 1}
     assert info["server_config"] == config and info["server"] == {"name": "triton", "version": "2.59.0"}
     assert "settings_unknown" not in info and info["model"] == "m" and info["platform"] == "onnxruntime_onnx"
+    # its instance group says where the model runs: the report counts it as a CPU deployment
+    assert info["provider"] == "cpu" and info["provider_from"] == "Triton model config (instance_group kind)"
     assert source.kind is None and "answered 400" in source.note
     _, line = extras_notice(host, info, source)
     assert "no latlab /config: batcher settings from its Triton model config" in line

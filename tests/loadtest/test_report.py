@@ -204,7 +204,8 @@ def test_verdict_survives_a_zero_throughput_step_that_meets_the_slo():
     curves = [{"name": "a", "steps": [{"achieved_rps": 100.0, "p99_s": 0.01, "errors": 0}]},
               {"name": "b", "steps": [{"achieved_rps": 0.0, "p99_s": 0.002, "errors": 0}]}]
     sentence = verdict("m", curves, 0.025)
-    assert "a (" in sentence and "b (?, batcher settings unknown) does not meet it" in sentence
+    # no provider recorded (another server's deployment, no --provider): said as such, never "?"
+    assert "a (" in sentence and "b (provider unknown, batcher settings unknown) does not meet it" in sentence
 
 
 @pytest.mark.parametrize("text", ["nan", "inf", "-5", "0"])
