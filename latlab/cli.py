@@ -212,7 +212,7 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
     lab.add_argument("--runs-dir", type=Path, default=Path("runs"))
     lab.add_argument("--models-dir", type=Path, default=Path("models"))
     lab.add_argument("--plan", choices=["cpu", "quick", "gpu", "gpu-quick"], default="cpu",
-                     help="cpu: the main job (mlp, ffn, cnn, minilm; ~11 min on 2 cores); quick: fewer, shorter "
+                     help="cpu: the main job (mlp, ffn, cnn, minilm; ~15 min on 2 cores); quick: fewer, shorter "
                           "steps (~5.5 min); gpu: the same models on CUDA and CPU, for a GPU box; gpu-quick: "
                           "that in fewer, shorter steps")
     lab.add_argument("--quick", action="store_const", const="quick", dest="plan", help="same as --plan quick")

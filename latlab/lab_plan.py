@@ -164,7 +164,7 @@ MINILM = ModelPlan("minilm", {}, rates=(15, 100, 300), seq_len=16, text=True,
                    batching={"max_batch_size": 32, "max_queue_delay_ms": 3.0})
 
 PLANS = {
-    # The main job: four models, batching off and on, on the CPU (660 s measured on 2 cores, models exported).
+    # The main job: four models, batching off and on, on the CPU (943 s measured on 2 cores with the SLO brackets, models exported).
     "cpu": LabPlan(models=(MLP, FFN, CNN, MINILM)),
     # Same models, fewer and shorter steps (318 s measured on 2 cores, models already exported).
     "quick": LabPlan(models=(replace(MLP, rates=(250, 1000, 2000)), replace(FFN, rates=(250, 750, 1500, 2500)),
