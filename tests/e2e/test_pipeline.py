@@ -99,7 +99,7 @@ def test_lab_runs_end_to_end_and_stops_everything(tmp_path):
 
     plan = LabPlan(models=(ModelPlan("mlp", rates=(50, 150)),
                            ModelPlan("ffn", {"d_model": 16, "n_layers": 2}, rates=(50, 150), binary=True)),
-                   step_seconds=0.5, warmup_seconds=0.3, max_windows=3, bench=False, raise_cap=1.0)
+                   step_seconds=0.5, warmup_seconds=0.3, max_windows=3, bench=False, raise_cap=1.0, slo_steps=0)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     report = run_lab(tmp_path / "runs", tmp_path / "models", plan)
     assert report.is_file() and "data:image/png;base64," in report.read_text()
@@ -109,6 +109,8 @@ def test_lab_runs_end_to_end_and_stops_everything(tmp_path):
         assert doc["run_id"] == report.parent.name  # one run label across the models' sweeps
         assert [d["name"] for d in doc["deployments"]] == [f"{model}-b1", f"{model}-batch"]
         assert all(len(d["steps"]) == 2 and not any(s["errors"] for s in d["steps"]) for d in doc["deployments"])
+        # the brackets are recorded for every SLO even with no step to spend on them (slo_steps 0)
+        assert all(len(d["slo_brackets"]) == 4 and d["slo_steps"] == 0 for d in doc["deployments"])
         # no raising past the listed rates here (raise_cap 1): 150 req/s is far below capacity, and says so
         assert all(d["saturated"] is False and d["rate_cap_rps"] == 150 for d in doc["deployments"])
         assert doc["payload"]["encoding"] == ("binary" if model == "ffn" else "json")
