@@ -100,7 +100,7 @@ def side(curves: list[dict]) -> str:
         return " / ".join(f"1 {n}" for n in names)
     threads = sorted({t for t in (costs.cpu_threads(c) for c in curves) if t})
     if not threads:
-        return "CPU (thread count not recorded)"
+        return "CPU, thread count not recorded"
     count = "/".join(str(t) for t in threads)
     return f"{count} CPU core{'s' if threads[-1] > 1 else ''}"
 

@@ -169,7 +169,7 @@ def test_a_real_mlserver_is_swept_reported_and_put_beside_latlab(tmp_path: Path,
     slos = ["--slo", "100ms,1s"]
     run_cli("report", str(run), *slos)
     page = (run / "report.html").read_text()
-    assert "Compared: MLServer: CPU (thread count not recorded)" in page  # a CPU because --provider said so
+    assert "Compared: MLServer: CPU, thread count not recorded" in page  # a CPU because --provider said so
     assert "tiny (cpu, batcher settings unknown)" in page and "the report shows the client side only" in page
     assert "by server" not in page  # one server: no server dimension
 
@@ -189,11 +189,11 @@ def test_a_real_mlserver_is_swept_reported_and_put_beside_latlab(tmp_path: Path,
     merged = tmp_path / "merged"
     run_cli("report", str(run), str(latlab), "--out", str(merged), *slos)
     page = (merged / "report.html").read_text()
-    assert "Compared: latlab vs MLServer: CPU (thread count not recorded)" in page
+    assert "Compared: latlab vs MLServer: CPU, thread count not recorded" in page
     assert "tiny, by server: at p99 ≤ 100 ms " in page
     assert "at p99 ≤ 1000 ms latlab serves the most" in page and "MLServer " in page
     for column in ("latlab, cpu", "MLServer, cpu"):
-        assert f"<th colspan='3'>{column} (CPU (thread count not recorded))</th>" in page, column
+        assert f"<th colspan='3'>{column} (CPU, thread count not recorded)</th>" in page, column
     assert "tiny (MLServer, cpu, batcher settings unknown)" in page
     assert "tiny (latlab, cpu, batch ≤ 32, wait ≤ 2 ms)" in page
     assert "tiny (MLServer) on " in page  # the steps' table says whose steps they are

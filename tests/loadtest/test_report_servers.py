@@ -95,7 +95,7 @@ def test_with_a_gpu_the_cpu_vs_gpu_answer_follows_the_server_one(tmp_path: Path)
     sentences = re.findall(r"<p class='sentence'>(.*?)</p>", page)
     assert len(sentences) == 2 and sentences[0].startswith("minilm, by server: at p99 ≤ 10 ms latlab serves the most")
     assert "the GPU (latlab, 1 NVIDIA H100 80GB HBM3" in sentences[1]
-    assert "<th colspan='3'>MLServer, cpu (CPU (thread count not recorded))</th>" in page  # priced as a CPU
+    assert "<th colspan='3'>MLServer, cpu (CPU, thread count not recorded)</th>" in page  # priced as a CPU
     assert "MLServer, cpu at 50 req/s" in page  # the evidence list names the server too
 
 
