@@ -176,7 +176,7 @@ def bracket_record(bracket: Bracket, single: dict | None, resolution: float, flo
     if bracket.met is None and single is not None and breaks(single, bracket.slo_p99_s):
         meaning = NEVER
     elif bracket.met is None and bracket.broke is not None and flat is not None:
-        meaning = (f"not met down to {_rate(flat):.3g} req/s: the p99 stopped falling with the load "
+        meaning = (f"{FLAT} {_rate(flat):.3g} req/s: the p99 stopped falling with the load "
                    f"({flat['p99_s'] * 1e3:.1f} ms there)")
     elif bracket.met is None:
         meaning = f"below the lowest rate measured (the search stops at {floor_rps:.3g} req/s)" if bracket.broke \
@@ -194,6 +194,8 @@ def bracket_record(bracket: Bracket, single: dict | None, resolution: float, flo
 
 
 NEVER = "never: breaks it one request at a time"
+FLAT = "not met down to"
+"""How a bracket's meaning starts when the search below stopped because the p99 stopped falling (tail_flat)."""
 
 
 def breaks(single: dict, slo_p99_s: float) -> bool:

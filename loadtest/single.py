@@ -12,7 +12,7 @@ import numpy as np
 
 from latlab.loadtest.lean_http import LeanClient
 from latlab.loadtest.payloads import PayloadOptions, request_bodies
-from latlab.loadtest.recorder import MIN_SAMPLES_P99
+from latlab.loadtest.recorder import MIN_SAMPLES_P99, percentiles
 from latlab.loadtest.scrape import fetch
 
 REQUESTS = 300
@@ -48,11 +48,13 @@ def one_at_a_time(host: str, deployment: str, options: PayloadOptions, requests:
 
 
 def summary(latencies: list[float], errors: int) -> dict:
-    """The figures of one-at-a-time latencies (seconds), as a deployment's results record them."""
+    """The figures of one-at-a-time latencies (seconds), as a deployment's results record them: the recorder's
+    exact percentiles (recorder.percentiles), so they read like every step's."""
     values = np.asarray(latencies, dtype=float)
     if not len(values):
         return {"requests": 0, "errors": errors, "p50_s": None, "p99_s": None, "max_s": None,
                 "too_few_samples": True}
-    return {"requests": int(len(values)), "errors": int(errors), "p50_s": float(np.percentile(values, 50)),
-            "p99_s": float(np.percentile(values, 99)), "max_s": float(values.max()),
+    figures = percentiles(values)
+    return {"requests": int(len(values)), "errors": int(errors), "p50_s": figures["p50_s"],
+            "p99_s": figures["p99_s"], "max_s": figures["max_s"],
             "too_few_samples": bool(len(values) < MIN_SAMPLES_P99)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from latlab.loadtest.search import NEVER, slo_met
+from latlab.loadtest.search import FLAT, NEVER, slo_met
 
 DEFAULT_PRICES = {"cpu": 0.10, "cuda": 2.50}
 """Example hourly prices (USD) per provider, used when the user gives none; the report says so."""
@@ -59,7 +59,7 @@ def unmet_text(curves: list[dict], slo_s: float) -> str:
     if curves and all(b and b["meaning"] == NEVER for b in brackets) and all(singles):
         fastest = min((s["p99_s"] for s in singles if s.get("p99_s") is not None), default=None)
         return "never" + (f" (p99 {fastest * 1e3:.0f} ms one request at a time)" if fastest is not None else "")
-    flat = [b for b in brackets if b and b["meaning"].startswith("not met down to")]
+    flat = [b for b in brackets if b and b["meaning"].startswith(FLAT)]
     if flat:
         return min(flat, key=lambda b: b["broke_rps"] or 0)["meaning"]
     below = [b["broke_rps"] for b in brackets if b and b["broke_rps"] and b["meaning"] != NEVER]
