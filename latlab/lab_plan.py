@@ -110,8 +110,9 @@ class LabPlan:
     requests a p99 "met" needs at 95%."""
     confidence: float = 0.95
     """The level of every step's p50/p99 intervals and SLO decisions (`latlab loadtest --confidence`)."""
-    slo_steps: int = 6
-    """At most this many extra steps per deployment for the SLO brackets (a bracket left wider says so)."""
+    slo_steps: int = 10
+    """At most this many extra steps per deployment for the SLO brackets, each spent on the widest bracket left (a
+    bracket left wider says so). Four SLOs in brackets of 10x need up to five each alone; shared steps need fewer."""
     resolution: float = 0.1
     """Each SLO's highest rate is found to within this fraction: the sweep measures between the last rate that
     met it and the first that broke it until they are this close (`latlab loadtest --slos`)."""

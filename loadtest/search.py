@@ -130,28 +130,46 @@ def next_slo_rate(bracket: Bracket, resolution: float, floor_rps: float) -> floa
 def bracket_slos(slos_s: tuple[float, ...], steps: list[dict], measure: Callable[[float], dict],
                  single: Callable[[], dict], resolution: float, floor_rps: float, budget: int) -> dict:
     """Narrow every SLO's bracket to `resolution` with extra steps (`measure(rate)` appends each to `steps`; one
-    step serves every SLO), the tightest SLO first, at most `budget` steps in all. Below the lowest step only
-    once one request at a time (`single()`, called at most once) has shown the SLO can be met at all.
-    Returns `slo_brackets` (one record per SLO), `slo_steps` and, when it was measured, `single_request`."""
+    step serves every SLO), at most `budget` steps in all, each spent on the widest bracket left (a budget that
+    runs out leaves every SLO narrowed some way, not the tightest one exact and the others as listed). Below the
+    lowest step only once one request at a time (`single()`, called at most once) has shown the SLO can be met
+    at all. Returns `slo_brackets` (one record per SLO), `slo_steps` and, when it was measured,
+    `single_request`."""
     found: dict = {}
     extra = 0
     lowest = min((_rate(s) for s in steps if s.get("target_rps")), default=0.0)
-    for slo in sorted(slos_s):
-        while extra < budget:
-            bracket = slo_bracket(steps, slo)
-            if bracket.met is None and bracket.broke is not None:
-                if "single_request" not in found:
-                    found["single_request"] = single()
-                if breaks(found["single_request"], slo) or tail_flat(steps, lowest) is not None:
-                    break
-            rate = next_slo_rate(bracket, resolution, floor_rps)
-            if rate is None:
-                break
-            measure(rate)
-            extra += 1
+
+    def single_once() -> dict:
+        if "single_request" not in found:
+            found["single_request"] = single()
+        return found["single_request"]
+
+    while extra < budget:
+        rate = _widest_next(slos_s, steps, single_once, resolution, floor_rps, lowest)
+        if rate is None:
+            break
+        measure(rate)
+        extra += 1
     records = [bracket_record(slo_bracket(steps, slo), found.get("single_request"), resolution, floor_rps,
                               tail_flat(steps, lowest)) for slo in sorted(slos_s)]
     return {**found, "slo_brackets": records, "slo_steps": extra}
+
+
+def _widest_next(slos_s: tuple[float, ...], steps: list[dict], single: Callable[[], dict], resolution: float,
+                 floor_rps: float, lowest: float) -> float | None:
+    """The next rate of the SLO whose bracket is widest (ratio of its ends; below every step, of the lowest
+    broken to the floor), the tightest SLO first among equals; None when no bracket can narrow."""
+    candidates = []
+    for slo in sorted(slos_s):
+        bracket = slo_bracket(steps, slo)
+        if bracket.met is None and bracket.broke is not None:
+            if breaks(single(), slo) or tail_flat(steps, lowest) is not None:
+                continue
+        rate = next_slo_rate(bracket, resolution, floor_rps)
+        if rate is not None:
+            ratio = bracket.high / (bracket.low if bracket.met is not None else floor_rps)
+            candidates.append((-ratio, slo, rate))
+    return min(candidates)[2] if candidates else None
 
 
 TAIL_FLAT = 0.8

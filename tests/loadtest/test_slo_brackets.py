@@ -106,6 +106,18 @@ def test_the_step_budget_is_held_and_said():
     assert any("wider than the resolution" in r["meaning"] for r in found["slo_brackets"])
 
 
+def test_a_short_budget_narrows_every_slo_not_only_the_tightest():
+    """Each step goes to the widest bracket left. Four steps between 100 and 3000 req/s, shared by four SLOs,
+    leave every bracket at most an eighth of the listed one in log terms (3000/100 ** 1/8 = 1.53); spent on the
+    tightest SLO first they left p99 <= 25, 50 and 100 ms at a quarter (2.34x) while p99 <= 10 ms reached 1.24x."""
+    curve = Curve(service_s=0.002, capacity=3000)
+    _, found = run(curve, [100, 3000], SLOS, budget=4)
+    eighth = (3000 / 100) ** (1 / 8)
+    assert all(1 + record["width"] <= eighth * (1 + 1e-9) for record in found["slo_brackets"])
+    for record in found["slo_brackets"]:
+        assert record["met_rps"] <= curve.true_rate(record["slo_p99_s"]) < record["broke_rps"]
+
+
 def test_a_step_serves_every_slo():
     """Brackets found for one SLO are reused by the others: fewer steps than searching each alone."""
     together = Curve(service_s=0.002, capacity=3000)
