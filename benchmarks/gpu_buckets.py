@@ -3,7 +3,7 @@ a conv net under alternating batch sizes (one session, padded buckets, one sessi
 
     .venv/bin/python benchmarks/gpu_buckets.py [--provider cuda] [--out runs/gpu-buckets.json] [--quick]
 
-With --provider cuda (the default when CUDA loads) it measures what issue 17 asks for on a GPU:
+With --provider cuda (the default when CUDA loads) it measures, on a GPU:
 1. ffn d=128 L=128 at each bucket 1..64: the plain bound run (I/O binding, shared session) against the
    same batch replayed as that bucket's CUDA graph, interleaved run by run so both see the same machine;
 2. cnn (ResNet-18, 224x224) at batch sizes 3,7,5,8,2,6,4,1 repeated, every size warmed up first: one session

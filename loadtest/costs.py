@@ -19,7 +19,7 @@ class Price:
 
 
 def cpu_threads(curve: dict) -> int | None:
-    """The cores a CPU deployment computes on: `cpu_threads` from its environment (issue 18's key), else its
+    """The cores a CPU deployment computes on: `cpu_threads` from its environment (the lab's fair CPU share), else its
     ORT intra-op threads (0 = every core of the machine); None when nothing says."""
     environment = curve.get("environment") or {}
     for source in (environment, curve.get("cpu") or {}, curve.get("batcher") or {}):

@@ -3,7 +3,7 @@ samples (once a second), and the master turns two readings into a percentage ove
 about.
 
 Locust's heartbeat figure cannot serve: a worker measures it every 10 s (CPU_MONITOR_INTERVAL) and reports
-0.0 until the first measurement, so steps of a few seconds read 0.0% or a stale average (issue 21).
+0.0 until the first measurement, so steps of a few seconds read 0.0% or a stale average.
 """
 
 from __future__ import annotations

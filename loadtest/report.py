@@ -16,9 +16,8 @@ from latlab.loadtest.costs import machine_price, price_amount_and_unit, price_un
 from latlab.loadtest.figures import curve_png
 from latlab.loadtest.predict import bench_fits, request_overheads
 from latlab.loadtest.results import read_results
-# max_rate_under and verdict are also imported from here by older callers.
-from latlab.loadtest.verdict import (DEFAULT_PRICES, GPU_HINT, PROVIDER_HINT, UNKNOWN, crossover,  # noqa: F401
-                                     is_gpu, label, machine_name, max_rate_under, provider_of, size_crossover,
+from latlab.loadtest.verdict import (DEFAULT_PRICES, GPU_HINT, PROVIDER_HINT, UNKNOWN, crossover,
+                                     is_gpu, label, machine_name, provider_of, size_crossover,
                                      tag_servers, verdict)
 
 REPORT_FILE = "report.html"

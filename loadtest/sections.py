@@ -211,7 +211,7 @@ def _level(curve: dict) -> str:
 
 
 def _saturation(curve: dict) -> str:
-    """Whether the sweep found the deployment's limit (issue 18's fields; absent in older results)."""
+    """Whether the sweep found the deployment's limit (saturated, rate_cap_rps; absent in results from before the saturation search)."""
     cap = f", rate cap {curve['rate_cap_rps']:g} req/s" if curve.get("rate_cap_rps") else ""
     if curve.get("saturated") is False:
         return f" (not saturated{cap})"

@@ -28,7 +28,7 @@ from latlab.server.config import DeploymentConfig
 from latlab.server.errors import BadRequest, ConfigError
 from latlab.server.graphs import GRAPH_WARMUP_RUNS, CudaGraphRunner, RunTimings
 from latlab.server.protocol import datatype_of, shown
-from latlab.server.providers import create_session, provider_load_error  # noqa: F401  (re-exported)
+from latlab.server.providers import create_session
 
 __all__ = ["CudaGraphRunner", "OnnxModel", "RunTimings", "TensorSpec", "run_bound"]
 log = logging.getLogger("latlab.server.runtime")

@@ -98,7 +98,7 @@ def test_distributed_fleet_totals_equal_the_sum_of_the_workers(tmp_path):
         assert all(count > 0.25 * step["sent"] for count in per_worker.values()), "rate split across workers"
         assert 0.7 * step["target_rps"] < step["achieved_rps"] < 1.3 * step["target_rps"]
         # The generator's CPU, from the workers' own readings: Locust's heartbeat figure is 0.0 for a
-        # worker's first 10 s, which every step of this run falls within (issue 21: 0.0% at every step).
+        # worker's first 10 s, which every step of this run falls within (it read 0.0% at every step).
         assert step["generator_cpu_percent"] > 0, step["generator_cpu_percent"]
 
 

@@ -1,5 +1,5 @@
-"""`latlab loadtest` and `latlab report` against a server with only the Open Inference Protocol's standard routes
-(issue 28): no /config, no metrics_port in GET /v2, no latlab_* series; with and without Triton's standard
+"""`latlab loadtest` and `latlab report` against a server with only the Open Inference Protocol's standard routes:
+no /config, no metrics_port in GET /v2, no latlab_* series; with and without Triton's standard
 counters at a metrics URL given with --server-metrics."""
 
 from __future__ import annotations

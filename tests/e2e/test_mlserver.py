@@ -1,4 +1,4 @@
-"""`latlab loadtest` and `latlab report` against a real third-party Open Inference Protocol server (issue 28):
+"""`latlab loadtest` and `latlab report` against a real third-party Open Inference Protocol server:
 MLServer (PyPI `mlserver`, pinned in the test extra) serving the tiny ONNX model through a dozen-line custom
 runtime on ONNX Runtime, on free ports of 127.0.0.1. A short sweep, the report of it alone, and merged with a
 latlab run of the same model: the server dimension. A server that cannot start fails the test with one line

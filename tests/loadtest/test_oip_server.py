@@ -1,4 +1,4 @@
-"""The load tester against any Open Inference Protocol server (issue 28): Triton's standard counters mapped into a
+"""The load tester against any Open Inference Protocol server: Triton's standard counters mapped into a
 step's server figures (against a /metrics text captured from Triton 2.x), and latlab's extras (/config, the
 observer port, latlab_* series) optional: used where present, their absence said once, never fatal."""
 

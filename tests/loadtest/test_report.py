@@ -14,7 +14,8 @@ from latlab import cli
 from latlab.cli_options import UserError, parse_rates, parse_slos
 from latlab.loadtest import report as report_module
 from latlab.loadtest.search import NEVER
-from latlab.loadtest.report import REPORT_FILE, max_rate_under, verdict, write_report
+from latlab.loadtest.report import REPORT_FILE, write_report
+from latlab.loadtest.verdict import max_rate_under, verdict
 from latlab.loadtest.results import RESULTS_FILE, SCHEMA, read_results, write_results
 
 PNG_HEADER = b"\x89PNG\r\n\x1a\n"

@@ -1,4 +1,4 @@
-"""Servers side by side (issue 28): runs against different servers of the same model on the same machine merge
+"""Servers side by side: runs against different servers of the same model on the same machine merge
 into one report with a server dimension, shown only when the curves come from more than one server; and a
 deployment whose provider is not recorded (another server, no --provider) reads the same everywhere."""
 

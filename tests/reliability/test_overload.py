@@ -3,7 +3,7 @@
 The model is a stack of MatMuls (~6 ms a run on one ORT thread) behind a batcher that does not batch, so the
 capacity is modest (~150 req/s here). The generator runs WORKERS Locust workers, so that it can push harder
 than the server and its own CPU is measured per worker (a saturated generator fails the first test).
-The failure of issue 21 (more connections than request threads) and its fix: test_door.py."""
+More connections than request threads, once the door's failure, and its fix: test_door.py."""
 
 from __future__ import annotations
 
