@@ -21,7 +21,7 @@ import requests
 from onnx import TensorProto, helper
 
 from latlab import procs
-from latlab.server.config import BatcherSettings, load_config
+from latlab.server.config import BatcherSettings, load_config, save_config
 from latlab.server.runtime import OnnxModel
 
 CLI = [sys.executable, "-m", "latlab.cli"]
@@ -69,13 +69,10 @@ def batching(max_batch_size: int, delay_ms: float, adaptive: bool = False) -> di
 
 def write_config(path: Path, port: int, deployments: dict[str, tuple[Path, dict]]) -> Path:
     """One server, several deployments (name -> model, batcher): ratios between them share the process."""
-    lines = ["[server]", f"port = {port}", "max_body_bytes = 67108864"]
-    for name, (model, batcher) in deployments.items():
-        lines += ["[[deployments]]", f'name = "{name}"', f'model_path = "{model}"',
-                  "[deployments.cpu]", "intra_op_threads = 1", "allow_spinning = false", "[deployments.batcher]"]
-        lines += [f"{k} = {str(v).lower() if isinstance(v, bool) else v}" for k, v in batcher.items()]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    cpu = {"intra_op_threads": 1, "allow_spinning": False}
+    return save_config({"server": {"port": port, "max_body_bytes": 67108864},
+                        "deployments": [{"name": name, "model_path": model, "cpu": cpu, "batcher": batcher}
+                                        for name, (model, batcher) in deployments.items()]}, path)
 
 
 @dataclasses.dataclass

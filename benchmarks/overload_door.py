@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from ab_request_path import serve  # noqa: E402
 
 from latlab import procs  # noqa: E402
+from latlab.server.config import save_config  # noqa: E402
 from tests.reliability.crowd import BODY, INFER, Probe  # noqa: E402
 from tests.reliability.test_overload import build_slow_model  # noqa: E402
 
@@ -40,10 +42,11 @@ WRK_SCRIPT = ('wrk.method = "POST"\nwrk.body = \'{body}\'\nwrk.headers["Content-
 
 
 def write_config(path: Path, model: Path, port: int, settings: list[str]) -> Path:
-    path.write_text("\n".join(["[server]", f"port = {port}", *settings, "[[deployments]]", 'name = "slow"',
-                               f'model_path = "{model}"', "[deployments.cpu]", "intra_op_threads = 1",
-                               "allow_spinning = false", "[deployments.batcher]", "max_batch_size = 1"]) + "\n")
-    return path
+    """One slow deployment, batching off; `settings` are --setting's 'KEY = VALUE' lines of [server]."""
+    server = {"port": port, **tomllib.loads("\n".join(settings))}
+    return save_config({"server": server, "deployments": [
+        {"name": "slow", "model_path": model, "cpu": {"intra_op_threads": 1, "allow_spinning": False},
+         "batcher": {"max_batch_size": 1}}]}, path)
 
 
 def probe_process(urls: list[str], stop, results) -> None:

@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from latlab import procs  # noqa: E402
+from latlab.server.config import save_config  # noqa: E402
 from tests.reliability.crowd import BODY, INFER  # noqa: E402
 from tests.reliability.test_overload import build_slow_model, worker_of  # noqa: E402
 
@@ -44,11 +45,9 @@ QUEUE_BOUND = 64
 
 
 def write_config(path: Path, model: Path, port: int) -> Path:
-    path.write_text("\n".join(["[server]", f"port = {port}", "[[deployments]]", 'name = "slow"',
-                               f'model_path = "{model}"', "[deployments.cpu]", "intra_op_threads = 1",
-                               "allow_spinning = false", "[deployments.batcher]", "max_batch_size = 1",
-                               f"max_queue_size = {QUEUE_BOUND}"]) + "\n")
-    return path
+    return save_config({"server": {"port": port}, "deployments": [
+        {"name": "slow", "model_path": model, "cpu": {"intra_op_threads": 1, "allow_spinning": False},
+         "batcher": {"max_batch_size": 1, "max_queue_size": QUEUE_BOUND}}]}, path)
 
 
 def cpu_seconds(process: psutil.Process) -> float:

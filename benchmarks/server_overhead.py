@@ -19,7 +19,7 @@ import requests
 
 from latlab import procs
 from latlab.server.batcher import DynamicBatcher
-from latlab.server.config import load_config
+from latlab.server.config import load_config, save_config
 from latlab.server.runtime import OnnxModel
 
 N = 2000
@@ -50,9 +50,9 @@ def paced(fn, gap_s: float = 0.002, n: int = 500) -> float:
 def main(model: Path) -> None:
     work = Path(tempfile.mkdtemp())
     port = procs.free_port()
-    config_path = work / "overhead.toml"
-    config_path.write_text(f'[server]\nport = {port}\n[[deployments]]\nname = "m"\nmodel_path = "{model.resolve()}"\n'
-                           '[deployments.cpu]\nintra_op_threads = 1\nallow_spinning = false\n')
+    config_path = save_config({"server": {"port": port}, "deployments": [
+        {"name": "m", "model_path": model.resolve(), "cpu": {"intra_op_threads": 1, "allow_spinning": False}}]},
+        work / "overhead.toml")
     deployment = load_config(config_path).deployments[0]
     onnx_model = OnnxModel(deployment)
     spec = onnx_model.inputs[0]

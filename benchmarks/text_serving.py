@@ -25,7 +25,7 @@ from harness import export_zoo, loadtest, serving  # noqa: E402
 
 from latlab import procs  # noqa: E402
 from latlab.loadtest.sentences import sentence  # noqa: E402
-from latlab.server.config import load_config  # noqa: E402
+from latlab.server.config import load_config, save_config  # noqa: E402
 from latlab.server.runtime import OnnxModel  # noqa: E402
 from latlab.server.text import TextFrontEnd  # noqa: E402
 
@@ -34,16 +34,12 @@ DEPLOYMENTS = ("minilm-ids", "minilm-text")
 
 def write_config(path: Path, port: int, model: Path, provider: str, batch: int, delay_ms: float) -> Path:
     """Two deployments of one model behind the same batcher settings; only the text one has a tokenizer."""
-    lines = ["[server]", f"port = {port}"]
-    for name in DEPLOYMENTS:
-        lines += ["[[deployments]]", f'name = "{name}"', f'model = "minilm"', f'model_path = "{model}"',
-                  f'provider = "{provider}"', "[deployments.cpu]", "intra_op_threads = 1", "allow_spinning = false",
-                  "[deployments.batcher]", f"max_batch_size = {batch}", f"max_queue_delay_ms = {delay_ms}"]
-        if name == "minilm-text":
-            lines += ["[deployments.tokenizer]", f'file = "{model.parent / "tokenizer" / "tokenizer.json"}"',
-                      "max_length = 256"]
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    tokenizer = {"file": model.parent / "tokenizer" / "tokenizer.json", "max_length": 256}
+    return save_config({"server": {"port": port}, "deployments": [
+        {"name": name, "model": "minilm", "model_path": model, "provider": provider,
+         "cpu": {"intra_op_threads": 1, "allow_spinning": False},
+         "batcher": {"max_batch_size": batch, "max_queue_delay_ms": delay_ms},
+         "tokenizer": tokenizer if name == "minilm-text" else None} for name in DEPLOYMENTS]}, path)
 
 
 def median_seconds(call, n: int) -> float:

@@ -26,6 +26,7 @@ import requests
 
 from latlab import procs
 from latlab.doctor import tiny_model
+from latlab.server.config import save_config
 
 CONCURRENCY = 8
 SECONDS = 4.0
@@ -90,9 +91,9 @@ def load_python(url: str, body: bytes | None) -> tuple[float, float]:
 def main() -> None:
     work = Path(tempfile.mkdtemp())
     model = tiny_model(work / "tiny.onnx")
-    config = work / "bench.toml"
-    config.write_text(f'[[deployments]]\nname = "tiny"\nmodel_path = "{model}"\n'
-                      '[deployments.cpu]\nintra_op_threads = 1\nallow_spinning = false\n')
+    config = save_config({"deployments": [{"name": "tiny", "model_path": model,
+                                           "cpu": {"intra_op_threads": 1, "allow_spinning": False}}]},
+                         work / "bench.toml")
     body = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
     rows = []
     for name in commands(0):

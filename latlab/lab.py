@@ -10,6 +10,7 @@ from pathlib import Path
 
 from latlab import procs
 from latlab.lab_plan import PLANS, CpuShare, LabPlan, ModelPlan, available_cores, cpu_share
+from latlab.server.config import dumps_config, save_config
 
 GRAFANA_DIR = Path(__file__).resolve().parent.parent / "grafana"
 
@@ -49,38 +50,38 @@ def ensure_models(models_dir: Path, plan: LabPlan) -> dict[str, Path]:
 
 def write_config(run_dir: Path, models: dict[str, Path], port: int, plan: LabPlan,
                  share: CpuShare | None = None) -> Path:
-    """The lab's server config, run_dir/lab.toml (see config_text)."""
-    config = run_dir / "lab.toml"
-    config.write_text(config_text(models, port, plan, share))
-    return config
+    """The lab's server config, run_dir/lab.toml (see config_document)."""
+    return save_config(config_document(models, port, plan, share), run_dir / "lab.toml")
 
 
 def config_text(models: dict[str, Path], port: int, plan: LabPlan, share: CpuShare | None = None) -> str:
-    """The lab's server config as TOML: every model on every provider of the plan, batching off and on; CPU
-    deployments on the share's threads (by default this machine's fair share, see cpu_share)."""
+    """The lab's server config as TOML (see config_document)."""
+    return dumps_config(config_document(models, port, plan, share))
+
+
+def config_document(models: dict[str, Path], port: int, plan: LabPlan, share: CpuShare | None = None) -> dict:
+    """The lab's server config, as latlab.server.config writes it: every model on every provider of the plan,
+    batching off and on; CPU deployments on the share's threads (by default this machine's fair share, see
+    cpu_share)."""
     share = share or cpu_share(available_cores())
-    cpu_settings = {"intra_op_threads": share.cpu_threads, **plan.cpu}
-    cpu = "".join(f"{k} = {str(v).lower()}\n" for k, v in cpu_settings.items())
-    blocks = [f"[server]\nhost = \"127.0.0.1\"\nport = {port}\n"]
+    cpu = {"intra_op_threads": share.cpu_threads, **plan.cpu}
+    deployments = []
     for model in plan.models:
         for name, provider, batcher in plan.deployments(model):
-            settings = "".join(f"{k} = {v}\n" for k, v in batcher.items())
-            options = f"[deployments.cpu]\n{cpu}" if provider == "cpu" else ""
-            blocks.append(f"[[deployments]]\nname = \"{name}\"\nmodel = \"{model.name}\"\n"
-                          f"model_path = {json.dumps(str(models[model.name]))}\nprovider = \"{provider}\"\n"
-                          f"{options}[deployments.batcher]\n{settings}"
-                          + (tokenizer_table(models[model.name]) if plan.is_text(model, name) else ""))
-    return "\n".join(blocks)
+            text = plan.is_text(model, name)
+            deployments.append({"name": name, "model": model.name, "model_path": models[model.name],
+                                "provider": provider, "cpu": cpu if provider == "cpu" else None, "batcher": batcher,
+                                "tokenizer": tokenizer_table(models[model.name]) if text else None})
+    return {"server": {"host": "127.0.0.1", "port": port}, "deployments": deployments}
 
 
-def tokenizer_table(model_path: Path) -> str:
+def tokenizer_table(model_path: Path) -> dict:
     """A text deployment's [deployments.tokenizer], as the model's export describes it (text_deployment)."""
     meta = json.loads((model_path.parent / "metadata.json").read_text())
     # exports from before text deployments carry only the tokenizer's folder and sentence-transformers' limit
     text = meta.get("text_deployment", {}).get("tokenizer") or {
         "file": f"{meta['tokenizer']['folder']}/tokenizer.json", "max_length": meta["tokenizer"]["max_seq_length"]}
-    return (f"[deployments.tokenizer]\nfile = \"{model_path.parent / text['file']}\"\n"
-            f"max_length = {text['max_length']}\n")
+    return {"file": model_path.parent / text["file"], "max_length": text["max_length"]}
 
 
 def start_prometheus(run_dir: Path, jobs: dict[str, list[str]]) -> subprocess.Popen | None:

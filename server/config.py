@@ -1,4 +1,4 @@
-"""Typed server settings read from one TOML file: the server block and its deployments."""
+"""Typed server settings in one TOML file: the server block and its deployments, read and written here."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
+
+import tomli_w
 
 from latlab.server.admission import auto_threads, check_threads
 from latlab.server.errors import ConfigError
@@ -244,6 +246,47 @@ def parse_config(doc: dict, base_dir: Path = Path(".")) -> ServerConfig:
     return _with_threads(config)
 
 
+# The tables a [[deployments]] entry may hold, and the settings each one becomes.
+_DEPLOYMENT_TABLES = {"batcher": BatcherSettings, "cpu": CpuOptions, "cuda": CudaOptions, "tensorrt": TensorrtOptions,
+                      "padding": PaddingSettings, "tokenizer": TokenizerSettings}
+
+
+def dumps_config(doc: Mapping[str, Any]) -> str:
+    """A server config as the TOML text load_config reads back. `doc` has the shape parse_config takes:
+    {"server": {...}, "deployments": [{"name": ..., "model_path": ..., "batcher": {...}, "cpu": {...}, ...}]},
+    with Path values allowed and None meaning "not set". Unknown settings and values of the wrong type are
+    refused here, as the loader would refuse them; ranges, files and threads are checked when it loads."""
+    unknown = set(doc) - {"server", "deployments"}
+    if unknown:
+        raise ConfigError(f"a config holds [server] and [[deployments]] only, got {sorted(unknown)}")
+    plain = _plain(doc)
+    _check_settings(ServerConfig, _table(plain.get("server", {}), "[server]"), "[server]")
+    for deployment in plain.get("deployments", []):
+        deployment = _table(deployment, "each entry of 'deployments'")
+        where = f"deployment '{deployment.get('name')}'"
+        tables = {key: deployment[key] for key in _DEPLOYMENT_TABLES if key in deployment}
+        _check_settings(DeploymentConfig, {k: v for k, v in deployment.items() if k not in tables}, where)
+        for key, table in tables.items():
+            _check_settings(_DEPLOYMENT_TABLES[key], _table(table, f"{where} {key}"), f"{where} [{key}]")
+    return tomli_w.dumps(plain)
+
+
+def save_config(doc: Mapping[str, Any], path: str | Path) -> Path:
+    """Write dumps_config(doc) to `path` and return it; the loader reads relative paths in `doc` against its folder."""
+    path = Path(path)
+    path.write_text(dumps_config(doc))
+    return path
+
+
+def _plain(value: object) -> Any:
+    """`value` with what TOML cannot hold made plain: paths as strings, tuples as lists, None keys left out."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return str(value) if isinstance(value, Path) else value
+
+
 def _with_threads(config: ServerConfig) -> ServerConfig:
     """threads resolved (0: enough for every admitted request) and, with admission on, checked against them."""
     if config.threads == 0:
@@ -428,6 +471,12 @@ def _table(value: object, where: str) -> dict:
 
 def _build(cls, raw: dict, where: str, **given):
     """Instantiate a settings dataclass, naming unknown keys and wrong types instead of a TypeError."""
+    _check_settings(cls, raw, where)
+    return cls(**raw, **given)
+
+
+def _check_settings(cls, raw: Mapping, where: str) -> None:
+    """A ConfigError naming the first unknown key or value of the wrong type for settings dataclass `cls`."""
     known = {f.name: f for f in fields(cls)}
     unknown = set(raw) - set(known)
     if unknown:
@@ -443,4 +492,3 @@ def _build(cls, raw: dict, where: str, **given):
             raise ConfigError(f"{where}: {key} must be a number, got {value!r}")
         elif isinstance(default, str) and not isinstance(value, str):
             raise ConfigError(f"{where}: {key} must be a string, got {type(value).__name__}")
-    return cls(**raw, **given)

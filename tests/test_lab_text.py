@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from latlab.lab import write_config
 from latlab.lab_plan import MINILM, MLP, PLANS, LabPlan
@@ -47,3 +50,18 @@ def test_the_lab_config_gives_text_deployments_the_exports_tokenizer(tmp_path: P
             assert tokenizers[name].file == folder / "minilm" / "tokenizer" / "tokenizer.json"
             assert tokenizers[name].max_length == max_length
         assert {d.model for d in config.deployments} == {"minilm"}
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_every_plans_config_loads_from_a_folder_toml_must_escape(tmp_path: Path, plan: str) -> None:
+    """Model and tokenizer paths with quotes, a backslash and spaces, and a string among the CPU settings."""
+    folder = tmp_path / 'my "models"\\ here'
+    models = {m.name: export_like(folder / m.name, with_text_deployment=True) for m in PLANS[plan].models}
+    lab_plan = replace(PLANS[plan], cpu={"allow_spinning": False, "execution_mode": "parallel"})
+    config = load_config(write_config(tmp_path, models, 8000, lab_plan), environ={})
+    assert len(config.deployments) == sum(len(lab_plan.deployments(m)) for m in lab_plan.models)
+    assert {d.model_path for d in config.deployments} == set(models.values())
+    assert all(d.cpu.execution_mode == "parallel" and not d.cpu.allow_spinning
+               for d in config.deployments if d.provider == "cpu")
+    assert {d.tokenizer.file for d in config.deployments if d.tokenizer} == {
+        folder / "minilm" / "tokenizer" / "tokenizer.json"}
