@@ -25,9 +25,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args) or 0
-    except KeyboardInterrupt:
-        print("latlab: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        from latlab.procs import Terminated
+
+        print("latlab: terminated" if isinstance(exc, Terminated) else "latlab: interrupted", file=sys.stderr)
+        return 143 if isinstance(exc, Terminated) else 130
     except Exception as exc:  # user errors become one readable line; bugs keep their traceback
         if not _is_user_error(exc):
             raise
@@ -228,7 +230,7 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
     lab.add_argument("--resolution", type=float,
                      help="each SLO's highest rate is found to within this fraction (default: the plan's, 0.1)")
     lab.add_argument("--slo-steps", type=int,
-                     help="extra steps per deployment for the SLO brackets (default: the plan's, 6); more buys "
+                     help="extra steps per deployment for the SLO brackets (default: the plan's, 10); more buys "
                           "brackets within --resolution on a noisy machine")
     lab.add_argument("--confidence", type=float,
                      help="level of every step's p50/p99 intervals and SLO decisions (default: the plan's, 0.95)")
@@ -455,8 +457,11 @@ def cmd_lab(args: argparse.Namespace) -> None:
         user = UserModel(onnx=args.onnx, module=args.module, exported=args.exported, name=args.name,
                          dims=tuple(args.dim), inputs=args.inputs, providers=args.providers, rates=args.rates)
         plan = plan_user_model(plan, user, args.models_dir, share)
-    run_lab(args.runs_dir, args.models_dir, plan.scaled(step_seconds=args.step_seconds), share, args.machine_name,
-            prices)
+    from latlab.procs import sigterm_unwinds
+
+    with sigterm_unwinds():  # `kill` stops the lab as Ctrl-C does: its server and generator with it
+        run_lab(args.runs_dir, args.models_dir, plan.scaled(step_seconds=args.step_seconds), share, args.machine_name,
+                prices)
 
 
 def cmd_doctor(args: argparse.Namespace) -> None:

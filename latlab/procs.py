@@ -6,8 +6,11 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import requests
 
@@ -68,3 +71,27 @@ def wait_ready(url: str, process: subprocess.Popen, timeout_s: float = 120.0,
             pass
         time.sleep(0.2)
     raise TimeoutError(f"{url} not ready after {timeout_s:.0f} s")
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread runs so that it unwinds as Ctrl-C does (every `finally` stops its
+    children); `latlab` exits 143 on it."""
+
+
+@contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """Within the block, SIGTERM raises Terminated instead of ending the process at once (Python's default,
+    which leaves the children of a lab sent `kill` running). Only the main thread can take signals: elsewhere
+    (a test's thread) the block runs unchanged."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def unwind(signum: int, frame: object) -> None:
+        raise Terminated()
+
+    previous = signal.signal(signal.SIGTERM, unwind)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -151,7 +151,8 @@ def _signal_state(pid: int) -> str:
     return " ".join(line for line in lines if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
 
 
-def test_ctrl_c_stops_the_lab_and_everything_it_started(tmp_path):
+@pytest.mark.parametrize("sent, status", [("SIGINT", 130), ("SIGTERM", 143)], ids=["ctrl-c", "kill"])
+def test_ctrl_c_or_kill_stops_the_lab_and_everything_it_started(tmp_path, sent, status):
     import signal
     import time
 
@@ -162,28 +163,31 @@ def test_ctrl_c_stops_the_lab_and_everything_it_started(tmp_path):
               f"{str(tmp_path / 'models')!r}]))")
     lab = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            preexec_fn=_interruptible)
+    children: list[psutil.Process] = []
     try:
         for line in lab.stdout:  # wait until the server and the load generator both run
             if "step 4/5" in line:
                 break
         deadline = time.monotonic() + 30
-        children: list[psutil.Process] = []
         while time.monotonic() < deadline and len(children) < 3:  # server, its worker, load generator
             children = psutil.Process(lab.pid).children(recursive=True)
             time.sleep(0.2)
         assert len(children) >= 3, f"expected server, worker and load generator, got {children}"
         signals = _signal_state(lab.pid)
-        lab.send_signal(signal.SIGINT)
+        lab.send_signal(getattr(signal, sent))
         # Keep reading: the lab and the load generator it started share this pipe, and a full pipe would
         # block them (the lab would then never exit, whatever its Ctrl-C handling does).
         rest, _ = lab.communicate(timeout=60)
-        assert lab.returncode == 130, f"{signals}\n{rest[-3000:]}"
+        assert lab.returncode == status, f"{signals}\n{rest[-3000:]}"
         _, alive = psutil.wait_procs(children, timeout=15)
-        assert not alive, f"still running after Ctrl-C: {[p.pid for p in alive]}"
+        assert not alive, f"still running after {sent}: {[p.pid for p in alive]}"
     finally:
         if lab.poll() is None:
             lab.kill()
         lab.stdout.close()
+        for child in children:  # what a failing lab left behind: the test stops what it started
+            if child.is_running():
+                child.kill()
 
 
 def test_curves_rebuilt_from_prometheus_match_the_json(server, tmp_path):
