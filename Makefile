@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	# Debian's prometheus lets a run's curves be rebuilt from its metrics; optional, so this line never fails.
 	@command -v prometheus >/dev/null || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus)) >/dev/null 2>&1 || echo "note: could not install Debian's prometheus; the lab runs without it"
-	# Debian's chromium renders the report in the browser test (tests/loadtest/test_report_browser.py); optional for the lab.
+	# Debian's chromium renders the report in the browser test (tests/report/test_report_browser.py); optional for the lab.
 	@command -v chromium >/dev/null || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)) >/dev/null 2>&1 || echo "note: could not install Debian's chromium; the report's browser test will fail, the lab runs without it"
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 

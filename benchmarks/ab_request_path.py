@@ -25,7 +25,7 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import build_cheap_model, write_config  # noqa: E402
 
-from latlab import procs  # noqa: E402
+from latlab.common import procs  # noqa: E402
 
 BODY = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}]})
 

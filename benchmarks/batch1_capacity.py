@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (Served, batching, export_zoo, loadtest, ort_b1_model, p50_in_process, serving,  # noqa: E402
                      write_config)
 
-from latlab import procs  # noqa: E402
+from latlab.common import procs  # noqa: E402
 
 DEPLOYMENT = "ffn-b1"  # the name ort_b1_model looks for
 

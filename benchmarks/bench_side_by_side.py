@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from latlab.loadtest.bench_pivot import gpu_speedup, pivot
+from latlab.report.bench_pivot import gpu_speedup, pivot
 
 def experiment_table(experiment: dict) -> list[str]:
     """One markdown table: a row per swept value, a column per backend's median ms, and ORT's GPU speed-up."""

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import batching, build_cheap_model, loadtest, serving, write_config  # noqa: E402
 
-from latlab import procs  # noqa: E402
+from latlab.common import procs  # noqa: E402
 
 CLIENTS = ("lean", "locust")
 

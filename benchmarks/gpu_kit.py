@@ -10,7 +10,7 @@ the machine is given back 30 s after a call, so the calls are planned here and m
     device:  python3 benchmarks/gpu_kit.py install verify         # install, CUDA really loads, GPU tests
     device:  python3 benchmarks/gpu_kit.py lab                    # latlab lab --plan gpu-quick
     device:  python3 benchmarks/gpu_kit.py bench                  # seed 003's sweeps on ort/torch, CPU and CUDA
-    here:    .venv/bin/python benchmarks/gpu_kit.py collect --files-at DIR --name h100  # -> loadtest/reference/h100/
+    here:    .venv/bin/python benchmarks/gpu_kit.py collect --files-at DIR --name h100  # -> report/reference/h100/
 
 A call brings back at most 8 files, so each device call packs everything it wrote (logs, results, the
 lab's report and figures, the GPU tests' verdict) into one archive in $OUT, `<steps>.tar.gz`; `collect`
@@ -398,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=DEVICE_PYTHON, help="prepare: the device's Python (wheels' tags)")
     parser.add_argument("--files-at", type=Path, help="collect: the folder a device call's files were copied to")
     parser.add_argument("--name", help="collect: reference subfolder, naming the machine (e.g. h100)")
-    parser.add_argument("--reference", type=Path, default=ROOT / "loadtest" / "reference",
+    parser.add_argument("--reference", type=Path, default=ROOT / "report" / "reference",
                         help="collect: the reference folder (default: the one --with-reference reports merge)")
     args, extra = parser.parse_known_args(argv)
     try:

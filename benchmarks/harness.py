@@ -20,7 +20,7 @@ import psutil
 import requests
 from onnx import TensorProto, helper
 
-from latlab import procs
+from latlab.common import procs
 from latlab.server.config import BatcherSettings, load_config, save_config
 from latlab.server.runtime import OnnxModel
 

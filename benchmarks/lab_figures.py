@@ -13,7 +13,7 @@ from pathlib import Path
 
 from latlab.cli_options import parse_slos
 from latlab.loadtest.search import slo_verdict
-from latlab.loadtest.verdict import label, max_rate_under, rate_text
+from latlab.report.verdict import label, max_rate_under, rate_text
 
 
 def curves(run_dir: Path) -> list[dict]:

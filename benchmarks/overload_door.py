@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from ab_request_path import serve  # noqa: E402
 
-from latlab import procs  # noqa: E402
+from latlab.common import procs  # noqa: E402
 from latlab.server.config import save_config  # noqa: E402
 from tests.reliability.crowd import BODY, INFER, Probe  # noqa: E402
 from tests.reliability.test_overload import build_slow_model  # noqa: E402

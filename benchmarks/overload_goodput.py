@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from latlab import procs  # noqa: E402
+from latlab.common import procs  # noqa: E402
 from latlab.server.config import save_config  # noqa: E402
 from tests.reliability.crowd import BODY, INFER  # noqa: E402
 from tests.reliability.test_overload import build_slow_model, worker_of  # noqa: E402

@@ -17,7 +17,7 @@ import numpy as np
 import orjson
 import requests
 
-from latlab import procs
+from latlab.common import procs
 from latlab.server.batcher import DynamicBatcher
 from latlab.server.config import load_config, save_config
 from latlab.server.runtime import OnnxModel

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (RssSampler, batching, build_cheap_model, export_zoo, loadtest, ort_b1_model,  # noqa: E402
                      p50_in_process, quantile, serving, write_config)
 
-from latlab import procs  # noqa: E402
+from latlab.common import procs  # noqa: E402
 from latlab.server.runtime import OnnxModel  # noqa: E402
 
 IMAGE = [3, 224, 224]

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from tests.loadtest.stub_server import stub_process  # noqa: E402
 
-from latlab import procs  # noqa: E402
+from latlab.common import procs  # noqa: E402
 
 
 def loadtest(host: str, out: Path, *args: str) -> dict:

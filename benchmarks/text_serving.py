@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import export_zoo, loadtest, serving  # noqa: E402
 
-from latlab import procs  # noqa: E402
+from latlab.common import procs  # noqa: E402
 from latlab.loadtest.sentences import sentence  # noqa: E402
 from latlab.server.config import load_config, save_config  # noqa: E402
 from latlab.server.runtime import OnnxModel  # noqa: E402

@@ -24,7 +24,7 @@ import numpy as np
 import orjson
 import requests
 
-from latlab import procs
+from latlab.common import procs
 from latlab.doctor import tiny_model
 from latlab.server.config import save_config
 

@@ -221,7 +221,7 @@ def machine_info(settings: BenchSettings) -> dict:
     import onnxruntime as ort
     import torch
 
-    from latlab import machine
+    from latlab.common import machine
     from latlab.bench_backends import gpu_name
 
     return {**machine.describe(), "gpu": gpu_name(), "ort_version": ort.__version__, "torch_version": torch.__version__,
@@ -283,7 +283,7 @@ def _choices(kind: str, given: list[str], known: tuple[str, ...]) -> None:
 
 def write_run(doc: dict, out: Path) -> list[Path]:
     """bench.json plus one PNG per figure in `out`; returns the files written."""
-    from latlab.bench_plot import plot_bench
+    from latlab.report.bench_plot import plot_bench
 
     out.mkdir(parents=True, exist_ok=True)
     written = [out / BENCH_FILE]

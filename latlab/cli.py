@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args) or 0
     except KeyboardInterrupt as exc:
-        from latlab.procs import Terminated
+        from latlab.common.procs import Terminated
 
         print("latlab: terminated" if isinstance(exc, Terminated) else "latlab: interrupted", file=sys.stderr)
         return 143 if isinstance(exc, Terminated) else 130
@@ -195,7 +195,7 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     report.add_argument("--price", metavar="PROVIDER=USD", help="hourly price per provider, e.g. cpu=0.10,cuda=2.50 "
                         "(default: example prices, labelled as such in the report)")
     report.add_argument("--with-reference", action="store_true",
-                        help="also merge the reference measurements committed under loadtest/reference/ (off by "
+                        help="also merge the reference measurements committed under report/reference/ (off by "
                              "default: the report then shows only your machines)")
     report.add_argument("--from-prometheus", metavar="URL", help="rebuild the curves from this Prometheus alone")
     report.add_argument("--run", help="with --from-prometheus: the run id (default: the run folder's name)")
@@ -325,7 +325,7 @@ def _require_samples(host: str, deployments: list[str], path: Path) -> str:
 def cmd_loadtest(args: argparse.Namespace) -> None:
     from latlab.loadtest.sweep import SweepPlan, run_sweep  # first: Locust patches sockets
 
-    from latlab import procs
+    from latlab.common import procs
     from latlab.loadtest.results import RESULTS_FILE
 
     if not args.host or not args.deployment:
@@ -393,8 +393,8 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> None:
-    from latlab.loadtest.report import write_report
-    from latlab.loadtest.verdict import PriceError, parse_prices
+    from latlab.report.write import write_report
+    from latlab.report.verdict import PriceError, parse_prices
 
     slos = parse_slos(args.slo)
     try:
@@ -422,7 +422,7 @@ def cmd_lab(args: argparse.Namespace) -> None:
 
     from latlab.lab import run_lab
     from latlab.lab_plan import PLANS, available_cores, cpu_share
-    from latlab.loadtest.verdict import PriceError, parse_prices
+    from latlab.report.verdict import PriceError, parse_prices
 
     own = args.onnx is not None or args.module is not None or args.exported is not None
     if not own and any(v for v in (args.name, args.inputs, args.dim, args.providers, args.rates)):
@@ -457,7 +457,7 @@ def cmd_lab(args: argparse.Namespace) -> None:
         user = UserModel(onnx=args.onnx, module=args.module, exported=args.exported, name=args.name,
                          dims=tuple(args.dim), inputs=args.inputs, providers=args.providers, rates=args.rates)
         plan = plan_user_model(plan, user, args.models_dir, share)
-    from latlab.procs import sigterm_unwinds
+    from latlab.common.procs import sigterm_unwinds
 
     with sigterm_unwinds():  # `kill` stops the lab as Ctrl-C does: its server and generator with it
         run_lab(args.runs_dir, args.models_dir, plan.scaled(step_seconds=args.step_seconds), share, args.machine_name,

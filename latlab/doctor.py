@@ -7,7 +7,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from latlab import machine
+from latlab.common import machine
 
 PROVIDERS = ("CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider")
 """Checked on every machine, whether or not this onnxruntime build lists them."""

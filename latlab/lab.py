@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from latlab import procs
+from latlab.common import procs
 from latlab.lab_plan import PLANS, CpuShare, LabPlan, ModelPlan, available_cores, cpu_share
 from latlab.server.config import dumps_config, save_config
 
@@ -87,7 +87,7 @@ def tokenizer_table(model_path: Path) -> dict:
 def start_prometheus(run_dir: Path, jobs: dict[str, list[str]]) -> subprocess.Popen | None:
     """A real Prometheus scraping the server and the load generator every second, storing into the run
     folder; without Debian's `prometheus` the lab goes on and says so."""
-    from latlab import prometheus
+    from latlab.common import prometheus
 
     if prometheus.find_binary() is None:
         _say(prometheus.NOT_FOUND)
@@ -117,7 +117,7 @@ def run_lab(runs_dir: Path, models_dir: Path, plan: LabPlan | str = "cpu", share
     `machine_name` names this machine in results and reports (default: its CPU model, or GPU); `prices` are
     the report's (`latlab report --price`; default: the example prices)."""
     from latlab.cli_options import new_run_id, parse_slos
-    from latlab.loadtest.report import write_report
+    from latlab.report.write import write_report
 
     plan = PLANS[plan] if isinstance(plan, str) else plan
     share = share or cpu_share(available_cores())

@@ -21,7 +21,7 @@ import psutil
 from locust.env import Environment
 from locust.runners import STATE_MISSING
 
-from latlab import procs
+from latlab.common import procs
 from latlab.loadtest import users
 from latlab.loadtest.payloads import options_of
 from latlab.loadtest.prom import LoadGenMetrics

@@ -12,7 +12,7 @@ import time
 from collections import defaultdict
 
 from latlab.loadtest.results import SCHEMA
-from latlab.prometheus import query, sample_value
+from latlab.common.prometheus import query, sample_value
 
 UNKNOWN = "from prometheus"
 STEP_HISTOGRAM = "latlab_loadtest_step_latency_seconds"

@@ -16,7 +16,7 @@ import gevent
 import requests
 from prometheus_client import CollectorRegistry
 
-from latlab import machine
+from latlab.common import machine
 from latlab.loadtest.confidence import DEFAULT_CONFIDENCE, decide, percentile_interval, step_confidence
 from latlab.loadtest.driver import WORKER_LAG_S, LoadDriver
 from latlab.loadtest.overload import OverloadPlan, run_overload

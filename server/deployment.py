@@ -156,7 +156,7 @@ def environment(model: OnnxModel) -> dict:
     """What served this deployment: ORT version, the providers the session really got, CPU and GPU."""
     import onnxruntime as ort
 
-    from latlab.machine import cpu_model
+    from latlab.common.machine import cpu_model
     from latlab.server.gpu import nvml_gpus
 
     gpus = nvml_gpus() or []

@@ -1,4 +1,4 @@
-"""latlab.prometheus and latlab.loadtest.from_prometheus: a real exporter, a real Prometheus, curves read back.
+"""latlab.common.prometheus and latlab.loadtest.from_prometheus: a real exporter, a real Prometheus, curves read back.
 
 Needs Debian's `prometheus` package (the Makefile installs it); these tests fail, not skip, without it.
 """
@@ -17,7 +17,7 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from latlab import procs, prometheus
+from latlab.common import procs, prometheus
 from latlab.loadtest.from_prometheus import curves_from_prometheus
 from latlab.loadtest.results import SCHEMA, read_results, write_results
 

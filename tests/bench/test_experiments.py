@@ -12,7 +12,7 @@ import torch
 
 from latlab import bench_backends as bb
 from latlab.bench import SCHEMA, run_bench, run_seed_experiment, run_zoo_experiment, write_run
-from latlab.bench_plot import plot_bench
+from latlab.report.bench_plot import plot_bench
 
 POINT_KEYS = {"backend", "batch_size", "params", "median_s", "min_s", "max_s", "repeats"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

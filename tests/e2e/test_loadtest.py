@@ -143,7 +143,7 @@ def test_slo_brackets_below_the_first_rate_and_never_only_with_evidence(tmp_path
     """A stub serving one request at a time in 1/capacity s. Bound A, half its service time, cannot be met at any
     rate: the sweep says "never" with the one-at-a-time evidence. Bound B, four service times, is broken by the
     first listed rate (90% of capacity): the sweep searches below it and brackets the highest rate that meets it."""
-    from latlab.loadtest.report import write_report
+    from latlab.report.write import write_report
     from latlab.loadtest.search import NEVER, slo_met
 
     capacity = 40.0

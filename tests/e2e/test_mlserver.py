@@ -21,7 +21,7 @@ from typing import Iterator
 import pytest
 import requests
 
-from latlab.procs import free_port
+from latlab.common.procs import free_port
 from tests.conftest import TINY_IN, TINY_OUT
 from tests.e2e.test_loadtest import CLI
 

@@ -14,9 +14,9 @@ import psutil
 import pytest
 import requests
 
-from latlab import procs
+from latlab.common import procs
 
-from ..loadtest.test_report_browser import first_screen_problems, probe
+from ..report.test_report_browser import first_screen_problems, probe
 
 pytestmark = pytest.mark.e2e
 CLI = [sys.executable, "-m", "latlab.cli"]
@@ -191,7 +191,7 @@ def test_ctrl_c_or_kill_stops_the_lab_and_everything_it_started(tmp_path, sent, 
 
 
 def test_curves_rebuilt_from_prometheus_match_the_json(server, tmp_path):
-    from latlab import prometheus
+    from latlab.common import prometheus
 
     host, _ = server
     metrics_port, prom_port = procs.free_port(), procs.free_port()

@@ -11,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from latlab import procs
+from latlab.common import procs
 from tests.conftest import tiny_weights
 
 import tritonclient.http as tritonclient_http

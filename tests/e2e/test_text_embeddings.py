@@ -16,7 +16,7 @@ import pytest
 import torch
 import tritonclient.http as tritonclient_http
 
-from latlab import procs
+from latlab.common import procs
 from latlab.export.minilm import model_dir
 from latlab.export.onnx_export import export
 from latlab.export.zoo import build_minilm

@@ -13,7 +13,7 @@ from typing import Iterator
 import pytest
 import requests
 
-from latlab import procs
+from latlab.common import procs
 from tests.conftest import build_tiny_model
 from tests.text_models import TOKENIZER, token_model
 

@@ -36,7 +36,7 @@ from typing import Iterator
 import pytest
 import requests
 
-from latlab import procs, prometheus
+from latlab.common import procs, prometheus
 from tests.conftest import build_tiny_model
 from tests.grafana import shipped
 from tests.text_models import TOKENIZER, token_model

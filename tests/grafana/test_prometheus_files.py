@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from latlab import prometheus
+from latlab.common import prometheus
 from tests.grafana import shipped
 
 PROMTOOL_MISSING = "promtool not found: install Debian's `prometheus` package (apt-get install prometheus)"

@@ -174,7 +174,7 @@ class StubProcess:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> None:
-        from latlab import procs
+        from latlab.common import procs
 
         root = str(Path(__file__).resolve().parents[2])  # `tests` must import in the child, wherever it runs
         path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
@@ -183,7 +183,7 @@ class StubProcess:
         procs.wait_ready(f"{self.host}/v2/models/m", self.process, timeout_s=30, log_path=self.log_path)
 
     def stop(self) -> None:
-        from latlab import procs
+        from latlab.common import procs
 
         if self.process is not None:
             procs.stop(self.process)

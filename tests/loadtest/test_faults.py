@@ -9,9 +9,9 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry, generate_latest
 
-from latlab import procs
+from latlab.common import procs
 from latlab.loadtest.recorder import Recorder
-from latlab.loadtest.report import event_line, write_report
+from latlab.report.write import event_line, write_report
 from latlab.loadtest.results import write_results
 from latlab.loadtest.scrape import describe, fetch, queue_gauges, scrape_batches, scrape_queue
 from latlab.server.metrics import ServerMetrics

@@ -10,7 +10,7 @@ from typing import Iterator
 
 import pytest
 
-from latlab import procs
+from latlab.common import procs
 from latlab.loadtest.lean_http import HttpError, LeanClient
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from latlab.loadtest import breakdown, pictures
+from latlab.report import breakdown, pictures
 from latlab.loadtest.scrape import (MetricsSource, average_batch, batch_totals, describe, extras_notice,
                                     metrics_source, server_step, triton_batcher)
 

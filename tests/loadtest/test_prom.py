@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
-from latlab import procs
+from latlab.common import procs
 from latlab.loadtest.prom import LATENCY_BUCKETS_S, LoadGenMetrics, start_exporter
 
 RUN = {"run": "r1", "deployment": "ffn-batch"}

@@ -166,7 +166,7 @@ def test_a_step_with_decisions_is_judged_by_them_not_by_its_sample_p99():
 
 
 def test_tables_show_a_wide_bracket_and_an_undecided_upper_end():
-    from latlab.loadtest.verdict import rate_text
+    from latlab.report.verdict import rate_text
 
     step = {"target_rps": 100, "offered_rps": 100, "achieved_rps": 101, "p99_s": 0.005, "errors": 0}
     bracket = {"slo_p99_s": 0.01, "met_rps": 100, "broke_rps": 500, "width": 4.0, "resolution": 0.1,
@@ -196,5 +196,5 @@ def test_the_search_below_stops_where_the_p99_stops_falling():
     found = bracket_slos((0.010,), steps, measure, lambda: single, 0.1, 5.0, 12)
     (record,) = found["slo_brackets"]
     assert asked == [100, 500, 50] and record["meaning"].startswith("not met down to 50 req/s")
-    from latlab.loadtest.verdict import rate_text
+    from latlab.report.verdict import rate_text
     assert rate_text({"steps": steps, "slo_brackets": [record]}, None, 0.010).startswith("not met down to 50")

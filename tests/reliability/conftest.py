@@ -20,7 +20,7 @@ import pytest
 import requests
 from onnx import TensorProto, helper, numpy_helper
 
-from latlab import procs
+from latlab.common import procs
 
 from tests.conftest import build_tiny_model, tiny_weights
 

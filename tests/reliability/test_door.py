@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 import requests
 
-from latlab import procs
+from latlab.common import procs
 
 from tests.reliability.conftest import write_config
 from tests.reliability.crowd import BODY, INFER, Probe, crowd_process

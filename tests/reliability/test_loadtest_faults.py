@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from latlab import procs
+from latlab.common import procs
 from tests.loadtest.stub_server import StubModel, stub_process, stub_server
 
 pytestmark = pytest.mark.e2e

@@ -22,7 +22,7 @@ import pytest
 import requests
 from onnx import TensorProto, helper, numpy_helper
 
-from latlab import procs
+from latlab.common import procs
 
 pytestmark = pytest.mark.e2e
 CLI = [sys.executable, "-m", "latlab.cli"]

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
-from latlab import procs
+from latlab.common import procs
 from latlab.server.config import parse_config
 from latlab.server.errors import ConfigError
 from latlab.server.providers import provider_load_error

@@ -13,7 +13,7 @@ import orjson
 import pytest
 import requests
 
-from latlab import procs
+from latlab.common import procs
 from latlab.loadtest.payloads import HEADER_LENGTH, text_body
 from tests.reliability.conftest import CLI, COUNTS, Server, assert_error, wait_live
 from tests.text_models import TOKENIZER, token_model

@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 
 from latlab import doctor
-from latlab.machine import cpu_model
+from latlab.common.machine import cpu_model
 from latlab.server.gpu import GpuInfo
 from latlab.server.providers import provider_load_error
 

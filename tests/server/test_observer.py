@@ -11,7 +11,7 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry
 
-from latlab import procs
+from latlab.common import procs
 from latlab.server.app import create_app
 from latlab.server.config import parse_config
 from latlab.server.errors import ConfigError

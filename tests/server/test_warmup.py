@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 import latlab.server.deployment as deployment_module
-from latlab.machine import cpu_model
+from latlab.common.machine import cpu_model
 from latlab.server.app import create_app
 from latlab.server.config import parse_config
 from latlab.server.deployment import Deployment

@@ -7,10 +7,10 @@ import html
 import math
 from dataclasses import dataclass, field, replace
 
-from latlab.loadtest import costs
-from latlab.loadtest import verdict
-from latlab.loadtest.sections import p99_interval
-from latlab.loadtest.verdict import (PROVIDER_HINT, UNKNOWN, by_server, group_name, is_cpu, is_gpu, is_lower_bound,
+from latlab.report import costs
+from latlab.report import verdict
+from latlab.report.sections import p99_interval
+from latlab.report.verdict import (PROVIDER_HINT, UNKNOWN, by_server, group_name, is_cpu, is_gpu, is_lower_bound,
                                      max_rate_under, provider_of, server_name, server_names, unmet_clause, unmet_text)
 
 ADD_SERVED_GPU = ("for served GPU curves run the gpu plan on a GPU box, `latlab lab --plan gpu`, and merge: "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from latlab.loadtest.verdict import is_gpu
+from latlab.report.verdict import is_gpu
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import base64
 import html
 
-from latlab.loadtest import answer, breakdown
-from latlab.loadtest.figures import breakdown_png, cost_png
-from latlab.loadtest.verdict import is_cpu, is_gpu
+from latlab.report import answer, breakdown
+from latlab.report.figures import breakdown_png, cost_png
+from latlab.report.verdict import is_cpu, is_gpu
 
 
 def img(png: bytes, alt: str) -> str:

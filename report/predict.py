@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from latlab.machine import key as machine_key
-from latlab.machine import same as same_machine
+from latlab.common.machine import key as machine_key
+from latlab.common.machine import same as same_machine
 
 # Printed in the report beside every prediction: what the numbers below take for granted.
 ASSUMPTIONS = (

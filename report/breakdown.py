@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import html
 
-from latlab.loadtest.costs import cpu_threads
-from latlab.loadtest.verdict import BY_SERVER, is_gpu, label, machine_name, max_rate_under, server_name
+from latlab.report.costs import cpu_threads
+from latlab.report.verdict import BY_SERVER, is_gpu, label, machine_name, max_rate_under, server_name
 
 PARTS = ("queue", "preprocess", "input_transfer", "compute", "output_transfer", "rest")
 """The stacked bar's parts, bottom to top."""

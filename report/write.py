@@ -10,13 +10,13 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from latlab.loadtest import answer, pictures, sections
-from latlab.bench_plot import plot_bench
-from latlab.loadtest.costs import machine_price, price_amount_and_unit, price_unit
-from latlab.loadtest.figures import curve_png
-from latlab.loadtest.predict import bench_fits, request_overheads
+from latlab.report import answer, pictures, sections
+from latlab.report.bench_plot import plot_bench
+from latlab.report.costs import machine_price, price_amount_and_unit, price_unit
+from latlab.report.figures import curve_png
+from latlab.report.predict import bench_fits, request_overheads
 from latlab.loadtest.results import read_results
-from latlab.loadtest.verdict import (DEFAULT_PRICES, GPU_HINT, PROVIDER_HINT, UNKNOWN, crossover,
+from latlab.report.verdict import (DEFAULT_PRICES, GPU_HINT, PROVIDER_HINT, UNKNOWN, crossover,
                                      is_gpu, label, machine_name, provider_of, size_crossover,
                                      tag_servers, verdict)
 
@@ -64,7 +64,7 @@ def write_report(run_dirs: Path | list[Path], slos_s: list[float], prices: dict[
                  out: Path | None = None, with_reference: bool = False, reference_dir: Path | None = None) -> Path:
     """Write report.html and its PNGs into `out` (default: the first run folder); return the HTML's path.
 
-    With `with_reference`, the measurements under `reference_dir` (default: loadtest/reference/) are merged in.
+    With `with_reference`, the measurements under `reference_dir` (default: report/reference/) are merged in.
     """
     reference_dir = Path(reference_dir) if reference_dir else REFERENCE_DIR
     run_dirs = [Path(run_dirs)] if isinstance(run_dirs, (str, Path)) else [Path(d) for d in run_dirs]
@@ -149,7 +149,7 @@ def _gpu_notice(curves: list[dict], bench: list[dict], with_reference: bool, ref
     if with_reference and not committed:
         text += f"<p>--with-reference: no reference data are committed under {html.escape(str(reference_dir))}.</p>"
     elif not with_reference and committed:
-        text += ("<p>Reference measurements are committed under loadtest/reference/; "
+        text += ("<p>Reference measurements are committed under report/reference/; "
                  "add --with-reference to merge them.</p>")
     return text
 

@@ -9,11 +9,11 @@ import html
 import re
 from pathlib import Path
 
-from latlab.loadtest import answer
-from latlab.loadtest.report import write_report
+from latlab.report import answer
+from latlab.report.write import write_report
 from latlab.loadtest.results import read_results, write_results
 from latlab.loadtest.scrape import triton_provider
-from latlab.loadtest.verdict import (BY_SERVER, by_server, crossover, label, server_name, tag_servers,
+from latlab.report.verdict import (BY_SERVER, by_server, crossover, label, server_name, tag_servers,
                                      verdict)
 
 from .report_fixtures import CPU_NAME, cpu_run, curve, gpu_run, step

@@ -1,4 +1,4 @@
-"""latlab.loadtest.report and results: max rate under an SLO, the verdict, the self-contained HTML report."""
+"""latlab.report.write and results: max rate under an SLO, the verdict, the self-contained HTML report."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import pytest
 
 from latlab import cli
 from latlab.cli_options import UserError, parse_rates, parse_slos
-from latlab.loadtest import report as report_module
+from latlab.report import write as report_module
 from latlab.loadtest.search import NEVER
-from latlab.loadtest.report import REPORT_FILE, write_report
-from latlab.loadtest.verdict import max_rate_under, verdict
+from latlab.report.write import REPORT_FILE, write_report
+from latlab.report.verdict import max_rate_under, verdict
 from latlab.loadtest.results import RESULTS_FILE, SCHEMA, read_results, write_results
 
 PNG_HEADER = b"\x89PNG\r\n\x1a\n"
@@ -360,7 +360,7 @@ def test_cli_from_prometheus_takes_exactly_one_folder(run_dir: Path, tmp_path: P
 
 
 def test_with_reference_shows_the_committed_h100_seed_bench_cpu_and_gpu_side_by_side(run_dir: Path) -> None:
-    """The committed H100 bench (loadtest/reference/h100/) reaches the report: all four seed experiments, each
+    """The committed H100 bench (report/reference/h100/) reaches the report: all four seed experiments, each
     point's CPU and CUDA medians in one row with ORT's GPU speed-up, read from the unedited files."""
     reference = report_module.REFERENCE_DIR / "h100"
     docs = [json.loads((reference / name).read_text())

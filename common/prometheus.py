@@ -10,7 +10,7 @@ from pathlib import Path
 
 import requests
 
-from latlab import procs
+from latlab.common import procs
 
 NOT_FOUND = ("Prometheus not found: install Debian's `prometheus` package (apt-get install prometheus); "
              "continuing without it")

@@ -1,10 +1,10 @@
-"""latlab.loadtest.verdict: costs, best settings per provider and the CPU-vs-GPU verdict in words."""
+"""latlab.report.verdict: costs, best settings per provider and the CPU-vs-GPU verdict in words."""
 
 from __future__ import annotations
 
 import pytest
 
-from latlab.loadtest.verdict import (DEFAULT_PRICES, PriceError, best_per_provider, cost_per_million, crossover,
+from latlab.report.verdict import (DEFAULT_PRICES, PriceError, best_per_provider, cost_per_million, crossover,
                                      human, parse_prices, size_crossover, verdict)
 
 PRICES = {"cpu": 0.10, "cuda": 2.50}
@@ -44,7 +44,7 @@ def test_parse_prices() -> None:
 
 
 def test_a_cpu_price_per_core_hour_is_charged_for_the_cores_a_deployment_computes_on() -> None:
-    from latlab.loadtest.costs import machine_price, price_unit
+    from latlab.report.costs import machine_price, price_unit
 
     prices = parse_prices("cpu=0.04/core,cuda=2.50/machine")
     assert prices == {"cpu": {"usd": 0.04, "per": "core-hour"}, "cuda": 2.50}
@@ -173,8 +173,8 @@ def test_human_counts() -> None:
 
 
 def test_an_unsaturated_maximum_shows_as_a_lower_bound_in_the_tables() -> None:
-    from latlab.loadtest.sections import slo_table
-    from latlab.loadtest.verdict import rate_text
+    from latlab.report.sections import slo_table
+    from latlab.report.verdict import rate_text
 
     steps = [{"target": t, "achieved_rps": t - 1, "p99_s": 0.005, "errors": 0} for t in (100, 200)]
     curve = {"name": "mlp-b1", "run_id": "r", "provider": "cpu", "batcher": {"max_batch_size": 1},
@@ -187,8 +187,8 @@ def test_an_unsaturated_maximum_shows_as_a_lower_bound_in_the_tables() -> None:
 
 def test_machines_are_named_by_what_they_are_never_by_hostname() -> None:
     """Every lab VM is called `vm`: a merged report names machines by --machine-name, GPU or CPU model."""
-    from latlab import machine
-    from latlab.loadtest.verdict import machine_name
+    from latlab.common import machine
+    from latlab.report.verdict import machine_name
 
     here = machine.describe()
     assert "name" not in here and here["hostname"]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from latlab import procs
-from latlab.loadtest.report import write_report
+from latlab.common import procs
+from latlab.report.write import write_report
 
 from .test_report_browser import first_screen_problems, probe
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import html
 
-from latlab.loadtest.bench_pivot import gpu_speedup, pivot
-from latlab.machine import key as machine_key
-from latlab.loadtest.breakdown import server_bound
-from latlab.loadtest.predict import ASSUMPTIONS, predict_deployment
-from latlab.loadtest.verdict import (BY_SERVER, best_per_provider, label, machine_name, max_rate_under, rate_text,
+from latlab.report.bench_pivot import gpu_speedup, pivot
+from latlab.common.machine import key as machine_key
+from latlab.report.breakdown import server_bound
+from latlab.report.predict import ASSUMPTIONS, predict_deployment
+from latlab.report.verdict import (BY_SERVER, best_per_provider, label, machine_name, max_rate_under, rate_text,
                                      server_name, sustained_rate)
 
 MACHINE_KEYS = ("cpu", "cores", "memory_gib", "os", "gpu", "ort_version", "torch_version", "threads", "python")

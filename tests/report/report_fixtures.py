@@ -74,7 +74,7 @@ def gpu_run(tmp_path: Path, saturated: bool = False) -> Path:
 if __name__ == "__main__":  # the synthetic report behind docs/report-first-screen.png
     import sys
 
-    from latlab.loadtest.report import write_report
+    from latlab.report.write import write_report
 
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/synthetic-report")
     print(write_report([cpu_run(folder), gpu_run(folder)], [0.010, 0.025, 0.050, 0.100],

@@ -1,4 +1,4 @@
-"""The report's first screen, cost picture and time breakdown: latlab.loadtest.answer, costs, breakdown."""
+"""The report's first screen, cost picture and time breakdown: latlab.report.answer, costs, breakdown."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from latlab.loadtest import answer, breakdown, costs
-from latlab.loadtest.report import REPORT_FILE, write_report
+from latlab.report import answer, breakdown, costs
+from latlab.report.write import REPORT_FILE, write_report
 from latlab.loadtest.results import read_results, write_results
 
 from .report_fixtures import CPU_NAME, GPU_NAME, cpu_run, curve, gpu_run, server, step
@@ -192,7 +192,7 @@ def test_a_gpu_bench_without_served_gpu_curves_is_named_on_the_first_screen(tmp_
     from .test_report import gpu_run as bench_and_served_gpu_run
 
     reference = bench_and_served_gpu_run(tmp_path / "reference")
-    (reference / "results.json").unlink()  # the bench alone, as loadtest/reference/h100/ holds it
+    (reference / "results.json").unlink()  # the bench alone, as report/reference/h100/ holds it
     page = write_report(cpu_run(tmp_path), SLOS, with_reference=True, reference_dir=reference).read_text()
     first_screen = page.split("<table class='answer'")[0]
     assert "No served GPU data</strong>: the bench below compares CPU and GPU in process" in first_screen

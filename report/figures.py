@@ -1,5 +1,5 @@
 """The report's charts as PNG bytes: latency-vs-throughput curves with SLO lines, the cost picture and where
-a request's time goes (bench figures: latlab.bench_plot)."""
+a request's time goes (bench figures: latlab.report.bench_plot)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import matplotlib
 matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
-from latlab.loadtest.costs import fleet_cost_per_million, rate_grid  # noqa: E402
-from latlab.loadtest.verdict import BY_SERVER, machine_name, server_name  # noqa: E402
+from latlab.report.costs import fleet_cost_per_million, rate_grid  # noqa: E402
+from latlab.report.verdict import BY_SERVER, machine_name, server_name  # noqa: E402
 
 def curve_png(model: str, curves: list[dict], slos_s: list[float]) -> bytes:
     """p99 (solid) and p50 (dashed) against achieved throughput, one colour per deployment and machine."""

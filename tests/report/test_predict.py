@@ -1,4 +1,4 @@
-"""latlab.loadtest.predict: the batch-time fit and the dynamic-batcher queueing formula, on known answers."""
+"""latlab.report.predict: the batch-time fit and the dynamic-batcher queueing formula, on known answers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from latlab.loadtest.predict import (BatchTimeFit, FitError, batch_size_at, bench_fits, capacity_rps,
+from latlab.report.predict import (BatchTimeFit, FitError, batch_size_at, bench_fits, capacity_rps,
                                      max_rate_under_slo, p99_latency_s, predict_deployment, request_overheads)
 
 MS = 1e-3

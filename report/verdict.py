@@ -9,7 +9,7 @@ from latlab.loadtest.search import FLAT, NEVER, slo_met
 DEFAULT_PRICES = {"cpu": 0.10, "cuda": 2.50}
 """Example hourly prices (USD) per provider, used when the user gives none; the report says so."""
 GPU_HINT = ("run `latlab bench` and the lab on a GPU box and merge with `latlab report CPU_RUN GPU_RUN` "
-            "(or add `--with-reference` when GPU reference data are committed under loadtest/reference/)")
+            "(or add `--with-reference` when GPU reference data are committed under report/reference/)")
 
 
 class PriceError(ValueError):

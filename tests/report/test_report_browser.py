@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from latlab.loadtest.report import write_report
+from latlab.report.write import write_report
 
 from .report_fixtures import cpu_run, gpu_run
 
