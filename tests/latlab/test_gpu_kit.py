@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-KIT_SCRIPT = Path(__file__).parent.parent / "benchmarks" / "gpu_kit.py"
+KIT_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_kit.py"
 _SPEC = importlib.util.spec_from_file_location("gpu_kit", KIT_SCRIPT)
 kit = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(kit)
