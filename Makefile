@@ -22,6 +22,8 @@ lab: $(STAMP)
 	$(BIN)/latlab lab
 
 test: $(STAMP)
+	# lint first (config: [tool.ruff] in pyproject.toml); a violation fails the target before the tests run
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 bench-wsgi: $(STAMP)

@@ -29,10 +29,12 @@ def document(paths: list[Path]) -> str:
     for path in paths:
         bench = json.loads(path.read_text())
         machine = bench["machine"]
-        where = f"{machine.get('gpu') or 'no GPU'} + {machine['cpu']} ({machine['cores']} cores), ORT {machine['ort_version']}"
+        where = (f"{machine.get('gpu') or 'no GPU'} + {machine['cpu']} ({machine['cores']} cores), "
+                 f"ORT {machine['ort_version']}")
         for experiment in bench["experiments"]:
             fixed = ", ".join(f"{k}={v}" for k, v in experiment["fixed"].items())
-            out += [f"### {experiment['name']} ({fixed}): {where}", f"From `{path.name}`, created {bench['created']}.", ""]
+            out += [f"### {experiment['name']} ({fixed}): {where}",
+                    f"From `{path.name}`, created {bench['created']}.", ""]
             out += experiment_table(experiment) + [""]
     return "\n".join(out)
 

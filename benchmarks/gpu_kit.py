@@ -391,7 +391,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("steps", nargs="+", help="prepare | stash | install | verify | lab | bench | collect")
     parser.add_argument("--out", type=Path, default=ROOT / ".whl", help="prepare: where the carry folders go")
-    parser.add_argument("--part-mib", type=float, default=55.0, help="prepare: size of one part (a call carries 64 MiB)")
+    parser.add_argument("--part-mib", type=float, default=55.0,
+                        help="prepare: size of one part (a call carries 64 MiB)")
     parser.add_argument("--rehearse", action="store_true",
                         help="device steps on a machine without CUDA (install, doctor, CPU lab and bench): "
                              "try the kit here before spending device time")

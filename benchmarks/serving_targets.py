@@ -165,7 +165,8 @@ def image_figures(args: argparse.Namespace, work: Path) -> list[tuple]:
         with serving(config, port, work / f"{name}-server.log") as served:
             options = search_options(args, slo_ms, 20)
             json_rate, json_ok = slo_rates(served.url, [name], work / f"{name}-json", options)[name]
-            binary_rate, binary_ok = slo_rates(served.url, [name], work / f"{name}-binary", [*options, "--binary"])[name]
+            binary_rate, binary_ok = slo_rates(served.url, [name], work / f"{name}-binary",
+                                               [*options, "--binary"])[name]
         flag = "" if json_ok and binary_ok else " (search INVALID)"
         rows.append((f"d) {name} (p99 <= {slo_ms:g} ms) binary / JSON",
                      f"{binary_rate:.0f} / {json_rate:.0f} req/s = {ratio(binary_rate, json_rate):.2f}x{flag}",

@@ -138,7 +138,8 @@ def print_costs(args: argparse.Namespace, costs: dict[int, dict[str, float]]) ->
     print(f"\nin process, median per sentence (provider {args.provider}, one ORT thread):")
     print(f"{'tokens':>6} {'tokenize per request':>22} {'per sentence of 32':>20} {'ORT batch-1 run':>16} {'share':>7}")
     for length, cost in costs.items():
-        print(f"{length:>6} {cost['tokenize_request_s'] * 1e6:>19.1f} us {cost['tokenize_batch32_per_sentence_s'] * 1e6:>17.1f} us "
+        print(f"{length:>6} {cost['tokenize_request_s'] * 1e6:>19.1f} us "
+              f"{cost['tokenize_batch32_per_sentence_s'] * 1e6:>17.1f} us "
               f"{cost['ort_b1_s'] * 1e6:>13.1f} us {cost['tokenize_request_s'] / cost['ort_b1_s']:>7.1%}")
 
 

@@ -115,7 +115,8 @@ def main() -> None:
     client = "wrk" if shutil.which("wrk") else "python threads"
     print(f"\n{client}: {CONCURRENCY} closed-loop connections, {SECONDS:g} s per route, "
           f"{os.cpu_count()} cores shared with the client")
-    print(f"{'server':<22} {'no-op req/s':>12} {'p50 ms':>7} {'ratio':>6}   {'infer req/s':>12} {'p50 ms':>7} {'ratio':>6}")
+    print(f"{'server':<22} {'no-op req/s':>12} {'p50 ms':>7} {'ratio':>6}   "
+          f"{'infer req/s':>12} {'p50 ms':>7} {'ratio':>6}")
     for name, (live_rps, live_p50), (infer_rps, infer_p50) in rows:
         print(f"{name:<22} {live_rps:12.0f} {live_p50 * 1e3:7.2f} {live_rps / base[1][0]:6.2f}   "
               f"{infer_rps:12.0f} {infer_p50 * 1e3:7.2f} {infer_rps / base[2][0]:6.2f}")

@@ -71,7 +71,8 @@ class Timing:
     repeats: int
 
 
-def measure(run: Callable[[], None], settings: MeasureSettings, clock: Callable[[], float] = time.perf_counter) -> Timing:
+def measure(run: Callable[[], None], settings: MeasureSettings,
+            clock: Callable[[], float] = time.perf_counter) -> Timing:
     """Time `run` after warm-up; repeats bounded by count and time, so fast points get many samples."""
     for _ in range(settings.warmup):
         run()

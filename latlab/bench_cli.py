@@ -28,7 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--batches", help="batch_size sweep (default 1,2,4,...,2048); ranges as start:stop:step")
     add("--d-models", help="d_model sweep (default 64,128,...,4096)")
     add("--layers", help="n_layers sweep (default every 4th of 128:3840:128; --full: all)")
-    add("--fixed-params", type=int, help="parameter count of the fixed-params sweep (default 2**27; 2**31 on a GPU box)")
+    add("--fixed-params", type=int,
+        help="parameter count of the fixed-params sweep (default 2**27; 2**31 on a GPU box)")
     add("--fixed-layers", help="depths of the fixed-params sweep (default 1,2,4,...,4096)")
     add("--zoo-batches", help=f"zoo batch sweep (default {ZOO_BATCHES})")
     add("--d-model", type=int, default=128, help="width where it is held fixed")

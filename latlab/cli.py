@@ -84,7 +84,8 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--cell", choices=["lstm", "gru"], help="rnn: cell (lstm)")
     export.add_argument("--input-size", type=int, help="rnn: features per step (32)")
     export.add_argument("--rnn-layers", type=int, help="rnn: stacked layers (2)")
-    export.add_argument("--seq-len", type=int, help="rnn, minilm: the example's sequence length (32, 16); the axis is dynamic")
+    export.add_argument("--seq-len", type=int,
+                        help="rnn, minilm: the example's sequence length (32, 16); the axis is dynamic")
     export.add_argument("--image-size", type=int, help="cnn: image height and width (224)")
     export.add_argument("--width", type=int, help="cnn: first stage's channels (64)")
     export.add_argument("--classes", type=int, help="cnn: classes (1000)")
@@ -104,7 +105,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 def _add_loadtest(sub: argparse._SubParsersAction) -> None:
     """`latlab loadtest`: every option also read from the environment and a config file."""
-    load = sub.add_parser("loadtest", allow_abbrev=False, help="sweep offered load (or search an SLO) against deployments with Locust",
+    load = sub.add_parser("loadtest", allow_abbrev=False,
+                          help="sweep offered load (or search an SLO) against deployments with Locust",
                           epilog="Every option also reads LATLAB_<OPTION> (e.g. LATLAB_RATES=100,200) and a "
                                  "[loadtest] table of --config-file; the command line wins, then the environment.")
     load.add_argument("--config-file", type=Path, help="TOML file with a [loadtest] table of these options")
@@ -187,10 +189,11 @@ def _add_loadtest(sub: argparse._SubParsersAction) -> None:
 
 def _add_report(sub: argparse._SubParsersAction) -> None:
     """`latlab report`."""
-    report = sub.add_parser("report", help="write the HTML report of run folders, merged (or rebuild one from Prometheus)")
+    report = sub.add_parser("report",
+                            help="write the HTML report of run folders, merged (or rebuild one from Prometheus)")
     report.add_argument("run_dirs", type=Path, nargs="+", metavar="RUN",
-                        help="run folders (results*.json, bench*.json), e.g. one from a CPU box and one from a GPU box; "
-                             "with --from-prometheus: the one folder to write to")
+                        help="run folders (results*.json, bench*.json), e.g. one from a CPU box and one from a GPU "
+                             "box; with --from-prometheus: the one folder to write to")
     report.add_argument("--out", type=Path, help="where report.html and its PNGs go (default: the first RUN)")
     report.add_argument("--price", metavar="PROVIDER=USD", help="hourly price per provider, e.g. cpu=0.10,cuda=2.50 "
                         "(default: example prices, labelled as such in the report)")
@@ -333,7 +336,8 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
     if args.seq_len < 1:
         raise UserError(f"--seq-len must be >= 1, got {args.seq_len}")
     if args.text and args.seq_len < 3:
-        raise UserError(f"--text: a sentence needs at least 3 tokens ([CLS], a word, [SEP]), got --seq-len {args.seq_len}")
+        raise UserError("--text: a sentence needs at least 3 tokens ([CLS], a word, [SEP]), "
+                        f"got --seq-len {args.seq_len}")
     if args.seq_len_max and args.seq_len_max < args.seq_len:
         raise UserError(f"--seq-len-max ({args.seq_len_max}) must be at least --seq-len ({args.seq_len})")
     if args.inputs is not None and args.text:
@@ -356,7 +360,8 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
     if slos and args.mode != "open":
         raise UserError("--slos brackets offered rates: it needs --mode open")
     if not 0 <= args.max_rate < float("inf"):
-        raise UserError(f"--max-rate must be a finite rate >= 0 (0: stop at the last of --rates), got {args.max_rate:g}")
+        raise UserError("--max-rate must be a finite rate >= 0 (0: stop at the last of --rates), "
+                        f"got {args.max_rate:g}")
     if args.server_metrics and not args.server_metrics.startswith(("http://", "https://")):
         raise UserError(f"--server-metrics must be an http:// or https:// URL, got {args.server_metrics!r}")
     if args.provider and not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", args.provider.strip()):

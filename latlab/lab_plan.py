@@ -165,7 +165,8 @@ MINILM = ModelPlan("minilm", {}, rates=(15, 100, 300), seq_len=16, text=True,
                    batching={"max_batch_size": 32, "max_queue_delay_ms": 3.0})
 
 PLANS = {
-    # The main job: four models, batching off and on, on the CPU (943 s measured on 2 cores with the SLO brackets, models exported).
+    # The main job: four models, batching off and on, on the CPU
+    # (943 s measured on 2 cores with the SLO brackets, models exported).
     "cpu": LabPlan(models=(MLP, FFN, CNN, MINILM)),
     # Same models, fewer and shorter steps (318 s measured on 2 cores, models already exported).
     "quick": LabPlan(models=(replace(MLP, rates=(250, 1000, 2000)), replace(FFN, rates=(250, 750, 1500, 2500)),
@@ -178,7 +179,8 @@ PLANS = {
     "gpu": LabPlan(models=(MLP, FFN, replace(CNN, rates=CNN.rates + (100, 400, 800)),
                            replace(MINILM, rates=MINILM.rates + (1000, 2000))), providers=("cpu", "cuda")),
     # The gpu plan in fewer, shorter steps: fits one call of a borrowed GPU machine (benchmarks/gpu_kit.py).
-    "gpu-quick": LabPlan(models=(replace(MLP, rates=(250, 1000, 2000, 4000)), replace(FFN, rates=(250, 1000, 2000, 4000)),
+    "gpu-quick": LabPlan(models=(replace(MLP, rates=(250, 1000, 2000, 4000)),
+                                 replace(FFN, rates=(250, 1000, 2000, 4000)),
                                  replace(CNN, rates=(20, 60, 150, 400)),
                                  replace(MINILM, rates=(50, 250, 600, 1200))),
                          providers=("cpu", "cuda"), step_seconds=1.5, max_windows=3, warmup_seconds=0.5,

@@ -142,9 +142,9 @@ def _ranks(n: int, q: float, confidence: float) -> tuple[int | None, int | None]
     pmf = np.exp(_log_pmf(n, q, lo, hi))
     below = np.cumsum(pmf)                  # P[B <= k], k = lo..hi (mass under lo is negligible)
     above = np.cumsum(pmf[::-1])[::-1]      # P[B >= k]
-    l = lo + int(np.searchsorted(below, tail, side="right"))   # largest k with P[B <= k] <= tail, plus 1
-    u = lo + int(np.count_nonzero(above > tail))                # smallest k with P[B >= k] <= tail
-    return (l if l >= 1 else None), (u if u <= hi else None)
+    lower = lo + int(np.searchsorted(below, tail, side="right"))   # largest k with P[B <= k] <= tail, plus 1
+    u = lo + int(np.count_nonzero(above > tail))                    # smallest k with P[B >= k] <= tail
+    return (lower if lower >= 1 else None), (u if u <= hi else None)
 
 
 def percentile_interval(latencies: Sequence[float] | np.ndarray, q: float,
@@ -160,14 +160,14 @@ def percentile_interval(latencies: Sequence[float] | np.ndarray, q: float,
     n = int(x.size)
     if n == 0:
         return Interval(q, math.nan, None, None, confidence, 0)
-    l, u = _ranks(n, q, confidence)
+    lower, u = _ranks(n, q, confidence)
     h = (n - 1) * q
     below, above = math.floor(h), math.ceil(h)
-    kth = sorted({below, above} | {r - 1 for r in (l, u) if r is not None})
+    kth = sorted({below, above} | {r - 1 for r in (lower, u) if r is not None})
     part = np.partition(x, kth)
     a, b = float(part[below]), float(part[above])
     estimate = a if a == b else a + (h - below) * (b - a)
-    low = float(part[l - 1]) if l is not None else None
+    low = float(part[lower - 1]) if lower is not None else None
     high = float(part[u - 1]) if u is not None else None
     return Interval(q, estimate, low, high, confidence, n)
 

@@ -4,7 +4,8 @@ Locust's FastHttpSession spends most of a request's client CPU on what a load ge
 (URL parsing, cookies, a liveness probe of the socket, response objects), and when the generator shares
 the server's machine that CPU is taken from the server under test (figures: docs/performance.md). As wrk
 does, every body is encoded once with its request line and headers (`Prepared`), so a request is one
-`sendall` and a small parse of the answer. Responses may carry Content-Length, chunked encoding or neither (read to close).
+`sendall` and a small parse of the answer. Responses may carry Content-Length, chunked encoding or
+neither (read to close).
 
 It runs under gevent (Locust patches `socket`), one connection per outstanding request, reused afterwards.
 """

@@ -5,7 +5,7 @@ Import this module before anything that uses sockets or threads: Locust monkey-p
 
 from __future__ import annotations
 
-import locust  # first: gevent's monkey-patching must precede other imports
+import locust  # noqa: F401 - imported first for its side effect: gevent's monkey-patching must precede other imports
 
 import time
 from dataclasses import dataclass, replace

@@ -310,7 +310,8 @@ def evidence(curves: list[dict], slos_s: list[float], prices: dict) -> str:
                          f"{row.step.get('samples', '?')} requests{said}){needed}</li>")
     if not items:
         return ""
-    return f"<details class='evidence'><summary>p99 intervals behind this table</summary><ul>{''.join(items)}</ul></details>"
+    return ("<details class='evidence'><summary>p99 intervals behind this table</summary>"
+            f"<ul>{''.join(items)}</ul></details>")
 
 
 def answer_section(by_model: dict[str, list[dict]], slos_s: list[float], prices: dict, prices_note: str,

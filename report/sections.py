@@ -211,7 +211,8 @@ def _level(curve: dict) -> str:
 
 
 def _saturation(curve: dict) -> str:
-    """Whether the sweep found the deployment's limit (saturated, rate_cap_rps; absent in results from before the saturation search)."""
+    """Whether the sweep found the deployment's limit (saturated, rate_cap_rps; absent in results from
+    before the saturation search)."""
     cap = f", rate cap {curve['rate_cap_rps']:g} req/s" if curve.get("rate_cap_rps") else ""
     if curve.get("saturated") is False:
         return f" (not saturated{cap})"

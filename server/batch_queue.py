@@ -107,8 +107,8 @@ def batch_to_send(now: float, sizes: Sequence[int], oldest_enqueued_at: float, m
                   max_queue_delay_s: float, preferred: Sequence[int] = ()) -> int | float | None:
     """Triton's rule. Returns how many queued requests to send now (int), when to look again (float),
     or None when the queue is empty. `sizes` are the batch dimensions of the queued requests that may
-    join one batch, in queue order (priority, then arrival). Send at once when the batch is full, the next request does not fit,
-    a preferred size is reached, or the oldest request has waited the delay."""
+    join one batch, in queue order (priority, then arrival). Send at once when the batch is full, the next
+    request does not fit, a preferred size is reached, or the oldest request has waited the delay."""
     if not sizes:
         return None
     blocked = False

@@ -425,7 +425,8 @@ def _padding(table: dict, name: str) -> PaddingSettings:
     values = table.get("values", {})
     if not isinstance(values, dict) or not all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in values.values()):
-        raise ConfigError(f"deployment '{name}' [padding]: values must be a table of input name = number, got {values!r}")
+        raise ConfigError(f"deployment '{name}' [padding]: values must be a table of input name = number, "
+                          f"got {values!r}")
     padding = _build(PaddingSettings, table, f"deployment '{name}' [padding]")
     if padding.axis < 1 or padding.bucket < 0:
         raise ConfigError(f"deployment '{name}' [padding]: axis must be >= 1 (0 is the batch axis) and bucket >= 0, "
@@ -444,7 +445,8 @@ def _provider_options(raw: dict, name: str, batcher: BatcherSettings
                                    GRAPH_OPTIMIZATION_LEVELS),
                                   ("[cpu] execution_mode", cpu.execution_mode, EXECUTION_MODES),
                                   ("[cuda] cudnn_conv_algo_search", cuda.cudnn_conv_algo_search, CONV_ALGO_SEARCHES),
-                                  ("[cuda] arena_extend_strategy", cuda.arena_extend_strategy, ARENA_EXTEND_STRATEGIES)):
+                                  ("[cuda] arena_extend_strategy", cuda.arena_extend_strategy,
+                                   ARENA_EXTEND_STRATEGIES)):
         if value not in choices:
             raise ConfigError(f"deployment '{name}': {where} must be one of {choices}, got {value!r}")
     counts = {"[cpu] intra_op_threads": cpu.intra_op_threads, "[cpu] inter_op_threads": cpu.inter_op_threads,

@@ -108,7 +108,8 @@ def _schemas() -> dict:
             "parameters": {"type": "object", "properties": {
                 "timeout": {"type": "integer", "minimum": 0, "description": "µs; may only shorten the server's"},
                 "priority": {"type": "integer", "minimum": 0,
-                             "description": "1 = highest .. the deployment's priority_levels; 0 or absent: its default"},
+                             "description": "1 = highest .. the deployment's priority_levels; "
+                                            "0 or absent: its default"},
                 "binary_data_output": {"type": "boolean"}}},
             "inputs": {"type": "array", "minItems": 1, "items": {"$ref": _REF + "RequestInput"}},
             "outputs": {"type": "array", "items": {"$ref": _REF + "RequestOutput"}}}},
@@ -145,7 +146,8 @@ def openapi_spec(auth: bool) -> dict:
             "/v2": {"get": {"summary": "Server metadata.",
                             "responses": {"200": _json("Name, version, extensions.", "ServerMetadata")}}},
             OPENAPI_PATH: {"get": {"summary": "This description.", "responses": {"200": {
-                "description": "OpenAPI 3 document.", "content": {"application/json": {"schema": {"type": "object"}}}}}}},
+                "description": "OpenAPI 3 document.",
+                "content": {"application/json": {"schema": {"type": "object"}}}}}}},
             "/metrics": {"get": {"summary": "Prometheus metrics.", "responses": {"200": {
                 "description": "Text exposition format.", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
             **_model_routes(auth),

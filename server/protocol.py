@@ -276,7 +276,8 @@ def _from_binary(name: str, shape: list[int], datatype: str, size: object,
     dtype = _WIRE[datatype]
     expected = math.prod(shape) * dtype.itemsize
     if type(size) is not int or size != expected:
-        raise BadRequest(f"input '{name}': binary_data_size is {size!r} but shape {shape} of {datatype} needs {expected}")
+        raise BadRequest(f"input '{name}': binary_data_size is {size!r} "
+                         f"but shape {shape} of {datatype} needs {expected}")
     if offset + size > len(binary):
         raise BadRequest(f"input '{name}': binary_data_size {size} runs past the end of the body")
     # frombuffer shares the request's bytes: no copy.

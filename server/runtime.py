@@ -260,7 +260,7 @@ def _rows(inputs: dict[str, np.ndarray]) -> int:
 
 
 def _zeros(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    if dtype == object:
+    if dtype == np.dtype(object):
         return np.full(shape, "", dtype=object)
     return np.zeros(shape, dtype=dtype)
 

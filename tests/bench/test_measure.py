@@ -55,7 +55,8 @@ def test_median_min_max_come_from_the_samples() -> None:
     def run() -> None:
         now[0] += next(durations)
 
-    timing = measure(run, MeasureSettings(warmup=1, min_repeats=4, min_time_s=0, max_repeats=4, max_time_s=100), lambda: now[0])
+    timing = measure(run, MeasureSettings(warmup=1, min_repeats=4, min_time_s=0, max_repeats=4, max_time_s=100),
+                     lambda: now[0])
     assert (timing.median_s, timing.min_s, timing.max_s, timing.repeats) == (2.5, 1.0, 5.0, 4)
 
 

@@ -177,8 +177,8 @@ def test_a_known_tail_is_decided_once_enough_requests_arrive(tmp_path, slow_ever
     slow_s = 0.2
     with stub_server(StubModel(slow_every=slow_every, slow_for=slow_s)) as host:
         doc = loadtest(host, tmp_path / "tail", "--rates", "200", "--slos", f"{slow_s / 2 * 1e3:g}ms",
-                       "--decide-windows", str(extra), "--slo-steps", "0", "--warmup-seconds", "0.5", "--step-seconds", "1.5",
-                       "--max-windows", "3", timeout=300)
+                       "--decide-windows", str(extra), "--slo-steps", "0", "--warmup-seconds", "0.5",
+                       "--step-seconds", "1.5", "--max-windows", "3", timeout=300)
     (step,) = doc["deployments"][0]["steps"]
     (decision,) = step["confidence"]["slos"]
     assert decision["verdict"] == verdict, (decision, step["samples"], step["extended_windows"])

@@ -54,7 +54,8 @@ def test_server_process_answers_the_protocol_and_survives_bad_input(server):
     host, process = server
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     good = {"id": "7", "inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": x.tolist()}]}
-    bad_bodies = [b"{not json", b'{"inputs": []}', json.dumps({"inputs": [{**good["inputs"][0], "name": "z"}]}).encode(),
+    bad_bodies = [b"{not json", b'{"inputs": []}',
+                  json.dumps({"inputs": [{**good["inputs"][0], "name": "z"}]}).encode(),
                   json.dumps({"inputs": [{**good["inputs"][0], "datatype": "INT64", "data": [1] * 8}]}).encode()]
     for body in bad_bodies:
         response = requests.post(f"{host}/v2/models/tiny/infer", data=body, timeout=10)

@@ -128,7 +128,8 @@ def test_bytes_tensors_round_trip(client, binary):
     s = np.array([[b"hello", b""], ["naïve".encode(), last]], dtype=np.object_)
     tensor = tritonclient_http.InferInput("s", [2, 2], "BYTES")
     tensor.set_data_from_numpy(s, binary_data=binary)
-    result = client.infer("strings", [tensor], outputs=[tritonclient_http.InferRequestedOutput("t", binary_data=binary)])
+    result = client.infer("strings", [tensor],
+                          outputs=[tritonclient_http.InferRequestedOutput("t", binary_data=binary)])
     got = [[v if isinstance(v, bytes) else str(v).encode() for v in row] for row in result.as_numpy("t").tolist()]
     assert got == s.tolist()
 

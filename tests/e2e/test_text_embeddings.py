@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from pathlib import Path
 from typing import Iterator
 
 import numpy as np

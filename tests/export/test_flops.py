@@ -8,13 +8,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 from latlab.export.flops import flops_per_sample
 
-H, I, SEQ = 8, 4, 6
+H, IN, SEQ = 8, 4, 6
 
 
 def lstm_graph(computed_weights: bool, seq: int | str = "seq") -> onnx.ModelProto:
-    """x [seq, batch, I] -> LSTM(hidden H); W either an initializer or a Concat of two halves (as the
+    """x [seq, batch, IN] -> LSTM(hidden H); W either an initializer or a Concat of two halves (as the
     exporter leaves big gate weights), so both paths are counted."""
-    w = np.zeros((1, 4 * H, I), np.float32)
+    w = np.zeros((1, 4 * H, IN), np.float32)
     r = numpy_helper.from_array(np.zeros((1, 4 * H, H), np.float32), "R")
     nodes = [helper.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=H)]
     if computed_weights:
@@ -23,13 +23,14 @@ def lstm_graph(computed_weights: bool, seq: int | str = "seq") -> onnx.ModelProt
         inits = [*halves, r]
     else:
         inits = [numpy_helper.from_array(w, "W"), r]
-    graph = helper.make_graph(nodes, "lstm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [seq, "batch", I])],
+    graph = helper.make_graph(nodes, "lstm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [seq, "batch", IN])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
 
 
 def test_lstm_counts_input_and_recurrent_gates_per_step() -> None:
-    want = 2 * 4 * H * (I + H) * SEQ
+    want = 2 * 4 * H * (IN + H) * SEQ
     assert flops_per_sample(lstm_graph(False), {"seq": SEQ}) == want
     assert flops_per_sample(lstm_graph(True), {"seq": SEQ}) == want  # weights computed at run time
     assert flops_per_sample(lstm_graph(False, seq=SEQ)) == want  # a static sequence needs no dims

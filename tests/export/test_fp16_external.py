@@ -124,7 +124,8 @@ def test_weights_past_the_threshold_go_to_external_data(tmp_path: Path) -> None:
     x = torch.randn(5, 4)
     with torch.no_grad():
         want = zoo.module(x).numpy()
-    (have,) = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})
+    (have,) = ort.InferenceSession(str(folder / "model.onnx"),
+                                   providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})
     assert np.allclose(want, have, atol=1e-5)
     # a later export under the threshold is self-contained again: no stale weights file beside it
     meta = export("mlp", zoo, tmp_path, source="test")

@@ -25,7 +25,8 @@ def export_cli(tmp_path: Path, *args: str) -> int:
     return cli.main(["export", "--models-dir", str(tmp_path), *args])
 
 
-def test_module_factory_exports_two_inputs_and_named_outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_module_factory_exports_two_inputs_and_named_outputs(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
     assert export_cli(tmp_path, "--module", f"{FACTORY}:two_inputs", "--name", "mine") == 0
     meta = load_metadata(tmp_path / "mine")
     assert meta["source"] == f"user module {FACTORY}:two_inputs"
@@ -143,7 +144,8 @@ def test_adopt_api_refuses_without_the_cli(tmp_path: Path) -> None:
     (["cnn", "--width", "0"], "--width must be a positive integer"),
     (["rnn", "--seq-len", "-3"], "--seq-len must be a positive integer"),
 ])
-def test_source_must_be_exactly_one(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
+def test_source_must_be_exactly_one(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
+                                    message: str) -> None:
     assert export_cli(tmp_path, *argv) == 2
     assert message in capsys.readouterr().err
 
@@ -152,7 +154,8 @@ def test_adopted_external_data_model_is_copied_with_its_weights(tmp_path: Path) 
     src_dir = tmp_path / "src"
     src_dir.mkdir()
     model = onnx.load(str(build_tiny_model(tmp_path / "t.onnx")))
-    onnx.save_model(model, str(src_dir / "ext.onnx"), save_as_external_data=True, location="weights.bin", size_threshold=0)
+    onnx.save_model(model, str(src_dir / "ext.onnx"), save_as_external_data=True, location="weights.bin",
+                    size_threshold=0)
     meta = adopt_onnx(src_dir / "ext.onnx", "ext", tmp_path / "models", external_data_threshold=0)
     shutil.rmtree(src_dir)  # the adopted copy must not depend on the original's files
     folder = tmp_path / "models" / "ext"

@@ -216,7 +216,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     server_port, metrics_port, loadgen_port, prom_port = (procs.free_port() for _ in range(4))
     config = tmp / "server.toml"
     config.write_text(SERVER_CONFIG.format(port=server_port, metrics_port=metrics_port, model=model,
-                                           tokenizer=TOKENIZER, text_model=token_model(tmp / "tiny-text" / "model.onnx")))
+                                           tokenizer=TOKENIZER,
+                                           text_model=token_model(tmp / "tiny-text" / "model.onnx")))
     # Prometheus scrapes the observer port, as the shipped targets/servers.json does (port + 1 there)
     server, loadgen = f"127.0.0.1:{metrics_port}", f"127.0.0.1:{loadgen_port}"
     prom_config = shipped_prometheus_config(tmp / "prometheus", server, loadgen)

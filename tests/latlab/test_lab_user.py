@@ -172,7 +172,8 @@ def test_a_servable_model_becomes_a_one_model_plan_with_inputs_from_its_declared
     assert plan.providers == ("cpu",) and not plan.bench and plan.step_seconds == PLANS["quick"].step_seconds
     shapes = {n: (a.shape[1:], a.dtype) for n, a in planned.samples.items()}
     assert shapes == {"ids": ((128,), np.int64), "mask": ((128,), np.int64), "scale": ((3,), np.float32)}
-    assert (planned.samples["mask"] == 1).all() and 0 <= planned.samples["ids"].min() <= planned.samples["ids"].max() < 100
+    assert ((planned.samples["mask"] == 1).all()
+            and 0 <= planned.samples["ids"].min() <= planned.samples["ids"].max() < 100)
     assert planned.rates == tuple(sorted(planned.rates)) and len(planned.rates) >= 2
     write_samples(tmp_path / "run", plan)  # the sweep sends what the run folder holds
     args = sweep_args(tmp_path / "run", plan, planned, "http://127.0.0.1:1", 9646)

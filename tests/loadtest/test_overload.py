@@ -6,8 +6,8 @@ from typing import Callable
 
 import pytest
 
-from latlab.loadtest.overload import (NORMAL_P99_FACTOR, TAIL_REQUESTS, OverloadPlan, admitted_backlog, drain_seconds, overload_figures, recovery_time,
-                                      run_overload)
+from latlab.loadtest.overload import (NORMAL_P99_FACTOR, TAIL_REQUESTS, OverloadPlan, admitted_backlog, drain_seconds,
+                                      overload_figures, recovery_time, run_overload)
 from latlab.loadtest.recorder import Recorder, recovery_spans
 
 

@@ -1,4 +1,5 @@
-"""latlab.loadtest.prom: the generator's metrics on a fresh registry, bucket accuracy, the exporter (also under gevent)."""
+"""latlab.loadtest.prom: the generator's metrics on a fresh registry, bucket accuracy, the exporter
+(also under gevent)."""
 
 from __future__ import annotations
 

@@ -116,7 +116,8 @@ CASES = [
     ("binary-size-absurd", *binary(X, size=2 ** 62), 400, [f"binary_data_size is {2 ** 62}"]),
     ("binary-size-mismatch", *binary(X, size=16), 400, ["binary_data_size is 16 but shape [2, 4] of FP32 needs 32"]),
     ("binary-past-end", binary(X)[0][:-4], binary(X)[1], 400, ["runs past the end of the body"]),
-    ("binary-leftover", binary(X)[0] + b"\0" * 4, binary(X)[1], 400, ["binary part has 36 bytes but the inputs use 32"]),
+    ("binary-leftover", binary(X)[0] + b"\0" * 4, binary(X)[1], 400,
+     ["binary part has 36 bytes but the inputs use 32"]),
     # ids, parameters, requested outputs
     ("huge-id", body(id="i" * 30_000), JSON, 400, ["'id' has 30000 characters; at most 256"]),
     ("id-not-string", body(id=7), JSON, 400, ["'id' must be a string"]),

@@ -89,7 +89,8 @@ def test_fuzzing_from_the_description_finds_nothing(fuzzed_server: Server, live_
     operation = live_schema[path][method.upper()]
     session = requests.Session()
 
-    @settings(max_examples=INFER_EXAMPLES if method == "post" else EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=INFER_EXAMPLES if method == "post" else EXAMPLES, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
     @given(case=operation.as_strategy(generation_mode=mode))
     def fuzz(case: schemathesis.Case) -> None:
         case.call_and_validate(base_url=fuzzed_server.url, session=session, checks=CHECKS, timeout=15,

@@ -171,8 +171,8 @@ def overload(tmp_path_factory) -> dict:
     (deployment,) = json.loads((tmp / "run" / "results.json").read_text())["deployments"]
     burst = next(s for s in deployment["steps"] if s["phase"] == "burst")
     rss = [r / 2**20 for r in sampler.between(burst["start_time"], burst["end_time"])]
-    figures = {**deployment["overload"], **server_side, "rss_start_mib": rss[0], "rss_end_mib": rss[-1], "rss_min_mib": min(rss),
-               "rss_max_mib": max(rss), "process_alive": alive, "worker_pid": worker.pid,
+    figures = {**deployment["overload"], **server_side, "rss_start_mib": rss[0], "rss_end_mib": rss[-1],
+               "rss_min_mib": min(rss), "rss_max_mib": max(rss), "process_alive": alive, "worker_pid": worker.pid,
                "cpu_count": os.cpu_count(), "test_seconds": time.monotonic() - started}
     figures["readme"] = (f"{figures['summary']}; server RSS {figures['rss_start_mib']:.0f} -> "
                          f"{figures['rss_end_mib']:.0f} MiB (max {figures['rss_max_mib']:.0f}); "

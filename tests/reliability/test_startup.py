@@ -68,7 +68,8 @@ def test_unparsable_model_fails_at_start_naming_file_and_cause(tmp_path: Path, k
 @needs_no_cuda
 def test_cuda_deployment_without_cuda_fails_at_start_naming_the_library(tmp_path: Path) -> None:
     model = build_tiny_model(tmp_path / "tiny" / "model.onnx")
-    config = write_config(tmp_path / "s.toml", [{"name": "gpu", "model_path": str(model), "provider": "cuda"}], port=procs.free_port())
+    config = write_config(tmp_path / "s.toml", [{"name": "gpu", "model_path": str(model), "provider": "cuda"}],
+                          port=procs.free_port())
     result = serve(config)
     assert_one_line_error(result, "deployment 'gpu'", str(model), "needs provider cuda, which cannot load")
     assert ".so" in result.stderr  # the library that is missing, e.g. libcublasLt.so.13

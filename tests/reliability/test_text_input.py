@@ -5,7 +5,6 @@ answered correctly and the server keeps serving."""
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from typing import Iterator
 
 import numpy as np

@@ -232,8 +232,9 @@ def gpu_run(tmp_path: Path) -> Path:
            "provider": "cuda", "environment": {"ort_version": "9.9.9", "gpu": "Test GPU 80GB"}}
     bound = {**step(100, 100, 0.002), "generator_bound": True}
     gpu["steps"] = [bound, *gpu["steps"]]
-    write_results(run / "results.json", {"run_id": "gpu-run", "machine": {"hostname": "gpubox", "name": "gpubox", "cpu": "Big CPU",
-                                                                           "cores": 32}, "deployments": [gpu]})
+    write_results(run / "results.json", {
+        "run_id": "gpu-run", "machine": {"hostname": "gpubox", "name": "gpubox", "cpu": "Big CPU", "cores": 32},
+        "deployments": [gpu]})
 
     def timing(median_ms: float) -> dict:  # plot_bench draws min-max bars
         return {"median_s": median_ms * 1e-3, "min_s": 0.9 * median_ms * 1e-3, "max_s": 1.1 * median_ms * 1e-3,
@@ -246,7 +247,8 @@ def gpu_run(tmp_path: Path) -> Path:
                for p, d, c, g in ((1000, 8, 0.05, 0.4), (10_000_000, 256, 5.0, 0.6))
                for b, t in (("ort-cpu", c), ("ort-cuda", g))]
     (run / "bench.json").write_text(json.dumps({
-        "schema": "latlab.bench/1", "machine": {"hostname": "gpubox", "name": "gpubox", "gpu": "Test GPU 80GB", "ort_version": "9.9.9"},
+        "schema": "latlab.bench/1",
+        "machine": {"hostname": "gpubox", "name": "gpubox", "gpu": "Test GPU 80GB", "ort_version": "9.9.9"},
         "experiments": [{"name": "batch_size", "model": "ffn", "vary": "batch_size", "points": points[:6],
                          "fixed": {"d_model": 128, "n_layers": 128}, "skipped": []},
                         {"name": "d_model", "model": "ffn", "vary": "d_model", "points": points[6:],
@@ -368,7 +370,8 @@ def test_with_reference_shows_the_committed_h100_seed_bench_cpu_and_gpu_side_by_
     assert {e["name"] for d in docs for e in d["experiments"]} == {"batch_size", "d_model", "n_layers", "fixed_params"}
     page = write_report(run_dir, [0.025], with_reference=True).read_text()
     last = next(p for p in docs[0]["experiments"][0]["points"] if p["batch_size"] == 2048 and p["backend"] == "ort-cpu")
-    cuda = next(p for p in docs[0]["experiments"][0]["points"] if p["batch_size"] == 2048 and p["backend"] == "ort-cuda")
+    cuda = next(p for p in docs[0]["experiments"][0]["points"]
+                if p["batch_size"] == 2048 and p["backend"] == "ort-cuda")
     row = f"<td>2048</td><td>{last['params']}</td>"
     assert "NVIDIA H100 80GB HBM3 (reference data)" in page
     assert row in page and f"<td>{last['median_s'] * 1e3:.3f}</td>" in page

@@ -216,7 +216,8 @@ BAD_REQUESTS = [
     pytest.param(infer_body(np.zeros((2, 5), np.float32)), {}, 400,
                  ["input 'x' must have shape [-1, 4]", "got [2, 5]"], id="wrong-shape"),
     pytest.param(infer_body(np.zeros(4, np.float32)), {}, 400, ["must have shape [-1, 4]", "got [4]"], id="wrong-rank"),
-    pytest.param(infer_body(np.zeros((0, 4), np.float32)), {}, 400, ["batch dimension of at least 1"], id="empty-batch"),
+    pytest.param(infer_body(np.zeros((0, 4), np.float32)), {}, 400, ["batch dimension of at least 1"],
+                 id="empty-batch"),
     pytest.param(infer_body(np.zeros((1, 4), np.int64), datatype="INT64"), {}, 400,
                  ["input 'x' must be FP32, got INT64"], id="wrong-dtype"),
     pytest.param(infer_body(np.zeros((1, 4), np.float64), datatype="FP64"), {}, 400,
@@ -289,7 +290,8 @@ def test_full_queue_is_503_with_retry_after(build_app, tiny_model: Path, make_co
 
 
 def test_request_past_its_timeout_is_504_and_not_computed(build_app, tiny_model: Path, make_config, registry) -> None:
-    client = build_app(make_config(tiny_model, max_batch_size=4, max_queue_delay_ms=200.0, timeout_ms=20.0)).test_client()
+    client = build_app(make_config(tiny_model, max_batch_size=4, max_queue_delay_ms=200.0,
+                                   timeout_ms=20.0)).test_client()
     assert_error(client.post(INFER, data=infer_body(sample_x(1))), 504, "expired after")
     assert sample_value(registry, "latlab_server_requests_total", outcome="timeout") == 1
     assert sample_value(registry, "latlab_batcher_batch_size_count") == 0

@@ -175,7 +175,8 @@ def test_wrong_type_is_named(doc: dict, message: str) -> None:
 
 
 def test_wrong_type_in_a_toml_file(tmp_path: Path) -> None:
-    path = write(tmp_path, '[[deployments]]\nname = "a"\nmodel_path = "m.onnx"\n[deployments.batcher]\nmax_batch_size = "8"\n')
+    path = write(tmp_path, '[[deployments]]\nname = "a"\nmodel_path = "m.onnx"\n'
+                           '[deployments.batcher]\nmax_batch_size = "8"\n')
     with pytest.raises(ConfigError, match="max_batch_size must be an integer, got '8'"):
         load_config(path)
 

@@ -71,7 +71,8 @@ def test_percent_encoded_paths_and_queries_reach_the_app(observed: str) -> None:
     assert unknown.status_code == 404 and "unknown model 'no such'" in unknown.json()["error"]
 
 
-@pytest.mark.parametrize("head, status", [(b"NONSENSE\r\n\r\n", b"400"), (b"GET / HTTP/1.1\r\nno colon\r\n\r\n", b"400")])
+@pytest.mark.parametrize("head, status", [(b"NONSENSE\r\n\r\n", b"400"),
+                                          (b"GET / HTTP/1.1\r\nno colon\r\n\r\n", b"400")])
 def test_a_malformed_request_gets_400_and_the_next_is_answered(observed: str, head: bytes, status: bytes) -> None:
     port = int(observed.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:

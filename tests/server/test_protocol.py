@@ -163,7 +163,8 @@ def test_json_data_round_trips(datatype: str, nested: bool) -> None:
 def test_binary_data_round_trips(datatype: str) -> None:
     array = sample(datatype, (3, 2))
     tensor, raw = binary_tensor("a", array)
-    body, header_length = binary_body({"inputs": [tensor], "outputs": [{"name": "a", "parameters": {"binary_data": True}}]}, raw)
+    body, header_length = binary_body(
+        {"inputs": [tensor], "outputs": [{"name": "a", "parameters": {"binary_data": True}}]}, raw)
     request = decode_request(body, header_length)
     assert_same(request.inputs["a"], array)
     assert request.binary_outputs == {"a"}
@@ -387,7 +388,8 @@ def test_malformed_json_requests_name_the_problem(body: bytes, message: str) -> 
     assert message in str(caught.value)
 
 
-def binary_request(size: object, raw: bytes, shape: list[int] | None = None, datatype: str = "FP32") -> tuple[bytes, int]:
+def binary_request(size: object, raw: bytes, shape: list[int] | None = None,
+                   datatype: str = "FP32") -> tuple[bytes, int]:
     tensor = {"name": "a", "shape": shape or [2], "datatype": datatype, "parameters": {"binary_data_size": size}}
     return binary_body({"inputs": [tensor]}, raw)
 

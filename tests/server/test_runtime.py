@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from latlab.server.config import DeploymentConfig, parse_config
-from latlab.server.errors import BadRequest, ConfigError
+from latlab.server.errors import BadRequest
 from latlab.server.buckets import capture_refusal
 from latlab.server.runtime import WARMUP_LENGTH, CudaGraphRunner, OnnxModel, RunTimings, run_bound
 
