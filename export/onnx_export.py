@@ -1,4 +1,7 @@
-"""Export a zoo model to ONNX: dynamic axes, checker, parity against PyTorch, metadata file (+ fp16 variant)."""
+"""Export a zoo model to ONNX: dynamic axes, checker, parity against PyTorch, metadata file (+ fp16 variant).
+
+Variants (fp16 here, int8 in export/int8.py) are also held to an accuracy bound against the FP32 model
+(export/accuracy.py); one that misses it is refused and no folder of it is left to serve."""
 
 from __future__ import annotations
 
@@ -20,6 +23,8 @@ import onnxruntime as ort
 import torch
 
 from latlab.export import fp16 as half
+from latlab.export import samples
+from latlab.export.accuracy import Bound, compare, run
 from latlab.export.flops import flops_per_sample
 from latlab.export.zoo import ZooModel
 
@@ -33,7 +38,8 @@ DATA_SUFFIX = ".data"  # external weights: model.onnx + model.onnx.data
 EXTERNAL_DATA_THRESHOLD = 2 * 1024 ** 3
 DEFAULT_AXIS_LIMIT = 65536
 
-__all__ = ["ExportError", "ParityError", "Parity", "export", "check_parity", "flops_per_sample", "load_metadata"]
+__all__ = ["ExportError", "ParityError", "AccuracyBelowBound", "Parity", "export", "check_parity", "flops_per_sample",
+           "load_metadata"]
 
 
 class ParityError(Exception):
@@ -48,6 +54,10 @@ class ExportError(Exception):
     """The model cannot be exported or adopted as asked (bad factory, fixed batch axis, unreadable file)."""
 
 
+class AccuracyBelowBound(ExportError):
+    """A variant (int8, fp16) strays further from the FP32 model than the accuracy bound allows."""
+
+
 @dataclass
 class Parity:
     max_abs_error: float
@@ -55,16 +65,18 @@ class Parity:
 
 
 def export(name: str, zoo: ZooModel, models_dir: Path, source: str, *, fp16: bool = False,
-           external_data_threshold: int = EXTERNAL_DATA_THRESHOLD, fp16_providers: list[str] | None = None) -> dict:
+           external_data_threshold: int = EXTERNAL_DATA_THRESHOLD, fp16_providers: list[str] | None = None,
+           bound: Bound | None = None) -> dict:
     """Write models_dir/name/model.onnx (+ .data past the threshold) and metadata.json; return the metadata.
 
-    With fp16, also write the half-precision variant to models_dir/name-fp16/ (see export/fp16.py)."""
+    With fp16, also write the half-precision variant to models_dir/name-fp16/ (see export/fp16.py), held to
+    `bound` (default: relative error, export/accuracy.py)."""
     out_dir = Path(models_dir) / name
     with staged(out_dir) as scratch:
         metadata = _export_fp32(name, zoo, scratch, source, external_data_threshold)
     if fp16:
         variant = export_fp16(name, zoo, out_dir / MODEL_FILE, models_dir, source, external_data_threshold,
-                              fp16_providers)
+                              fp16_providers, bound)
         metadata["fp16_variant"] = variant["name"]
         write_metadata(out_dir, metadata)
     return metadata
@@ -126,6 +138,18 @@ def staged(out_dir: Path) -> Iterator[Path]:
         raise
     shutil.rmtree(out_dir, ignore_errors=True)
     scratch.rename(out_dir)
+
+
+@contextlib.contextmanager
+def staged_variant(out_dir: Path) -> Iterator[Path]:
+    """staged(), and a variant refused for its accuracy also takes away the one an earlier export left there:
+    that one was made from an FP32 model this export has just replaced."""
+    try:
+        with staged(out_dir) as scratch:
+            yield scratch
+    except AccuracyBelowBound:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        raise
 
 
 def _to_onnx(zoo: ZooModel, path: Path, external_data_threshold: int) -> bool:
@@ -210,20 +234,24 @@ def _parity_record(parity: Parity, tolerance: float) -> dict:
 
 
 def export_fp16(name: str, zoo: ZooModel, fp32_path: Path, models_dir: Path, source: str,
-                external_data_threshold: int = EXTERNAL_DATA_THRESHOLD, providers: list[str] | None = None) -> dict:
+                external_data_threshold: int = EXTERNAL_DATA_THRESHOLD, providers: list[str] | None = None,
+                bound: Bound | None = None) -> dict:
     """Convert the exported fp32 model to fp16 in models_dir/name-fp16/ and check it with fp16's tolerance.
 
     The check runs on `providers` (default: CPU, which runs fp16 ops it lacks kernels for through inserted
-    fp32 casts). Where the provider cannot load or run the graph, the metadata says so under
-    parity.status (and the export goes on: the GPU it is meant for may still run it)."""
+    fp32 casts): parity against PyTorch, then the accuracy figure against the FP32 model, which must meet
+    `bound` (AccuracyBelowBound otherwise). Where the provider cannot load or run the graph, the metadata
+    says so under parity.status and accuracy.status (and the export goes on: the GPU it is meant for may
+    still run it)."""
     out_dir = half.fp16_folder(models_dir, name)
-    with staged(out_dir) as scratch:
-        metadata = _write_fp16(name, zoo, fp32_path, scratch, source, external_data_threshold, providers)
+    with staged_variant(out_dir) as scratch:
+        metadata = _write_fp16(name, zoo, fp32_path, scratch, source, external_data_threshold, providers,
+                               bound or Bound.for_model(None))
     return metadata
 
 
 def _write_fp16(name: str, zoo: ZooModel, fp32_path: Path, out_dir: Path, source: str,
-                external_data_threshold: int, providers: list[str] | None) -> dict:
+                external_data_threshold: int, providers: list[str] | None, bound: Bound) -> dict:
     path = out_dir / MODEL_FILE
     external = save(half.convert(onnx.load(str(fp32_path))), path, external_data_threshold)
     onnx.checker.check_model(str(path), full_check=True)
@@ -242,9 +270,23 @@ def _write_fp16(name: str, zoo: ZooModel, fp32_path: Path, out_dir: Path, source
     metadata = {"name": half.fp16_folder(Path(), name).name, "source": f"{source}, converted to fp16", "config": {**zoo.config, "fp16": True},
                 **describe(graph, zoo.extras.get("flops_at")), "params": sum(p.numel() for p in zoo.module.parameters()),
                 "precision": "fp16 weights and compute; inputs and outputs FP32 (casts inside the graph)",
-                "fp32_model": name, "external_data": external, "parity": parity}
+                "fp32_model": name, "external_data": external, "parity": parity,
+                "accuracy": _fp16_accuracy(name, zoo, fp32_path, path, bound, providers, parity)}
     write_metadata(out_dir, metadata)
     return metadata
+
+
+def _fp16_accuracy(name: str, zoo: ZooModel, fp32_path: Path, path: Path, bound: Bound, providers: list[str],
+                   parity: dict) -> dict:
+    """The fp16 variant's figure against FP32 on the check set; AccuracyBelowBound below the bound."""
+    if parity["status"] != "checked":  # the same reason stops this check
+        return {"status": parity["status"], "min_accuracy": bound.minimum}
+    batches = samples.check_batches(zoo)
+    accuracy = compare(bound.measure, run(fp32_path, batches), run(path, batches, providers))
+    if not accuracy.meets(bound):
+        folder = half.fp16_folder(Path(), name)
+        raise AccuracyBelowBound(f"{accuracy.shortfall(f'the fp16 variant of {name}', bound)}; no {folder} written")
+    return accuracy.record(bound, provider=providers[0], inputs=samples.describe(zoo, batches))
 
 
 def _signature(value: onnx.ValueInfoProto) -> dict:

@@ -74,6 +74,11 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--allow-fixed-batch", action="store_true",
                         help="--onnx: adopt a model whose first axis is fixed (serve it with max_batch_size 1)")
     export.add_argument("--fp16", action="store_true", help="also write an fp16 variant to models/<name>-fp16/ (GPU)")
+    export.add_argument("--int8", action="store_true", help="also write an int8 variant to models/<name>-int8/ (CPU)")
+    export.add_argument("--min-accuracy", type=float, metavar="X",
+                        help="the least a variant may keep against FP32, 0 to 1 (default: minilm 0.98 min embedding "
+                             "cosine, cnn 0.95 top-1 agreement, others 0.98 = 1 - max relative error); a variant "
+                             "below it is not written (docs/variants.md)")
     export.add_argument("--external-data-threshold", type=int, default=2 * 1024 ** 3, metavar="BYTES",
                         help="weights above this size go to model.onnx.data (default 2 GiB, protobuf's limit)")
     export.add_argument("--d-model", type=int, default=128, help="ffn: width")
