@@ -178,7 +178,8 @@ def _name_outputs(graph, names: list[str]) -> None:  # graph: an onnx_ir Graph
     The exporter names values after the ops that made them, so an output called `embedding` would
     clash with the `embedding` lookup inside the model (the checker then refuses the graph)."""
     if len(graph.outputs) != len(names):
-        raise ExportError(f"the module returns {len(graph.outputs)} output(s) but {len(names)} name(s) were given: {names}")
+        raise ExportError(f"the module returns {len(graph.outputs)} output(s) but {len(names)} name(s) were given: "
+                          f"{names}")
     values = {v.name: v for node in graph for v in node.outputs}
     values.update({v.name: v for v in graph.inputs})
     for value, wanted in zip(graph.outputs, names):
@@ -267,8 +268,9 @@ def _write_fp16(name: str, zoo: ZooModel, fp32_path: Path, out_dir: Path, source
         parity = {"status": f"not checked: {providers[0]} cannot run this fp16 graph: {reason}",
                   "tolerance_rel": half.FP16_MAX_REL_ERROR}
     graph = onnx.load(str(path), load_external_data=False)
-    metadata = {"name": half.fp16_folder(Path(), name).name, "source": f"{source}, converted to fp16", "config": {**zoo.config, "fp16": True},
-                **describe(graph, zoo.extras.get("flops_at")), "params": sum(p.numel() for p in zoo.module.parameters()),
+    metadata = {"name": half.fp16_folder(Path(), name).name, "source": f"{source}, converted to fp16",
+                "config": {**zoo.config, "fp16": True}, **describe(graph, zoo.extras.get("flops_at")),
+                "params": sum(p.numel() for p in zoo.module.parameters()),
                 "precision": "fp16 weights and compute; inputs and outputs FP32 (casts inside the graph)",
                 "fp32_model": name, "external_data": external, "parity": parity,
                 "accuracy": _fp16_accuracy(name, zoo, fp32_path, path, bound, providers, parity)}
