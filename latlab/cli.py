@@ -158,6 +158,9 @@ def _add_loadtest(sub: argparse._SubParsersAction) -> None:
                       help="level of each step's p50/p99 intervals and SLO decisions (met, broken, undecided)")
     load.add_argument("--slo-steps", type=int, default=12,
                       help="with --slos: at most this many extra steps per deployment for the SLO brackets")
+    load.add_argument("--slo-seconds", type=float, default=0.0,
+                      help="with --slos: no bracket step starts after this many seconds of them per deployment "
+                           "(0: no time budget; a low rate's step takes ten times a high rate's)")
     load.add_argument("--decide-windows", type=int, default=6,
                       help="with --slos: extend a step whose p99 is undecided for one of them by up to this many "
                            "windows (0: never)")
@@ -379,6 +382,7 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
                      stop_at_saturation=not args.no_stop, max_rate=args.max_rate, refine_within=args.refine_within,
                      slo_p99_s=slo, slos_s=slos, resolution=args.resolution, confidence=args.confidence,
                      decide_windows=max(0, args.decide_windows), max_slo_steps=max(0, args.slo_steps),
+                     max_slo_seconds=max(0.0, args.slo_seconds),
                      machine_name=args.machine_name,
                      search=bool(slo) and not args.sweep and args.mode == "open", search_resolution=args.resolution,
                      workers=args.workers, expect_workers=args.expect_workers,

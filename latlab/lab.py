@@ -209,6 +209,7 @@ def sweep_args(run_dir: Path, plan: LabPlan, model: ModelPlan, host: str, metric
             "--slo", f"p99={largest_slo_ms:g}ms", "--sweep",
             "--slos", plan.slos, "--resolution", f"{plan.resolution:g}", "--confidence", f"{plan.confidence:g}",
             "--decide-windows", str(plan.decide_windows), "--slo-steps", str(plan.slo_steps),
+            "--slo-seconds", f"{plan.slo_seconds:g}",
             "--refine-within", f"{plan.refine_within:g}",
             "--step-seconds", str(plan.step_seconds), "--max-windows", str(plan.max_windows),
             "--warmup-seconds", str(plan.warmup_seconds), "--metrics-port", str(metrics_port),

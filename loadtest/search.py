@@ -128,12 +128,15 @@ def next_slo_rate(bracket: Bracket, resolution: float, floor_rps: float) -> floa
 
 
 def bracket_slos(slos_s: tuple[float, ...], steps: list[dict], measure: Callable[[float], dict],
-                 single: Callable[[], dict], resolution: float, floor_rps: float, budget: int) -> dict:
+                 single: Callable[[], dict], resolution: float, floor_rps: float, budget: int,
+                 time_left: Callable[[], bool] = lambda: True) -> dict:
     """Narrow every SLO's bracket to `resolution` with extra steps (`measure(rate)` appends each to `steps`; one
     step serves every SLO), at most `budget` steps in all, each spent on the widest bracket left (a budget that
     runs out leaves every SLO narrowed some way, not the tightest one exact and the others as listed). Below the
     lowest step only once one request at a time (`single()`, called at most once) has shown the SLO can be met
-    at all. Returns `slo_brackets` (one record per SLO), `slo_steps` and, when it was measured,
+    at all. No step starts once `time_left()` says the time budget is spent (a low rate's step costs ten times a
+    high rate's: its windows must hold the requests a p99 needs). Returns `slo_brackets` (one record per SLO),
+    `slo_steps`, `slo_budget_spent` (the step or time budget stopped the search) and, when it was measured,
     `single_request`."""
     found: dict = {}
     extra = 0
@@ -144,15 +147,17 @@ def bracket_slos(slos_s: tuple[float, ...], steps: list[dict], measure: Callable
             found["single_request"] = single()
         return found["single_request"]
 
-    while extra < budget:
+    spent = False
+    while True:
         rate = _widest_next(slos_s, steps, single_once, resolution, floor_rps, lowest)
-        if rate is None:
+        spent = rate is not None and (extra >= budget or not time_left())
+        if rate is None or spent:
             break
         measure(rate)
         extra += 1
     records = [bracket_record(slo_bracket(steps, slo), found.get("single_request"), resolution, floor_rps,
                               tail_flat(steps, lowest)) for slo in sorted(slos_s)]
-    return {**found, "slo_brackets": records, "slo_steps": extra}
+    return {**found, "slo_brackets": records, "slo_steps": extra, "slo_budget_spent": spent}
 
 
 def _widest_next(slos_s: tuple[float, ...], steps: list[dict], single: Callable[[], dict], resolution: float,
@@ -203,7 +208,7 @@ def bracket_record(bracket: Bracket, single: dict | None, resolution: float, flo
         meaning = "met at every rate measured"
     else:
         meaning = "within the resolution" if bracket.width() <= resolution else "wider than the resolution (the " \
-            "step budget ran out)"
+            "step or time budget ran out)"
     upper = slo_verdict(bracket.broke, bracket.slo_p99_s) if bracket.broke else None
     needed = (step_decision(bracket.broke, bracket.slo_p99_s) or {}).get("needed") if upper == "undecided" else None
     return {"slo_p99_s": bracket.slo_p99_s, "met_rps": bracket.low, "broke_rps": bracket.high,

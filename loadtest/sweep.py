@@ -87,6 +87,8 @@ class SweepPlan:
     """The SLO brackets' width: (first rate broken - last rate met) / last rate met."""
     max_slo_steps: int = 12
     """At most this many extra steps per deployment for the SLO brackets (each says when it ran out)."""
+    max_slo_seconds: float = 0.0
+    """No SLO bracket step starts after this many seconds of them per deployment (0: no time budget)."""
     slo_p99_s: float | None = None
     slo_margin: float = 2.0
     search: bool = False
@@ -234,8 +236,14 @@ def _bracket_slos(plan: SweepPlan, driver: LoadDriver, deployment: str, measure:
         progress(single_line(deployment, found))
         return found
 
+    deadline = time.monotonic() + plan.max_slo_seconds
+
+    def time_left() -> bool:
+        return not plan.max_slo_seconds or time.monotonic() < deadline
+
     try:
-        return bracket_slos(plan.slos_s, steps, step, single, plan.resolution, lowest_rate(plan), plan.max_slo_steps)
+        return bracket_slos(plan.slos_s, steps, step, single, plan.resolution, lowest_rate(plan), plan.max_slo_steps,
+                            time_left)
     except ServerGone as exc:
         progress(f"{deployment}: SLO brackets stopped: {exc}")
         return {}

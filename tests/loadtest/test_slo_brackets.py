@@ -45,14 +45,14 @@ class Curve:
 
 
 def run(curve: Curve, listed: list[float], slos: tuple[float, ...], resolution: float = 0.1,
-        floor: float = 1.0, budget: int = 40) -> tuple[list[dict], dict]:
+        floor: float = 1.0, budget: int = 40, time_left=lambda: True) -> tuple[list[dict], dict]:
     steps = [curve.step(rate) for rate in listed]
 
     def measure(rate: float) -> dict:
         steps.append(curve.step(rate))
         return steps[-1]
 
-    return steps, bracket_slos(slos, steps, measure, curve.single, resolution, floor, budget)
+    return steps, bracket_slos(slos, steps, measure, curve.single, resolution, floor, budget, time_left)
 
 
 SLOS = (0.010, 0.025, 0.050, 0.100)
@@ -118,6 +118,17 @@ def test_a_short_budget_narrows_every_slo_not_only_the_tightest():
         assert record["met_rps"] <= curve.true_rate(record["slo_p99_s"]) < record["broke_rps"]
 
 
+def test_the_time_budget_stops_the_search_and_is_said():
+    """No step starts once the time budget is spent (the sweep's clock; here a count of the steps it allowed)."""
+    curve = Curve(service_s=0.002, capacity=3000)
+    allowed = iter([True, True, False])
+    _, found = run(curve, [100, 3000], SLOS, budget=40, time_left=lambda: next(allowed))
+    assert found["slo_steps"] == 2 and len(curve.asked) == 2 + 2 and found["slo_budget_spent"]
+    assert any("wider than the resolution" in r["meaning"] for r in found["slo_brackets"])
+    _, unbounded = run(Curve(service_s=0.002, capacity=3000), [100, 3000], SLOS, budget=40)
+    assert not unbounded["slo_budget_spent"]  # it stopped because every bracket was within the resolution
+
+
 def test_a_step_serves_every_slo():
     """Brackets found for one SLO are reused by the others: fewer steps than searching each alone."""
     together = Curve(service_s=0.002, capacity=3000)
@@ -170,7 +181,7 @@ def test_tables_show_a_wide_bracket_and_an_undecided_upper_end():
 
     step = {"target_rps": 100, "offered_rps": 100, "achieved_rps": 101, "p99_s": 0.005, "errors": 0}
     bracket = {"slo_p99_s": 0.01, "met_rps": 100, "broke_rps": 500, "width": 4.0, "resolution": 0.1,
-               "meaning": "wider than the resolution (the step budget ran out)", "broke_verdict": "broken"}
+               "meaning": "wider than the resolution (the step or time budget ran out)", "broke_verdict": "broken"}
     curve = {"steps": [step], "slo_brackets": [bracket]}
     assert rate_text(curve, step, 0.01) == "101–500"
     narrow = {**bracket, "broke_rps": 108, "width": 0.08, "broke_verdict": "undecided", "needed": 900}
