@@ -225,7 +225,7 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
     lab.add_argument("--runs-dir", type=Path, default=Path("runs"))
     lab.add_argument("--models-dir", type=Path, default=Path("models"))
     lab.add_argument("--plan", choices=["cpu", "quick", "gpu", "gpu-quick"], default="cpu",
-                     help="cpu: the main job (mlp, ffn, cnn, minilm; ~15 min on 2 cores); quick: fewer, shorter "
+                     help="cpu: the main job (mlp, ffn, cnn, minilm; ~17 min on 2 cores); quick: fewer, shorter "
                           "steps (~5.5 min); gpu: the same models on CUDA and CPU, for a GPU box; gpu-quick: "
                           "that in fewer, shorter steps")
     lab.add_argument("--quick", action="store_const", const="quick", dest="plan", help="same as --plan quick")
@@ -240,6 +240,9 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
                                    "(default: the plan's, 10ms,25ms,50ms,100ms)")
     lab.add_argument("--resolution", type=float,
                      help="each SLO's highest rate is found to within this fraction (default: the plan's, 0.1)")
+    lab.add_argument("--slo-seconds", type=float,
+                     help="no SLO bracket step starts after this many seconds of them per deployment (default: the "
+                          "plan's, 40; 0: none; the cpu plan took 1371 s with 0, 1044 s with 40: docs/performance.md)")
     lab.add_argument("--slo-steps", type=int,
                      help="extra steps per deployment for the SLO brackets (default: the plan's, 10); more buys "
                           "brackets within --resolution on a noisy machine")
@@ -453,6 +456,10 @@ def cmd_lab(args: argparse.Namespace) -> None:
     if args.slo is not None:
         parse_slos(args.slo)  # refuses a bad bound here, before any work
         plan = replace(plan, slos=args.slo)
+    if args.slo_seconds is not None:
+        if not 0 <= args.slo_seconds < float("inf"):
+            raise UserError(f"--slo-seconds must be >= 0 (0: no time budget), got {args.slo_seconds:g}")
+        plan = replace(plan, slo_seconds=args.slo_seconds)
     if args.slo_steps is not None:
         if args.slo_steps < 0:
             raise UserError(f"--slo-steps must be >= 0, got {args.slo_steps}")

@@ -161,6 +161,8 @@ def test_sources_and_options_are_checked_before_any_work(tmp_path, capsys) -> No
     assert "--slo: cannot read" in lab(tmp_path, capsys, "--onnx", str(model), "--slo", "soon")
     assert "--price: cannot read" in lab(tmp_path, capsys, "--onnx", str(model), "--price", "cpu=cheap")
     assert "--rates must be positive" in lab(tmp_path, capsys, "--onnx", str(model), "--rates", "0")
+    assert "--slo-seconds must be >= 0" in lab(tmp_path, capsys, "--onnx", str(model), "--slo-seconds", "-1")
+    assert "--slo-steps must be >= 0" in lab(tmp_path, capsys, "--onnx", str(model), "--slo-steps", "-1")
 
 
 def test_a_servable_model_becomes_a_one_model_plan_with_inputs_from_its_declared_shapes(tmp_path) -> None:
