@@ -5,68 +5,18 @@ from __future__ import annotations
 
 import html
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from latlab.report import costs
 from latlab.report import verdict
+from latlab.report.best import Best, best_per_provider, best_rate_text
 from latlab.report.sections import p99_interval
-from latlab.report.verdict import (PROVIDER_HINT, UNKNOWN, by_server, group_name, is_cpu, is_gpu, is_lower_bound,
-                                     max_rate_under, provider_of, server_name, server_names, unmet_clause, unmet_text)
+from latlab.report.verdict import (PROVIDER_HINT, UNKNOWN, by_server, group_name, is_cpu, is_gpu, max_rate_under,
+                                   provider_of, server_name, server_names, unmet_clause, unmet_text)
 
 ADD_SERVED_GPU = ("for served GPU curves run the gpu plan on a GPU box, `latlab lab --plan gpu`, and merge: "
                   "`latlab report CPU_RUN GPU_RUN`")
 ADD_GPU = f"`latlab report RUN --with-reference` merges the committed H100 data (in-process bench); {ADD_SERVED_GPU}"
-
-
-@dataclass
-class Best:
-    """One provider's best deployment under one SLO."""
-
-    provider: str
-    curve: dict | None = None
-    step: dict | None = None
-    price: costs.Price | None = None
-    slo_s: float | None = None
-    candidates: list[dict] = field(default_factory=list)
-    """Every deployment of the provider that was judged: what "never meets it" must hold for."""
-    group: str = ""
-    """What the row stands for in tables: the provider, or "server, provider" when servers are compared."""
-
-    @property
-    def rate(self) -> float:
-        return self.step["achieved_rps"] if self.step else 0.0
-
-    @property
-    def unsaturated(self) -> bool:
-        """The rate is only a lower bound: the sweep ended (cap or rates ran out) before the deployment
-        saturated, and this is its last rate. A curve that does not say counts as saturated."""
-        return self.curve is not None and self.step is not None and is_lower_bound(self.curve, self.step)
-
-    @property
-    def cost(self) -> float | None:
-        """USD per million inferences with one machine kept busy at this rate."""
-        if self.price is None or self.rate <= 0:
-            return None
-        return self.price.per_hour / (self.rate * 3600) * 1e6
-
-
-def best_per_provider(curves: list[dict], slo_s: float, prices: dict) -> list[Best]:
-    """Per provider (cpu first, then device providers, then an unknown one), the deployment with the highest rate
-    meeting the SLO; per server and provider, servers in order (latlab's first), when servers are compared."""
-    best: dict[str, Best] = {}
-    servers = by_server(curves)
-    order = {name: i for i, name in enumerate(server_names(curves))}
-    for curve in curves:
-        provider, group = provider_of(curve), group_name(curve, servers)
-        step = max_rate_under(curve["steps"], slo_s)
-        current = best.setdefault(group, Best(provider, curve, None, costs.machine_price(prices, curve), slo_s,
-                                              group=group))
-        current.candidates.append(curve)
-        if step is not None and step["achieved_rps"] > current.rate:
-            best[group] = Best(provider, curve, step, costs.machine_price(prices, curve), slo_s,
-                               current.candidates, group)
-    return sorted(best.values(), key=lambda r: (order[server_name(r.curve)] if servers else 0, r.provider == UNKNOWN,
-                                                r.provider != "cpu", r.provider))
 
 
 def winner(rows: list[Best]) -> Best | None:
@@ -75,14 +25,6 @@ def winner(rows: list[Best]) -> Best | None:
     if all(r.cost is not None for r in met):
         return min(met, key=lambda r: r.cost, default=None)
     return max(met, key=lambda r: r.rate, default=None)
-
-
-def rate_text(row: Best) -> str:
-    """The best rate as the tables show it (verdict.rate_text); without one, why: "never" with its evidence,
-    or where the search stopped."""
-    if row.rate <= 0:
-        return unmet_text(row.candidates or [row.curve], row.slo_s) if row.slo_s else "–"
-    return verdict.rate_text(row.curve, row.step, row.slo_s)
 
 
 def settings(curve: dict) -> str:
@@ -229,7 +171,7 @@ def server_sentence(model: str, curves: list[dict], slos_s: list[float], prices:
 
 def _rate_words(row: Best, extra: str = "") -> str:
     """'240 req/s', '≥ 1347 req/s (not saturated)', '104–500 req/s'; with `extra`, in the parenthesis first."""
-    number, _, why = rate_text(row).partition(" (")
+    number, _, why = best_rate_text(row).partition(" (")
     inside = "; ".join(part for part in (extra, why.removesuffix(")")) if part)
     return f"{number} req/s ({inside})" if inside else f"{number} req/s"
 
@@ -285,7 +227,7 @@ def answer_table(curves: list[dict], slos_s: list[float], prices: dict) -> str:
         for provider in providers:
             row = found[provider]
             best = settings(row.curve) if row.rate > 0 else "–"
-            cells += (f"<td class='text'>{html.escape(best)}</td><td>{html.escape(rate_text(row))}</td>"
+            cells += (f"<td class='text'>{html.escape(best)}</td><td>{html.escape(best_rate_text(row))}</td>"
                       f"<td>{_money(row.cost) if row.rate > 0 else '–'}</td>")
         winner_text = html.escape(_winner_cell(list(found.values())))
         rows.append(f"<tr><td>p99 ≤ {slo * 1e3:g} ms</td>{cells}<td class='text'>{winner_text}</td></tr>")

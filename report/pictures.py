@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import html
 
-from latlab.report import answer, breakdown
+from latlab.report import answer, best, breakdown
 from latlab.report.figures import breakdown_png, cost_png
 from latlab.report.verdict import is_cpu, is_gpu
 
@@ -17,9 +17,9 @@ def img(png: bytes, alt: str) -> str:
 
 def cost_lines(curves: list[dict], slo_s: float, prices: dict) -> tuple[list[dict], dict | None]:
     """Per provider, the best deployment's staircase inputs; and the CPU-vs-GPU crossover when both exist."""
-    rows = [r for r in answer.best_per_provider(curves, slo_s, prices) if r.rate > 0 and r.price is not None]
+    rows = [r for r in best.best_per_provider(curves, slo_s, prices) if r.rate > 0 and r.price is not None]
     lines = [{"label": f"{r.group}: {answer.side([r.curve])}, {answer.settings(r.curve)} "
-                       f"({answer.rate_text(r)} req/s each, {r.price.basis})",
+                       f"({best.best_rate_text(r)} req/s each, {r.price.basis})",
               "capacity_rps": r.rate, "price_per_hour": r.price.per_hour, "row": r} for r in rows]
     cpu = max((r for r in rows if is_cpu(r.curve)), key=lambda r: r.rate, default=None)
     gpu = max((r for r in rows if is_gpu(r.curve)), key=lambda r: r.rate, default=None)

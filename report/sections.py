@@ -8,7 +8,8 @@ from latlab.report.bench_pivot import gpu_speedup, pivot
 from latlab.common.machine import key as machine_key
 from latlab.report.breakdown import server_bound
 from latlab.report.predict import ASSUMPTIONS, predict_deployment
-from latlab.report.verdict import (BY_SERVER, best_per_provider, label, machine_name, max_rate_under, rate_text,
+from latlab.report.best import best_per_provider
+from latlab.report.verdict import (BY_SERVER, label, machine_name, max_rate_under, rate_text,
                                      server_name, sustained_rate)
 
 MACHINE_KEYS = ("cpu", "cores", "memory_gib", "os", "gpu", "ort_version", "torch_version", "threads", "python")
@@ -74,12 +75,12 @@ def provider_table(curves: list[dict], slos_s: list[float], prices: dict[str, fl
     rows = []
     for slo in slos_s:
         for row in best_per_provider(curves, slo, prices):
-            rate = esc(rate_text(row["curve"], row["step"], slo))
-            best = label(row["curve"]) if row["rate"] > 0 else "none meets it"
-            price = f"${row['price']:.2f}" if row["price"] is not None else "no price"
-            cost = f"${row['cost']:.3f}" if row["cost"] is not None else "–"
-            rows.append(f"<tr><td>p99 ≤ {slo * 1e3:g} ms</td><td>{esc(row['group'])}</td><td>{esc(best)}</td>"
-                        f"<td>{esc(machine_name(row['curve']))}</td><td>{rate}</td><td>{price}</td>"
+            rate = esc(rate_text(row.curve, row.step, slo))
+            best = label(row.curve) if row.rate > 0 else "none meets it"
+            price = f"${row.price.per_hour:.2f}" if row.price is not None else "no price"
+            cost = f"${row.cost:.3f}" if row.cost is not None else "–"
+            rows.append(f"<tr><td>p99 ≤ {slo * 1e3:g} ms</td><td>{esc(row.group)}</td><td>{esc(best)}</td>"
+                        f"<td>{esc(machine_name(row.curve))}</td><td>{rate}</td><td>{price}</td>"
                         f"<td>{cost}</td></tr>")
     return ("<table class='cost'><tr><th>SLO</th><th>provider</th><th>best settings found</th><th>machine</th>"
             "<th>max req/s</th><th>price per hour</th><th>cost per 1M inferences</th></tr>"

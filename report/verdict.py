@@ -117,13 +117,6 @@ def sustained_rate(curve: dict, slo_s: float) -> float:
     return step["achieved_rps"] if step else 0.0
 
 
-def cost_per_million(price_per_hour: float | None, rate_rps: float) -> float | None:
-    """USD per million inferences for a machine kept busy at `rate_rps`; None without a price or a rate."""
-    if price_per_hour is None or rate_rps <= 0:
-        return None
-    return price_per_hour / (rate_rps * 3600) * 1e6
-
-
 UNKNOWN = "?"
 """The provider of a deployment whose record does not say: one served by another server (Triton, MLServer) whose
 run gave no --provider and whose model config does not tell, or a curve rebuilt from Prometheus. Neither CPU nor
@@ -242,102 +235,6 @@ def group_name(curve: dict, servers: bool) -> str:
     after the server when servers are compared ("MLServer, provider unknown")."""
     provider = provider_of(curve) if provider_of(curve) != UNKNOWN else "provider unknown"
     return f"{server_name(curve)}, {provider}" if servers else provider
-
-
-def best_per_provider(curves: list[dict], slo_s: float, prices: dict[str, float]) -> list[dict]:
-    """Per provider (per server and provider when servers are compared), the deployment (batcher settings) with
-    the highest rate under the SLO, and its cost."""
-    best: dict[str, dict] = {}
-    servers = by_server(curves)
-    for curve in curves:
-        provider = provider_of(curve)
-        group = group_name(curve, servers)
-        step = max_rate_under(curve["steps"], slo_s)
-        rate = step["achieved_rps"] if step else 0.0
-        # TensorRT runs on the CUDA machine: without a price of its own it costs what that machine costs.
-        price = prices.get(provider, prices.get("cuda") if provider == "tensorrt" else None)
-        if group not in best or rate > best[group]["rate"]:
-            best[group] = {"provider": provider, "group": group, "curve": curve, "step": step, "rate": rate,
-                           "price": price, "cost": cost_per_million(price, rate)}
-    order = {name: i for i, name in enumerate(server_names(curves))}
-    return sorted(best.values(), key=lambda r: (order[server_name(r["curve"])] if servers else 0, r["group"]))
-
-
-def crossover(model: str, curves: list[dict], slo_s: float, prices: dict[str, float]) -> str:
-    """The CPU-vs-GPU verdict in plain words for one model and one SLO."""
-    bound = f"p99 ≤ {slo_s * 1e3:g} ms"
-    rows = best_per_provider(curves, slo_s, prices)
-    cpu = _best([r for r in rows if r["provider"] == "cpu"])
-    gpu = _best([r for r in rows if r["provider"] not in ("cpu", UNKNOWN)])
-    unknown = [c for c in curves if provider_of(c) == UNKNOWN]
-    if unknown:
-        known = [c for c in curves if provider_of(c) != UNKNOWN]
-        return _with_unknown(model, bound, known, _best([r for r in rows if r["provider"] == UNKNOWN]), slo_s,
-                             prices)
-    if not any(is_gpu(c) for c in curves):
-        known = (f"the CPU sustains up to {cpu['rate']:.0f} req/s ({_where(cpu)}{_cost(cpu)})" if cpu
-                 else "no CPU deployment met it at any measured load")
-        return f"{model}, {bound}: {known}. No GPU measurements for {model}: whether a GPU pays off is unknown."
-    if cpu is None and gpu is None:
-        return f"{model}, {bound}: neither the CPU nor the GPU met it at any measured load."
-    if cpu is None:
-        return (f"{model}, {bound}: only the GPU meets it, up to {gpu['rate']:.0f} req/s ({_where(gpu)}{_cost(gpu)}); "
-                f"no CPU deployment met it at any measured load.")
-    if gpu is None:
-        return (f"{model}, {bound}: only the CPU meets it, up to {cpu['rate']:.0f} req/s ({_where(cpu)}{_cost(cpu)}); "
-                f"no GPU deployment met it at any measured load.")
-    if gpu["rate"] <= cpu["rate"]:
-        return (f"{model}, {bound}: the CPU meets it up to {cpu['rate']:.0f} req/s ({_where(cpu)}{_cost(cpu)}), "
-                f"the GPU only up to {gpu['rate']:.0f} req/s ({_where(gpu)}{_cost(gpu)}): "
-                "the GPU does not pay off here.")
-    return _gpu_wins(model, bound, cpu, gpu)
-
-
-def _with_unknown(model: str, bound: str, known: list[dict], unknown: dict | None, slo_s: float,
-                  prices: dict[str, float]) -> str:
-    """The verdict where some deployments' provider is not recorded: they count as neither CPU nor GPU; what they
-    sustain is said, and the CPU-vs-GPU verdict is given over the others."""
-    if unknown is not None:
-        said = (f"{_where(unknown)} sustains up to {unknown['rate']:.0f} req/s{_cost(unknown)}; whether on a CPU "
-                f"or a GPU is not recorded ({PROVIDER_HINT})")
-    else:
-        said = (f"no deployment of unknown provider met it at any measured load (whether they ran on a CPU or a "
-                f"GPU is not recorded: {PROVIDER_HINT})")
-    if not known:
-        return f"{model}, {bound}: {said}: no CPU-vs-GPU verdict."
-    return f"{crossover(model, known, slo_s, prices)} Provider unknown: {said}."
-
-
-def _gpu_wins(model: str, bound: str, cpu: dict, gpu: dict) -> str:
-    ratio = gpu["rate"] / cpu["rate"]
-    if cpu["price"] is None or gpu["price"] is None:
-        cheaper = " (no price for one of them: cost not compared)"
-    elif cpu["price"] < gpu["price"]:
-        cheaper = f" at lower cost (${cpu['price']:.2f}/h against ${gpu['price']:.2f}/h)"
-    else:
-        cheaper = f" but not at lower cost (${cpu['price']:.2f}/h against ${gpu['price']:.2f}/h)"
-    sentence = (f"{model}, {bound}: below {cpu['rate']:.0f} req/s the CPU meets it{cheaper}; above it only the GPU "
-                f"does, up to {gpu['rate']:.0f} req/s, at {ratio:.1f}× the throughput ({_where(gpu)}{_cost(gpu)}).")
-    if cpu["price"] is not None and gpu["price"] is not None:
-        replicas = math.ceil(gpu["rate"] / cpu["rate"])
-        cpu_bill = replicas * cpu["price"]
-        advice = "scale out on CPUs" if cpu_bill < gpu["price"] else "the GPU pays off"
-        sentence += (f" {replicas} CPU machines would match that rate for ${cpu_bill:.2f}/h against the GPU's "
-                     f"${gpu['price']:.2f}/h: {advice}.")
-    return sentence
-
-
-def _best(rows: list[dict]) -> dict | None:
-    met = [r for r in rows if r["rate"] > 0]
-    return max(met, key=lambda r: r["rate"], default=None)
-
-
-def _where(row: dict) -> str:
-    return f"{label(row['curve'])} on {machine_name(row['curve'])}"
-
-
-def _cost(row: dict) -> str:
-    return f", ${row['cost']:.3f} per 1M inferences" if row["cost"] is not None else ""
 
 
 def size_crossover(bench_docs: list[dict]) -> list[str]:

@@ -12,11 +12,12 @@ from pathlib import Path
 
 from latlab.report import answer, pictures, sections
 from latlab.report.bench_plot import plot_bench
-from latlab.report.costs import machine_price, price_amount_and_unit, price_unit
+from latlab.report.costs import price_amount_and_unit, price_unit
 from latlab.report.figures import curve_png
 from latlab.report.predict import bench_fits, request_overheads
 from latlab.loadtest.results import read_results
-from latlab.report.verdict import (DEFAULT_PRICES, GPU_HINT, PROVIDER_HINT, UNKNOWN, crossover,
+from latlab.report.best import provider_verdict
+from latlab.report.verdict import (DEFAULT_PRICES, GPU_HINT, PROVIDER_HINT, UNKNOWN,
                                      is_gpu, label, machine_name, provider_of, size_crossover,
                                      tag_servers, verdict)
 
@@ -90,7 +91,7 @@ def write_report(run_dirs: Path | list[Path], slos_s: list[float], prices: dict[
     for model, model_curves in by_model.items():
         png = curve_png(model, model_curves, slos_s)
         (out / f"curve-{_slug(model)}.png").write_bytes(png)
-        body.append(_model_section(model, model_curves, slos_s, _flat_prices(prices, model_curves), fits,
+        body.append(_model_section(model, model_curves, slos_s, prices, fits,
                                    overheads, png))
     body.append(sections.environment_section(results, bench))
     body.append(f"<details><summary>How the predictions are made</summary>{sections.assumptions_list()}</details>")
@@ -113,18 +114,6 @@ def _pictures(by_model: dict[str, list[dict]], slos_s: list[float], prices: dict
                 (out / f"{kind}-{_slug(model)}.png").write_bytes(png)
             body.append(text)
     return body
-
-
-def _flat_prices(prices: dict, curves: list[dict]) -> dict[str, float]:
-    """USD per machine-hour per provider, for the per-deployment tables (a core-hour price times the cores of
-    the provider's first deployment of this model)."""
-    flat = {}
-    for curve in curves:
-        provider = provider_of(curve)
-        price = machine_price(prices, curve)
-        if price is not None and provider not in flat:
-            flat[provider] = price.per_hour
-    return flat
 
 
 def _gpu_notice(curves: list[dict], bench: list[dict], with_reference: bool, reference_dir: Path) -> str:
@@ -169,7 +158,7 @@ def _price_text(value: object) -> str:
 
 def _model_section(model: str, curves: list[dict], slos_s: list[float], prices: dict[str, float],
                    fits: list[dict], overheads: dict[str, float], png: bytes) -> str:
-    verdicts = "".join(f"<li>{html.escape(crossover(model, curves, s, prices))}</li>" for s in slos_s)
+    verdicts = "".join(f"<li>{html.escape(provider_verdict(model, curves, s, prices))}</li>" for s in slos_s)
     verdicts += "".join(f"<li>{html.escape(verdict(model, curves, s))}</li>" for s in slos_s)
     verdicts += "".join(f"<li>SLO search, {html.escape(c['name'])}: {html.escape(_search_line(c['search']))}</li>"
                         for c in curves if c.get("search"))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from latlab.report import answer, breakdown, costs
+from latlab.report import best, breakdown, costs
 from latlab.report.write import REPORT_FILE, write_report
 from latlab.loadtest.results import read_results, write_results
 
@@ -63,13 +63,13 @@ def test_a_maximum_at_the_last_rate_of_an_unsaturated_sweep_is_a_lower_bound(tmp
         del gpu["saturated"]  # older results: unknown counts as saturated
     else:
         gpu["saturated"] = saturated
-    (row,) = answer.best_per_provider([gpu], 0.025, PRICES)
-    assert answer.rate_text(row) == shown
+    (row,) = best.best_per_provider([gpu], 0.025, PRICES)
+    assert best.best_rate_text(row) == shown
     closed = {**gpu, "steps": [{**s, "target_rps": None} for s in gpu["steps"]]}  # closed loop: no target rate
-    assert answer.rate_text(answer.best_per_provider([closed], 0.025, PRICES)[0]) == shown
+    assert best.best_rate_text(best.best_per_provider([closed], 0.025, PRICES)[0]) == shown
     # Below the last rate the maximum is a measured one even when the sweep never saturated.
-    (tight,) = answer.best_per_provider([gpu], 0.010, PRICES)
-    assert answer.rate_text(tight) == "250"
+    (tight,) = best.best_per_provider([gpu], 0.010, PRICES)
+    assert best.best_rate_text(tight) == "250"
 
 
 # --- too few samples ---------------------------------------------------------------------------------
@@ -79,8 +79,8 @@ def test_a_step_with_too_few_samples_is_marked_and_never_decides_an_slo(tmp_path
     run = cpu_run(tmp_path)
     batch = [c for c in curves_of(run) if c["name"] == "minilm-cpu-batch"]
     # Its only step within 10 ms is the 5 req/s one, from 50 requests: so it does not meet 10 ms at all.
-    (row,) = answer.best_per_provider(batch, 0.010, PRICES)
-    assert row.rate == 0 and answer.rate_text(row) == "not met at ≥ 5"  # never said without the evidence
+    (row,) = best.best_per_provider(batch, 0.010, PRICES)
+    assert row.rate == 0 and best.best_rate_text(row) == "not met at ≥ 5"  # never said without the evidence
     page = write_report(run, SLOS).read_text()
     assert "(too few samples: 50)" in page
     table = re.search(r"<tr><td>minilm-cpu-batch \(cpu, batch ≤ 32, wait ≤ 2 ms\)</td><td>[^<]+</td>(.*?)</tr>", page)

@@ -1,11 +1,12 @@
-"""latlab.report.verdict: costs, best settings per provider and the CPU-vs-GPU verdict in words."""
+"""latlab.report.verdict and best: costs, best settings per provider and the CPU-vs-GPU verdict in words."""
 
 from __future__ import annotations
 
 import pytest
 
-from latlab.report.verdict import (DEFAULT_PRICES, PriceError, best_per_provider, cost_per_million, crossover,
-                                     human, parse_prices, size_crossover, verdict)
+from latlab.report import costs
+from latlab.report.best import Best, best_per_provider, provider_verdict
+from latlab.report.verdict import DEFAULT_PRICES, PriceError, human, parse_prices, size_crossover, verdict
 
 PRICES = {"cpu": 0.10, "cuda": 2.50}
 
@@ -31,10 +32,13 @@ GPU_BATCH = curve("ffn-gpu", "cuda", 64, steps((1000, 4), (4000, 8), (8000, 22),
 
 def test_cost_per_million_arithmetic() -> None:
     # $0.36/h at 100 req/s: 360 000 inferences per hour -> $1 per million
-    assert cost_per_million(0.36, 100) == pytest.approx(1.0)
-    assert cost_per_million(2.50, 8000) == pytest.approx(2.50 / (8000 * 3600) * 1e6)
-    assert cost_per_million(None, 100) is None
-    assert cost_per_million(0.10, 0) is None
+    def cost(per_hour, rate):
+        step = {"achieved_rps": rate} if rate else None
+        return Best("cpu", {}, step, costs.Price(per_hour, "") if per_hour is not None else None).cost
+    assert cost(0.36, 100) == pytest.approx(1.0)
+    assert cost(2.50, 8000) == pytest.approx(2.50 / (8000 * 3600) * 1e6)
+    assert cost(None, 100) is None
+    assert cost(0.10, 0) is None
 
 
 def test_parse_prices() -> None:
@@ -63,36 +67,36 @@ def test_parse_prices_refuses_unreadable_prices(text: str) -> None:
 
 
 def test_best_per_provider_picks_the_batcher_settings_with_the_highest_rate() -> None:
-    rows = {r["provider"]: r for r in best_per_provider([CPU_B1, CPU_BATCH, GPU_BATCH], 0.025, PRICES)}
-    assert rows["cpu"]["curve"]["name"] == "ffn-batch" and rows["cpu"]["rate"] == 800
-    assert rows["cpu"]["cost"] == pytest.approx(0.10 / (800 * 3600) * 1e6)
-    assert rows["cuda"]["rate"] == 8000 and rows["cuda"]["price"] == 2.50
+    rows = {r.provider: r for r in best_per_provider([CPU_B1, CPU_BATCH, GPU_BATCH], 0.025, PRICES)}
+    assert rows["cpu"].curve["name"] == "ffn-batch" and rows["cpu"].rate == 800
+    assert rows["cpu"].cost == pytest.approx(0.10 / (800 * 3600) * 1e6)
+    assert rows["cuda"].rate == 8000 and rows["cuda"].price.per_hour == 2.50
 
 
 def test_tensorrt_without_its_own_price_costs_what_the_cuda_machine_costs() -> None:
     trt = {**GPU_BATCH, "provider": "tensorrt"}
     (row,) = best_per_provider([trt], 0.025, PRICES)
-    assert row["price"] == 2.50 and row["cost"] == pytest.approx(2.50 / (8000 * 3600) * 1e6)
-    assert best_per_provider([trt], 0.025, {**PRICES, "tensorrt": 3.0})[0]["price"] == 3.0
+    assert row.price.per_hour == 2.50 and row.cost == pytest.approx(2.50 / (8000 * 3600) * 1e6)
+    assert best_per_provider([trt], 0.025, {**PRICES, "tensorrt": 3.0})[0].price.per_hour == 3.0
 
 
 def test_best_per_provider_without_a_price_has_no_cost() -> None:
     (row,) = best_per_provider([CPU_BATCH], 0.025, {"cuda": 1.0})
-    assert row["price"] is None and row["cost"] is None and row["rate"] == 800
+    assert row.price is None and row.cost is None and row.rate == 800
 
 
 # --- verdict sentences -----------------------------------------------------------------------------
 
 
 def test_cpu_only_says_what_is_known_and_that_gpu_data_are_missing() -> None:
-    sentence = crossover("ffn", [CPU_B1, CPU_BATCH], 0.025, PRICES)
+    sentence = provider_verdict("ffn", [CPU_B1, CPU_BATCH], 0.025, PRICES)
     assert sentence.startswith("ffn, p99 ≤ 25 ms: the CPU sustains up to 800 req/s (ffn-batch (cpu, batch ≤ 64, "
                                "wait ≤ 2 ms) on cpubox, $0.035 per 1M inferences).")
     assert sentence.endswith("No GPU measurements for ffn: whether a GPU pays off is unknown.")
 
 
 def test_cpu_and_gpu_with_a_crossover() -> None:
-    sentence = crossover("ffn", [CPU_B1, CPU_BATCH, GPU_BATCH], 0.025, PRICES)
+    sentence = provider_verdict("ffn", [CPU_B1, CPU_BATCH, GPU_BATCH], 0.025, PRICES)
     assert ("ffn, p99 ≤ 25 ms: below 800 req/s the CPU meets it at lower cost ($0.10/h against $2.50/h); "
             "above it only the GPU does, up to 8000 req/s, at 10.0× the throughput") in sentence
     assert "on gpubox" in sentence
@@ -101,32 +105,32 @@ def test_cpu_and_gpu_with_a_crossover() -> None:
 
 
 def test_crossover_when_the_gpu_is_cheap_enough_to_pay_off() -> None:
-    sentence = crossover("ffn", [CPU_BATCH, GPU_BATCH], 0.025, {"cpu": 0.50, "cuda": 2.50})
+    sentence = provider_verdict("ffn", [CPU_BATCH, GPU_BATCH], 0.025, {"cpu": 0.50, "cuda": 2.50})
     assert "10 CPU machines would match that rate for $5.00/h against the GPU's $2.50/h: the GPU pays off" in sentence
 
 
 def test_crossover_without_a_gpu_price_does_not_compare_cost() -> None:
-    sentence = crossover("ffn", [CPU_BATCH, GPU_BATCH], 0.025, {"cpu": 0.10})
+    sentence = provider_verdict("ffn", [CPU_BATCH, GPU_BATCH], 0.025, {"cpu": 0.10})
     assert "cost not compared" in sentence and "CPU machines would" not in sentence
 
 
 def test_gpu_slower_than_cpu_does_not_pay_off() -> None:
     slow_gpu = curve("ffn-gpu", "cuda", 1, steps((100, 8), (300, 20), (600, 80)), host="gpubox")
-    sentence = crossover("ffn", [CPU_BATCH, slow_gpu], 0.025, PRICES)
+    sentence = provider_verdict("ffn", [CPU_BATCH, slow_gpu], 0.025, PRICES)
     assert "the CPU meets it up to 800 req/s" in sentence and "only up to 300 req/s" in sentence
     assert sentence.endswith("the GPU does not pay off here.")
 
 
 def test_only_the_gpu_meets_a_tight_slo() -> None:
-    sentence = crossover("ffn", [CPU_B1, CPU_BATCH, GPU_BATCH], 0.004, PRICES)
+    sentence = provider_verdict("ffn", [CPU_B1, CPU_BATCH, GPU_BATCH], 0.004, PRICES)
     assert sentence.startswith("ffn, p99 ≤ 4 ms: only the GPU meets it, up to 1000 req/s")
     assert "no CPU deployment met it" in sentence
 
 
 def test_none_meets_the_slo() -> None:
-    assert crossover("ffn", [CPU_B1, GPU_BATCH], 0.001, PRICES) == \
+    assert provider_verdict("ffn", [CPU_B1, GPU_BATCH], 0.001, PRICES) == \
         "ffn, p99 ≤ 1 ms: neither the CPU nor the GPU met it at any measured load."
-    cpu_only = crossover("ffn", [CPU_B1], 0.001, PRICES)
+    cpu_only = provider_verdict("ffn", [CPU_B1], 0.001, PRICES)
     assert "no CPU deployment met it at any measured load" in cpu_only and "No GPU measurements" in cpu_only
 
 
