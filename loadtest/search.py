@@ -165,14 +165,15 @@ def _widest_next(slos_s: tuple[float, ...], steps: list[dict], single: Callable[
     """The next rate of the SLO whose bracket is widest (ratio of its ends; below every step, of the lowest
     broken to the floor), the tightest SLO first among equals; None when no bracket can narrow."""
     candidates = []
+    flat = tail_flat(steps, lowest) is not None  # the same for every SLO: it depends on the steps alone
     for slo in sorted(slos_s):
         bracket = slo_bracket(steps, slo)
-        if bracket.met is None and bracket.broke is not None:
-            if breaks(single(), slo) or tail_flat(steps, lowest) is not None:
-                continue
+        below = bracket.met is None and bracket.broke is not None
+        if below and (breaks(single(), slo) or flat):
+            continue
         rate = next_slo_rate(bracket, resolution, floor_rps)
         if rate is not None:
-            ratio = bracket.high / (bracket.low if bracket.met is not None else floor_rps)
+            ratio = bracket.high / floor_rps if below else 1 + bracket.width()
             candidates.append((-ratio, slo, rate))
     return min(candidates)[2] if candidates else None
 
