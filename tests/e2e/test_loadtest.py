@@ -141,23 +141,27 @@ def test_overload_refuses_a_recovery_load_outside_0_to_1(tmp_path):
 
 def test_slo_brackets_below_the_first_rate_and_never_only_with_evidence(tmp_path):
     """A stub serving one request at a time in 1/capacity s. Bound A, half its service time, cannot be met at any
-    rate: the sweep says "never" with the one-at-a-time evidence. Bound B, four service times, is broken by the
-    first listed rate (90% of capacity): the sweep searches below it and brackets the highest rate that meets it."""
+    rate: the sweep says "never" with the one-at-a-time evidence. Bound B, eight service times, is broken by the
+    first listed rate (110% of capacity: the queue grows all step long): the sweep searches below it and brackets
+    the highest rate that meets it. Half that rate loads the server 55%, where the p99 of Poisson arrivals is
+    about four service times; a bound of four (the first version of this test) was met there by a margin the
+    2-core CI machine's noise could cross (a fresh-clone run broke it at 45%)."""
     from latlab.report.write import write_report
     from latlab.loadtest.search import NEVER, slo_met
 
     capacity = 40.0
     service_s = 1 / capacity
-    slo_a, slo_b = service_s / 2, 4 * service_s
+    slo_a, slo_b = service_s / 2, 8 * service_s
+    first = 1.1 * capacity
     with stub_server(StubModel(capacity=capacity)) as host:
-        doc = loadtest(host, tmp_path / "brackets", "--rates", f"{0.9 * capacity:g}",
+        doc = loadtest(host, tmp_path / "brackets", "--rates", f"{first:g}",
                        "--slos", f"{slo_a * 1e3:g}ms,{slo_b * 1e3:g}ms", "--resolution", "0.3",
                        "--warmup-seconds", "0.5", "--step-seconds", "1.5", "--max-windows", "3", timeout=400)
     curve = doc["deployments"][0]
     never, below = curve["slo_brackets"]
     single = curve["single_request"]
     assert never["meaning"] == NEVER and single["p50_s"] > slo_a and single["requests"] >= 100, (never, single)
-    assert below["met_rps"] is not None and below["met_rps"] < 0.9 * capacity, below
+    assert below["met_rps"] is not None and below["met_rps"] < first, below
     assert below["width"] <= 0.3 and below["meaning"] == "within the resolution", below
     steps = {s["target"]: s for s in curve["steps"]}
     assert slo_met(steps[below["met_rps"]], slo_b) and not slo_met(steps[below["broke_rps"]], slo_b)
