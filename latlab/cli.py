@@ -105,6 +105,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, help="override [server] port")
     serve.add_argument("--metrics-port", type=int,
                        help="override [server] metrics_port: /metrics and health on their own port (default port + 1)")
+    serve.add_argument("--frontends", type=int,
+                       help="override [server] frontends: HTTP processes feeding one engine process (default 1: "
+                            "one process does everything)")
     serve.set_defaults(func=cmd_serve)
 
 
@@ -295,7 +298,7 @@ def cmd_export(args: argparse.Namespace) -> None:
 def cmd_serve(args: argparse.Namespace) -> None:
     from latlab.server.wsgi import serve
 
-    serve(args.config, args.host, args.port, args.metrics_port)
+    serve(args.config, args.host, args.port, args.metrics_port, args.frontends)
 
 
 def _require_text(host: str, deployments: list[str]) -> None:

@@ -80,7 +80,10 @@ class Admission:
 
 def admission_for(config: DeploymentConfig, bounded: bool, on_refused: Callable[[], None]) -> Admission:
     """The deployment's Admission: bounded by admitted_bound, or unbounded when admission is off."""
-    batcher = config.batcher
-    detail = (f": max_queue_size {batcher.max_queue_size} waiting + {batcher.instances} x "
-              f"max_batch_size {batcher.max_batch_size} in flight")
-    return Admission(admitted_bound(batcher) if bounded else None, on_refused, detail)
+    return Admission(admitted_bound(config.batcher) if bounded else None, on_refused, bound_detail(config.batcher))
+
+
+def bound_detail(batcher: BatcherSettings) -> str:
+    """What the bound is made of, as a refusal says it."""
+    return (f": max_queue_size {batcher.max_queue_size} waiting + {batcher.instances} x "
+            f"max_batch_size {batcher.max_batch_size} in flight")

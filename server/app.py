@@ -28,10 +28,13 @@ routes = Blueprint("v2", __name__)
 class ServerState:
     """What the routes need: the deployments by name, those that failed to load, and the metrics."""
 
-    def __init__(self, config: ServerConfig, registry: CollectorRegistry) -> None:
+    def __init__(self, config: ServerConfig, registry: CollectorRegistry, shown: CollectorRegistry | None = None
+                 ) -> None:
+        """`shown`: what /metrics serves when it is not `registry` (a multi-front-end server's engine records
+        its metrics in `registry` and shows those of every process: server/engine.py)."""
         self.config = config
-        self.registry = registry
-        self.metrics = ServerMetrics(registry)
+        self.registry = registry if shown is None else shown
+        self.metrics = ServerMetrics(registry, process=shown is None)
         self.openapi = orjson.dumps(openapi_spec(auth=bool(config.auth_token)))
         self.deployments: dict[str, Deployment] = {}
         self.failed: dict[str, str] = {}
@@ -72,14 +75,20 @@ class ServerState:
             deployment.close()
 
 
-def create_app(config: ServerConfig, registry: CollectorRegistry | None = None) -> Flask:
+def create_app(config: ServerConfig, registry: CollectorRegistry | None = None,
+               shown: CollectorRegistry | None = None) -> Flask:
     """Build the server app: loads every deployment's model and starts its batcher.
     POST .../infer is answered by a WSGI layer in front of Flask (fastpath.py); the rest by Flask's routes."""
     app = Flask("latlab.server")
     # One byte of slack: werkzeug cannot tell a chunked body of exactly the limit from a longer one;
     # read_body enforces the limit itself.
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes + 1
-    state = app.extensions["latlab"] = ServerState(config, registry or CollectorRegistry())
+    state = app.extensions["latlab"] = ServerState(config, registry or CollectorRegistry(), shown)
+    return with_routes(app, state)
+
+
+def with_routes(app: Flask, state) -> Flask:
+    """The server's routes on `app`, answered from `state` (a ServerState, or a front end's: frontend.py)."""
     app.register_blueprint(routes)
     infer_route = InferRoute(app.wsgi_app, state)
     app.wsgi_app = infer_route  # type: ignore[method-assign]  # Flask's documented middleware hook

@@ -30,7 +30,7 @@ class Slot:
     from the worker still notifying); a Slot is one lock, held until the answer is in. Releasing it wakes
     the caller with a single hand-over, which matters at thousands of requests per second under the GIL."""
 
-    __slots__ = ("_done", "_state", "_value", "_error")
+    __slots__ = ("_done", "_state", "_value", "_error", "_callback")
     PENDING, RUNNING, CANCELLED, FINISHED = range(4)
 
     def __init__(self) -> None:
@@ -39,6 +39,16 @@ class Slot:
         self._state = Slot.PENDING
         self._value = None
         self._error: BaseException | None = None
+        self._callback = None
+
+    def when_done(self, callback) -> None:
+        """Call `callback(slot)` once the answer is in (at once when it already is), on the thread that answers
+        it: how the engine process (server/engine.py) hears of results without a thread waiting on each."""
+        with _TRANSITIONS:
+            if self._state not in (Slot.CANCELLED, Slot.FINISHED):
+                self._callback = callback
+                return
+        callback(self)
 
     def set_running_or_notify_cancel(self) -> bool:
         """Mark it running; False when the caller already cancelled (then it must not be computed)."""
@@ -67,7 +77,10 @@ class Slot:
             if self._state in (Slot.CANCELLED, Slot.FINISHED):
                 raise RuntimeError(f"slot already {'cancelled' if self._state == Slot.CANCELLED else 'finished'}")
             self._value, self._error, self._state = value, error, Slot.FINISHED
+            callback = self._callback
         self._done.release()
+        if callback is not None:
+            callback(self)
 
     def done(self) -> bool:
         return self._state in (Slot.CANCELLED, Slot.FINISHED)

@@ -64,27 +64,19 @@ class DynamicBatcher:
             worker.start()
 
     def submit(self, inputs: Tensors, size: int, timeout_s: float | None = None, priority: int = 0,
-               outputs: Sequence[str] | None = None) -> Slot:
+               outputs: Sequence[str] | None = None, run_here: bool = False) -> Slot:
         """Queue one request of `size` samples; raises QueueFull/ModelNotReady/BadRequest at once instead of
         waiting. `timeout_s` may only shorten the deployment's timeout; `priority` 1 is the highest level,
-        0 the deployment's default; `outputs` names the outputs the request needs (None: all)."""
-        pending = self._pending(inputs, size, timeout_s, priority, outputs)
-        with self._cond:
-            self._put(pending)
-            self._cond.notify()
-        return pending.future
+        0 the deployment's default; `outputs` names the outputs the request needs (None: all).
 
-    def infer(self, inputs: Tensors, size: int, timeout_s: float | None = None, priority: int = 0,
-              outputs: Sequence[str] | None = None) -> Tensors:
-        """Submit and wait for the result (the request thread's call).
-
-        A request that finds the queue empty, an instance free and the dispatch rule sending it alone at
-        once runs on the calling thread: the batch it would have formed is itself, and the hand-over to a
-        worker and back (two thread wake-ups, dear where idle cores sleep: docs/performance.md) is saved."""
+        `run_here`: a request that finds the queue empty, an instance free and the dispatch rule sending it alone
+        at once runs on the calling thread (the slot is answered on return): the batch it would have formed is
+        itself, and the hand-over to a worker and back (two thread wake-ups, dear where idle cores sleep:
+        docs/performance.md) is saved."""
         pending = self._pending(inputs, size, timeout_s, priority, outputs)
         with self._cond:
             free = self._settings.instances - self._busy
-            if self._queue or free < 1 or self._closing:
+            if not run_here or self._queue or free < 1 or self._closing:
                 direct = False
                 self._put(pending)
             else:  # decided at arrival, never queued: the queue stays empty and its gauge untouched
@@ -101,11 +93,18 @@ class DynamicBatcher:
                 run_s = self._run([pending])
             finally:
                 self._finish_batch([pending], run_s)
+        return pending.future
+
+    def infer(self, inputs: Tensors, size: int, timeout_s: float | None = None, priority: int = 0,
+              outputs: Sequence[str] | None = None) -> Tensors:
+        """Submit (running a lone request here: `submit`'s run_here) and wait for the result: the request
+        thread's call."""
+        slot = self.submit(inputs, size, timeout_s, priority, outputs, run_here=True)
         try:
             # The worker expires the request at its deadline; the margin only guards a stuck model run.
-            return pending.future.result(timeout=self._timeout_s + 5.0)
+            return slot.result(timeout=self._timeout_s + 5.0)
         except TimeoutError:
-            pending.future.cancel()
+            slot.cancel()
             raise RequestTimeout(f"no result within {self._timeout_s:.3f} s") from None
 
     def _pending(self, inputs: Tensors, size: int, timeout_s: float | None, priority: int,

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 import tomli_w
 
 from latlab.server.admission import auto_threads, check_threads
+from latlab.server.shared import MAX_FRONTENDS
 from latlab.server.errors import ConfigError
 
 PROVIDERS = ("cpu", "cuda", "tensorrt")
@@ -186,9 +187,15 @@ class ServerConfig:
     """The observer port: /metrics, /v2/health/live and /ready and the other GET routes (metadata, config) on
     threads of their own, so they never wait behind infer requests (the main port answers them too). 0: port
     + 1 (8001 by default), or a free port when that one is taken (logged, and in GET /v2 as metrics_port)."""
+    frontends: int = 1
+    """HTTP processes. 1: one process reads requests, batches and runs the model. N >= 2: N front-end processes
+    read, decode and tokenize requests and encode answers, and hand the tensors to one engine process that owns
+    the batchers and sessions (server/engine.py), so batches still form from every request. Admission, routes
+    and /metrics are the same either way; docs/performance.md measures when more than one pays."""
     threads: int = 0
-    """Request threads. 0: one for every infer request the deployments admit (max_queue_size + instances x
-    max_batch_size each) plus 4 spare (server/admission.py). Set by hand, it must exceed those requests."""
+    """Request threads (of each front end). 0: one for every infer request the deployments admit (max_queue_size
+    + instances x max_batch_size each) plus 4 spare (server/admission.py). Set by hand, it must exceed those
+    requests."""
     admission: bool = True
     """Refuse an infer request with 503 + Retry-After, before reading its body, when its deployment already
     holds max_queue_size + instances x max_batch_size requests. false drops that bound and the check of
@@ -287,6 +294,13 @@ def _plain(value: object) -> Any:
     return str(value) if isinstance(value, Path) else value
 
 
+def with_overrides(config: ServerConfig, **server: Any) -> ServerConfig:
+    """The config with [server] settings overridden on the command line, checked as if the file said them."""
+    replaced = dataclasses.replace(config, **server)
+    _check_server(replaced)
+    return replaced
+
+
 def _with_threads(config: ServerConfig) -> ServerConfig:
     """threads resolved (0: enough for every admitted request) and, with admission on, checked against them."""
     if config.threads == 0:
@@ -319,6 +333,9 @@ def _check_server(config: ServerConfig) -> None:
     if config.on_load_failure not in LOAD_FAILURE_POLICIES:
         raise ConfigError(f"[server]: on_load_failure must be one of {LOAD_FAILURE_POLICIES}, "
                           f"got {config.on_load_failure!r}")
+    if not 1 <= config.frontends <= MAX_FRONTENDS:
+        raise ConfigError(f"[server]: frontends must be 1..{MAX_FRONTENDS} (1: one process serves), got "
+                          f"{config.frontends}")
     if config.max_body_bytes < 1 or config.threads < 0:
         raise ConfigError("[server]: max_body_bytes must be >= 1 and threads >= 0 (0: as many as admission needs)")
     if not 0 <= config.metrics_port <= 65535 or config.metrics_port and config.metrics_port == config.port:

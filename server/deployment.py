@@ -18,7 +18,7 @@ from latlab.server.errors import BadRequest, ConfigError
 from latlab.server.metrics import DeploymentObserver, ServerMetrics
 from latlab.server.protocol import InferRequest
 from latlab.server.runtime import OnnxModel
-from latlab.server.text import text_front_end, timed_encode
+from latlab.server.text import TextFrontEnd, text_front_end, timed_encode
 
 log = logging.getLogger("latlab.server.deployment")
 WARMUP_WAIT_S = 2.0
@@ -103,22 +103,27 @@ class Deployment:
         return tuple(name for name in self._output_order if name in outputs)
 
     def infer(self, request: InferRequest) -> dict[str, np.ndarray]:
-        if request.outputs is not None:
-            unknown = sorted(set(request.outputs) - self._output_names)
+        self.check_outputs(request.outputs)
+        inputs = tokenized(self.text, self.observer, request)
+        outputs = self.batcher.infer(*self.queued(inputs, request.outputs, request.parameters, request.finite))
+        return picked(outputs, request.outputs)
+
+    def check_outputs(self, outputs: list[str] | None) -> None:
+        if outputs is not None:
+            unknown = sorted(set(outputs) - self._output_names)
             if unknown:
                 raise BadRequest(f"model '{self.config.name}' has no output(s) {unknown}; "
                                  f"it has {sorted(self._output_names)}")
-        inputs = request.inputs
-        if self.text is not None:  # tokenized here, before queueing: a bad sentence fails its request alone
-            inputs, truncated, seconds = timed_encode(self.text, inputs)
-            self.observer.preprocessed(seconds)
-            request.response_parameters["truncated"] = truncated
-        size = self.model.validate(inputs, request.finite)
-        outputs = self.batcher.infer(inputs, size, request_timeout_s(request.parameters),
-                                     request.parameters.get("priority", 0), self.selection(request.outputs))
-        if request.outputs is None:
-            return outputs
-        return {name: outputs[name] for name in request.outputs}
+
+    def queued(self, inputs: dict[str, np.ndarray], outputs: list[str] | None, parameters: dict,
+               finite: set[str]) -> tuple:
+        """The batcher's arguments for one request's (tokenized) inputs, validated against the model: inputs,
+        batch size, timeout, priority and the outputs to compute."""
+        size = self.model.validate(inputs, finite)
+        return inputs, size, request_timeout_s(parameters), parameters.get("priority", 0), self.selection(outputs)
+
+    def refuse_if_full(self) -> None:
+        self.batcher.refuse_if_full()
 
     def describe(self) -> dict:
         """The deployment's settings, served at .../config so load tests can label their results."""
@@ -168,6 +173,23 @@ def environment(model: OnnxModel) -> dict:
     threads = {"cpu_threads": model.deployment.cpu.intra_op_threads or os.cpu_count()} if on_cpu else {}
     return {"onnxruntime": ort.__version__, "providers": model.session.get_providers(),
             "cpu": cpu_model(), "cores": os.cpu_count(), "gpu": gpu, **threads, **model.precision()}
+
+
+def tokenized(text: TextFrontEnd | None, observer: DeploymentObserver, request: InferRequest
+              ) -> dict[str, np.ndarray]:
+    """A request's model inputs: a text deployment's sentences tokenized here, on the request's thread before
+    queueing (a bad sentence fails its request alone), and the truncation said in the response."""
+    if text is None:
+        return request.inputs
+    inputs, truncated, seconds = timed_encode(text, request.inputs)
+    observer.preprocessed(seconds)
+    request.response_parameters["truncated"] = truncated
+    return inputs
+
+
+def picked(outputs: dict[str, np.ndarray], wanted: list[str] | None) -> dict[str, np.ndarray]:
+    """The outputs a request asked for, in its order; all of them when it named none."""
+    return outputs if wanted is None else {name: outputs[name] for name in wanted}
 
 
 def request_timeout_s(parameters: dict) -> float | None:

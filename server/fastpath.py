@@ -134,7 +134,7 @@ class InferRoute:
             length, binary_length = self._check_headers(environ)
             deployment.admission.enter()  # the door: past its bound, 503 before the body is read
             admitted = True
-            deployment.batcher.refuse_if_full()  # a batch smaller than max_batch_size leaves the queue the bound
+            deployment.refuse_if_full()  # a batch smaller than max_batch_size leaves the queue the bound
             infer_request = self._read(environ, length, binary_length)
             outputs = deployment.infer(infer_request)
             body, header_length = encode_response(name, deployment.version, infer_request, outputs)

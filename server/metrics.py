@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+import os
+from typing import Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+import psutil
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, values
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from latlab.server.gpu import GpuCollector
 
@@ -20,12 +24,16 @@ BATCH_BUCKETS = tuple(float(2 ** i) for i in range(12))  # 1 .. 2048
 
 
 class ServerMetrics:
-    """The server's metrics; `for_deployment` gives a batch observer bound to one deployment's labels."""
+    """The server's metrics; `for_deployment` gives a batch observer bound to one deployment's labels.
+    `process`: whether this registry also describes the process and the GPUs (False in the processes of a
+    multi-front-end server, whose /metrics is multiprocess_registry's view of them all). Each gauge says how
+    processes' values combine (ignored in one process)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, process: bool = True) -> None:
         self.registry = registry
-        registry.register(GpuCollector())
-        ProcessCollector(registry=registry)  # process_cpu_seconds_total: the report's server-bound flag
+        if process:
+            registry.register(GpuCollector())
+            ProcessCollector(registry=registry)  # process_cpu_seconds_total: the report's server-bound flag
         self.request_duration = Histogram(
             "latlab_server_request_duration_seconds", "Time from receiving an infer request to its response.",
             LABELS, registry=registry, buckets=LATENCY_BUCKETS)
@@ -34,7 +42,7 @@ class ServerMetrics:
             (*LABELS, "outcome"), registry=registry)
         self.inflight = Gauge(
             "latlab_server_inflight_requests", "Infer requests being handled right now.",
-            LABELS, registry=registry)
+            LABELS, registry=registry, multiprocess_mode="livesum")
         self.queue_duration = Histogram(
             "latlab_batcher_queue_duration_seconds", "Time a request waited in the batcher's queue.",
             LABELS, registry=registry, buckets=LATENCY_BUCKETS)
@@ -46,23 +54,23 @@ class ServerMetrics:
             LABELS, registry=registry, buckets=BATCH_BUCKETS)
         self.queue_depth = Gauge(
             "latlab_batcher_queue_depth", "Requests waiting in the batcher's queue.",
-            LABELS, registry=registry)
+            LABELS, registry=registry, multiprocess_mode="livesum")
         self.queue_capacity = Gauge(
             "latlab_batcher_queue_capacity", "The deployment's max_queue_size: requests that may wait.",
-            LABELS, registry=registry)
+            LABELS, registry=registry, multiprocess_mode="livemax")
         self.admission_limit = Gauge(
             "latlab_server_admission_limit", "Infer requests the deployment admits at once (max_queue_size + "
             "instances x max_batch_size); one more is refused with 503 before its body is read.",
-            LABELS, registry=registry)
+            LABELS, registry=registry, multiprocess_mode="livemax")
         self.rejections = Counter(
             "latlab_batcher_rejections", "Requests refused or dropped by the batcher, by reason.",
             (*LABELS, "reason"), registry=registry)
         self.model_load = Gauge(
             "latlab_server_model_load_seconds", "Time to create the deployment's ONNX Runtime session.",
-            LABELS, registry=registry)
+            LABELS, registry=registry, multiprocess_mode="livemostrecent")
         self.model_warmup = Gauge(
             "latlab_server_model_warmup_seconds", "Time the deployment's warm-up took (every batch size once); "
-            "absent while it runs.", LABELS, registry=registry)
+            "absent while it runs.", LABELS, registry=registry, multiprocess_mode="livemostrecent")
         # Only device providers observe these: on CPU ORT reads the request's arrays in place, no transfer.
         self.input_transfer_duration = Histogram(
             "latlab_batcher_input_transfer_duration_seconds", "Time copying one batch's inputs to the device.",
@@ -144,3 +152,60 @@ class DeploymentObserver:
         if child is None:
             child = self._outcomes[(counter, outcome)] = counter.labels(**self.labels, outcome=outcome)
         return child
+
+
+def use_multiprocess_values(folder: str) -> None:
+    """Make every metric created from now on in this process write its values to `folder` (prometheus_client's
+    multiprocess mode), where multiprocess_registry reads all the server's processes together. Called by each
+    process of a multi-front-end server before it creates its metrics."""
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder
+    values.ValueClass = values.MultiProcessValue()
+
+
+def multiprocess_registry(folder: str, server_pid: int) -> CollectorRegistry:
+    """What /metrics shows of a multi-front-end server: every process's metrics combined (counters and
+    histograms summed, gauges by their multiprocess_mode), the GPUs, and the CPU time and memory of the whole
+    server (the supervisor `server_pid` and every process under it), so the report's server-bound flag weighs
+    every front end and the engine, not one process."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=folder)
+    registry.register(GpuCollector())
+    registry.register(ServerProcessesCollector(server_pid))
+    return registry
+
+
+class ServerProcessesCollector:
+    """process_cpu_seconds_total and process_resident_memory_bytes summed over a process and its descendants
+    (prometheus_client's ProcessCollector describes one process)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def collect(self) -> Iterator[Metric]:
+        cpu, rss, count = 0.0, 0, 0
+        try:
+            root = psutil.Process(self.pid)
+            tree = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            tree = []
+        for process in tree:
+            try:
+                with process.oneshot():
+                    times = process.cpu_times()
+                    cpu += times.user + times.system
+                    rss += process.memory_info().rss
+                    count += 1
+            except psutil.Error:  # it ended between the listing and now
+                continue
+        total = CounterMetricFamily("process_cpu_seconds_total", "User and system CPU time of every process of "
+                                    "the server (supervisor, front ends, engine), in seconds.")
+        total.add_metric([], cpu)
+        yield total
+        memory = GaugeMetricFamily("process_resident_memory_bytes", "Resident memory of every process of the "
+                                   "server, in bytes.")
+        memory.add_metric([], rss)
+        yield memory
+        processes = GaugeMetricFamily("latlab_server_processes", "Processes serving: supervisor, front ends and "
+                                      "engine.")
+        processes.add_metric([], count)
+        yield processes

@@ -8,32 +8,45 @@ import logging
 import os
 from pathlib import Path
 
+from typing import Callable, Iterable
+
 from flask import Flask
 
 from latlab.server.admission import admitted_bound
 from latlab.server.app import create_app
-from latlab.server.config import AUTH_TOKEN_ENV, ServerConfig, load_config
+from latlab.server.config import AUTH_TOKEN_ENV, ServerConfig, load_config, with_overrides
 from latlab.server.errors import ConfigError
 from latlab.server.observer import Observer, observer_port
 from latlab.server.preflight import check_deployments
 
 CONFIG_ENV = "LATLAB_CONFIG"
+FRONTENDS_ENV = "LATLAB_FRONTENDS"
+"""Overrides [server] frontends (as `latlab serve --frontends` does, which wins): a container's setting, and how
+the suite runs every test of the real server with several front ends."""
+RUN_DIR_ENV = "LATLAB_RUN_DIR"
+"""The run folder of a multi-front-end server (server/supervisor.py): set, the worker is a front end."""
 OBSERVER_ENV = "LATLAB_OBSERVER_ADDRESS"
 """host:port of the observer listener, chosen by serve() for the worker process it starts."""
+FRONTEND_RESPAWN_S = 0.5
+"""How soon Granian replaces a front-end process that died."""
 MAX_CONNECTIONS = 4096
 """Connections held open at once (Granian's backpressure): far more than any deployment admits requests, so
 that admission, which refuses, bounds first, not this, which leaves a connection waiting unaccepted."""
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 log = logging.getLogger("latlab.server.wsgi")
+WSGIApp = Callable[[dict, Callable], Iterable[bytes]]
 
 
-def app_from_env() -> Flask:
+def app_from_env() -> Flask | WSGIApp:
     """Granian's factory target: each worker process builds its own app from the config file, and starts the
     observer listener beside it (serve() chose its address). A deployment that fails here (past the parent's
     checks), or an observer port taken since, ends the worker with one logged line."""
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     try:
         config = load_config(os.environ[CONFIG_ENV])
+        if os.environ.get(RUN_DIR_ENV):  # a front end of a multi-front-end server: the engine holds the models
+            from latlab.server.frontend import create_frontend_app
+            return create_frontend_app(config, Path(os.environ[RUN_DIR_ENV]))
         host, port = _observer_address(config)
         app = create_app(dataclasses.replace(config, metrics_port=port))
         try:
@@ -70,13 +83,18 @@ def bind_warning(host: str, auth: bool) -> str | None:
 
 
 def serve(config_path: str | Path, host: str | None = None, port: int | None = None,
-          metrics_port: int | None = None) -> None:
-    """Start the server in the foreground until SIGINT/SIGTERM; `metrics_port` overrides [server] metrics_port."""
+          metrics_port: int | None = None, frontends: int | None = None) -> None:
+    """Start the server in the foreground until SIGINT/SIGTERM; `metrics_port` and `frontends` override [server].
+    One front end: one process does everything. More: Granian runs them as its workers, and a supervisor
+    (server/supervisor.py) runs the engine process they feed, started before them and stopped after them."""
     from granian import Granian
     from granian.constants import Interfaces
 
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     config = load_config(config_path)
+    frontends = frontends or int(os.environ.get(FRONTENDS_ENV) or 0) or None
+    if frontends is not None:
+        config = with_overrides(config, frontends=frontends)
     check_deployments(config)
     address = host or config.host
     port = config.port if port is None else port
@@ -87,20 +105,41 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
     log.info("%s", admission_summary(config))
     os.environ[CONFIG_ENV] = str(Path(config_path).resolve())
     os.environ[OBSERVER_ENV] = f"{address}:{observer}"  # the worker process inherits it
-    Granian(
-        "latlab.server.wsgi:app_from_env",
-        factory=True,
-        interface=Interfaces.WSGI,
-        address=address,
-        port=port,
-        workers=1,  # one process: the batcher must see every request to form batches
-        blocking_threads=config.threads,
-        # Granian's backpressure caps open connections, not requests: one past it is not refused but left
-        # unaccepted, waiting unseen. Admission (server/admission.py) bounds requests; this only has to stay
-        # out of its way.
-        backpressure=max(MAX_CONNECTIONS, config.threads),
-        log_access=False,
-    ).serve()
+    supervisor = None
+    if config.frontends > 1:
+        from latlab.server.supervisor import Supervisor, run_folder
+
+        run_dir = run_folder(len(config.deployments))
+        os.environ[RUN_DIR_ENV] = str(run_dir)
+        supervisor = Supervisor(os.environ[CONFIG_ENV], run_dir, os.environ[OBSERVER_ENV])
+        try:
+            supervisor.start()
+        except ConfigError as exc:
+            log.error("%s", exc)
+            raise SystemExit(2) from None
+        log.info("%d front-end processes feed the engine process %d (batchers and sessions)", config.frontends,
+                 supervisor.process.pid)
+    try:
+        Granian(
+            "latlab.server.wsgi:app_from_env",
+            factory=True,
+            interface=Interfaces.WSGI,
+            address=address,
+            port=port,
+            # one process, or N front ends: the batcher (here, or in the engine) sees every request
+            workers=config.frontends,
+            respawn_failed_workers=config.frontends > 1,  # a front end that dies is replaced, the others serve
+            respawn_interval=FRONTEND_RESPAWN_S,
+            blocking_threads=config.threads,
+            # Granian's backpressure caps open connections, not requests: one past it is not refused but left
+            # unaccepted, waiting unseen. Admission (server/admission.py) bounds requests; this only has to stay
+            # out of its way.
+            backpressure=max(MAX_CONNECTIONS, config.threads),
+            log_access=False,
+        ).serve()
+    finally:
+        if supervisor is not None:  # after the front ends drained: the engine answers what they still wait on
+            supervisor.stop()
 
 
 def admission_summary(config: ServerConfig) -> str:

@@ -45,14 +45,13 @@ def toml_value(value: object) -> str:
 
 
 def write_config(path: Path, deployments: list[dict], **server: object) -> Path:
-    """A TOML server config: [server] keys and [[deployments]] with optional [batcher] tables."""
+    """A TOML server config: [server] keys and [[deployments]] with optional tables ([batcher], [tokenizer])."""
     lines = ["[server]", *(f"{k} = {toml_value(v)}" for k, v in server.items())]
     for deployment in deployments:
-        deployment = dict(deployment)
-        batcher = deployment.pop("batcher", {})
-        lines += ["[[deployments]]", *(f"{k} = {toml_value(v)}" for k, v in deployment.items())]
-        if batcher:
-            lines += ["[deployments.batcher]", *(f"{k} = {toml_value(v)}" for k, v in batcher.items())]
+        tables = {k: v for k, v in deployment.items() if isinstance(v, dict)}
+        lines += ["[[deployments]]", *(f"{k} = {toml_value(v)}" for k, v in deployment.items() if k not in tables)]
+        for key, table in tables.items():
+            lines += [f"[deployments.{key}]", *(f"{k} = {toml_value(v)}" for k, v in table.items())]
     path.write_text("\n".join(lines) + "\n")
     return path
 
