@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from latlab.common import procs
-from latlab.lab_plan import PLANS, CpuShare, LabPlan, ModelPlan, available_cores, cpu_share
+from latlab.lab_plan import MANY_CORES, PLANS, CpuShare, LabPlan, ModelPlan, available_cores, cpu_share
 from latlab.server.config import dumps_config, save_config
 
 GRAFANA_DIR = Path(__file__).resolve().parent.parent / "grafana"
@@ -72,7 +72,26 @@ def config_document(models: dict[str, Path], port: int, plan: LabPlan, share: Cp
             deployments.append({"name": name, "model": model.name, "model_path": models[model.name],
                                 "provider": provider, "cpu": cpu if provider == "cpu" else None, "batcher": batcher,
                                 "tokenizer": tokenizer_table(models[model.name]) if text else None})
-    return {"server": {"host": "127.0.0.1", "port": port}, "deployments": deployments}
+    server = {"host": "127.0.0.1", "port": port}
+    frontends = frontends_for(plan, share)
+    if frontends > 1:
+        server["frontends"] = frontends
+    return {"server": server, "deployments": deployments}
+
+
+MAX_LAB_FRONTENDS = 8
+
+
+def frontends_for(plan: LabPlan, share: CpuShare) -> int:
+    """Front-end processes of the lab's server ([server] frontends): one on a CPU plan or a small machine (on 2
+    cores a second process only adds the hop's CPU: docs/performance.md); on a GPU plan with MANY_CORES or more,
+    every core the load generator's workers and the engine leave, up to MAX_LAB_FRONTENDS, so that the front end
+    is not what caps a CUDA deployment (the 24 Nov H100 run: one process held minilm-cuda-batch to ~7% of the
+    device). The deployments are measured one at a time, so the front ends do not take cores from a CPU
+    deployment's ORT threads while they compute."""
+    if plan.providers == ("cpu",) or share.cores < MANY_CORES:
+        return 1
+    return max(1, min(MAX_LAB_FRONTENDS, share.cores - max(1, share.load_workers) - 1))
 
 
 def tokenizer_table(model_path: Path) -> dict:
@@ -127,6 +146,8 @@ def run_lab(runs_dir: Path, models_dir: Path, plan: LabPlan | str = "cpu", share
     _say(f"run folder {run_dir}")
     write_samples(run_dir, plan)
     _say(share.describe())
+    if frontends_for(plan, share) > 1:
+        _say(f"the server runs {frontends_for(plan, share)} front-end processes feeding one engine process")
     _say("step 1/5: exporting models")
     models = ensure_models(models_dir, plan)
     if plan.bench:

@@ -42,16 +42,20 @@ def busy_share(server: dict, curve: dict) -> float | None:
 
 
 def usable_cores(curve: dict, share: float) -> float:
-    """The cores the serving process could keep busy: one for the interpreter (its lock serialises the
-    Python work of decoding, batching and encoding) plus, on CPU, ORT's threads while a batch runs."""
+    """The cores the server could keep busy: one per interpreter (its lock serialises the Python work of
+    decoding, batching and encoding): one process, or each front end and the engine of a server with several
+    ([server] frontends); plus, on CPU, ORT's threads while a batch runs."""
+    frontends = int(curve.get("frontends") or 1)
+    interpreters = 1.0 if frontends <= 1 else frontends + 1.0
     if is_gpu(curve):
-        return 1.0
-    return 1.0 + share * (cpu_threads(curve) or 1)
+        return interpreters
+    return interpreters + share * (cpu_threads(curve) or 1)
 
 
 def server_bound(step: dict, curve: dict) -> bool | None:
-    """True when the serving process was saturated (CPU ≥ 90% of the cores it could use) while its device
-    was not (instances busy < 70% of the time); None when the server did not export what the rule needs."""
+    """True when the serving processes were saturated (CPU ≥ 90% of the cores they could use: usable_cores, the
+    front ends and engine of a multi-front-end server counted) while its device was not (instances busy < 70%
+    of the time); None when the server did not export what the rule needs."""
     server = step.get("server") or {}
     share = busy_share(server, curve) if server else None
     cpu = server.get("process_cpu_cores")

@@ -159,7 +159,8 @@ def model_ready(name: str, version: str | None = None) -> Response:
 @routes.get("/v2/models/<name>/versions/<version>/config")
 @protected
 def model_config(name: str, version: str | None = None) -> Response:
-    return _json(_state().get(name, version).describe())
+    state = _state()
+    return _json({**state.get(name, version).describe(), "frontends": state.config.frontends})
 
 
 @routes.get("/metrics")

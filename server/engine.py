@@ -28,7 +28,6 @@ from prometheus_client import CollectorRegistry
 from werkzeug.test import Client
 
 from latlab.server.app import ServerState, create_app
-from latlab.server.config import load_config
 from latlab.server.deployment import picked
 from latlab.server.errors import ConfigError, ModelNotReady, ServingError
 from latlab.server.hop import error_header, pack, tensor_frames, tensors_from, unpack
@@ -154,9 +153,11 @@ class Engine:
             message = [identity, pack(error_header(request_id, exc))]
         with self._lock:
             self.held -= 1
-        self.answers.append(message)
-        if threading.get_ident() == self._loop_thread:  # answered where it was read (run_here): sent next
-            return
+            first = not self.answers
+            self.answers.append(message)
+        if not first or threading.get_ident() == self._loop_thread:
+            return  # a wake-up is already on its way (the socket thread sends until the queue is empty), or
+            # this is the socket thread (run_here): it sends next
         wake = getattr(self._local, "wake", None)
         if wake is None:
             wake = self._local.wake = self.context.socket(zmq.PUSH)
@@ -167,9 +168,16 @@ class Engine:
             pass
 
     def _send_answers(self) -> None:
-        answers = self.answers
-        while answers:
-            self.router.send_multipart(answers.popleft(), copy=False)
+        """Send every queued answer. The queue goes empty only under the lock, so a worker that finds it empty
+        when it appends knows the socket thread must be woken (one wake-up per burst of answers, not each)."""
+        while True:
+            with self._lock:
+                if not self.answers:
+                    return
+                batch = list(self.answers)
+                self.answers.clear()
+            for message in batch:
+                self.router.send_multipart(message, copy=False)
 
     def _http(self, header: dict) -> dict:
         """A GET (or HEAD) a front end forwarded, answered by the server's Flask app."""
@@ -189,7 +197,7 @@ class Engine:
 
 def main(argv: list[str]) -> int:
     """The engine process: load, listen, say ready, serve until SIGTERM/SIGINT or until the supervisor is gone."""
-    from latlab.server.wsgi import LOG_FORMAT
+    from latlab.server.wsgi import LOG_FORMAT, served_config
 
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     config_path, run_dir, observer = argv
@@ -198,7 +206,7 @@ def main(argv: list[str]) -> int:
     use_multiprocess_values(metrics_folder(run_dir))
     status = EngineStatus(Path(run_dir))
     try:
-        config = load_config(config_path)
+        config = served_config(config_path)
         shown = multiprocess_registry(metrics_folder(run_dir), supervisor)
         app = create_app(dataclasses.replace(config, metrics_port=int(port)), CollectorRegistry(), shown)
         try:

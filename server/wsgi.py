@@ -43,7 +43,7 @@ def app_from_env() -> Flask | WSGIApp:
     checks), or an observer port taken since, ends the worker with one logged line."""
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     try:
-        config = load_config(os.environ[CONFIG_ENV])
+        config = served_config(os.environ[CONFIG_ENV])
         if os.environ.get(RUN_DIR_ENV):  # a front end of a multi-front-end server: the engine holds the models
             from latlab.server.frontend import create_frontend_app
             return create_frontend_app(config, Path(os.environ[RUN_DIR_ENV]))
@@ -59,6 +59,13 @@ def app_from_env() -> Flask | WSGIApp:
         raise SystemExit(2) from None
     log.info("/metrics, /v2/health/* and the other GET routes also on http://%s:%d (their own threads)", host, port)
     return app
+
+
+def served_config(config_path: str | Path, frontends: int | None = None) -> ServerConfig:
+    """The config file with `frontends` (the command line's), else LATLAB_FRONTENDS, over [server] frontends."""
+    config = load_config(config_path)
+    frontends = frontends or int(os.environ.get(FRONTENDS_ENV) or 0) or None
+    return config if frontends is None else with_overrides(config, frontends=frontends)
 
 
 def _observer_address(config: ServerConfig) -> tuple[str, int]:
@@ -83,18 +90,17 @@ def bind_warning(host: str, auth: bool) -> str | None:
 
 
 def serve(config_path: str | Path, host: str | None = None, port: int | None = None,
-          metrics_port: int | None = None, frontends: int | None = None) -> None:
+          metrics_port: int | None = None, frontends: int | None = None, separate_engine: bool = False) -> None:
     """Start the server in the foreground until SIGINT/SIGTERM; `metrics_port` and `frontends` override [server].
     One front end: one process does everything. More: Granian runs them as its workers, and a supervisor
-    (server/supervisor.py) runs the engine process they feed, started before them and stopped after them."""
+    (server/supervisor.py) runs the engine process they feed, started before them and stopped after them.
+    `separate_engine`: an engine process even behind one front end (benchmarks/frontends.py measures the hop so)."""
     from granian import Granian
     from granian.constants import Interfaces
 
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-    config = load_config(config_path)
-    frontends = frontends or int(os.environ.get(FRONTENDS_ENV) or 0) or None
-    if frontends is not None:
-        config = with_overrides(config, frontends=frontends)
+    config = served_config(config_path, frontends)
+    os.environ[FRONTENDS_ENV] = str(config.frontends)  # what the front ends and the engine serve with
     check_deployments(config)
     address = host or config.host
     port = config.port if port is None else port
@@ -106,7 +112,7 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
     os.environ[CONFIG_ENV] = str(Path(config_path).resolve())
     os.environ[OBSERVER_ENV] = f"{address}:{observer}"  # the worker process inherits it
     supervisor = None
-    if config.frontends > 1:
+    if config.frontends > 1 or separate_engine:
         from latlab.server.supervisor import Supervisor, run_folder
 
         run_dir = run_folder(len(config.deployments))

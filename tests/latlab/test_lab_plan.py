@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from latlab.lab import sweep_args, write_config
+from latlab.lab import frontends_for, sweep_args, write_config
 from latlab.lab_plan import FFN, PLANS, cpu_share
 from latlab.server.config import load_config
 
@@ -58,3 +58,15 @@ def test_a_lab_may_run_some_of_its_plans_models_and_refuses_unknown_ones() -> No
     assert PLANS["cpu"].only(None) is PLANS["cpu"]
     with pytest.raises(ValueError, match="--models: resnet not in this plan; it has mlp, ffn, cnn, minilm"):
         PLANS["cpu"].only(["resnet"])
+
+
+@pytest.mark.parametrize("plan, cores, frontends", [("gpu", 16, 8), ("gpu", 64, 8), ("gpu", 8, 5), ("gpu", 2, 1),
+                                                    ("gpu-quick", 16, 8), ("cpu", 16, 1), ("quick", 64, 1)])
+def test_gpu_plans_run_front_ends_sized_to_the_machine(tmp_path: Path, plan: str, cores: int, frontends: int) -> None:
+    """Every core the generator's workers and the engine leave, up to 8, on a GPU plan of a many-core machine;
+    one process on a CPU plan or a small machine (where the hop costs more than it frees)."""
+    chosen = replace(PLANS[plan], models=tuple(m for m in PLANS[plan].models if not m.text))
+    text = write_config(tmp_path, {m.name: tmp_path / "m.onnx" for m in chosen.models}, 8000, chosen,
+                        cpu_share(cores)).read_text()
+    assert (f"frontends = {frontends}" in text) == (frontends > 1)
+    assert frontends_for(chosen, cpu_share(cores)) == frontends

@@ -157,6 +157,16 @@ def test_server_bound_rule_on_a_gpu_deployment(cpu_cores: float | None, busy_s: 
     assert breakdown.server_bound(the_step, gpu) is bound
 
 
+@pytest.mark.parametrize("frontends, cpu_cores, bound", [
+    (1, 0.95, True),    # one process: its one interpreter is full
+    (4, 0.95, False),   # four front ends and an engine: one core's worth leaves four idle
+    (4, 4.6, True),     # all five interpreters full while the GPU idles: the front ends are the limit
+])
+def test_server_bound_counts_every_front_end_and_the_engine(frontends: int, cpu_cores: float, bound: bool) -> None:
+    the_step, gpu = gpu_step(cpu_cores, busy_s=2.0)
+    assert breakdown.server_bound(the_step, {**gpu, "frontends": frontends}) is bound
+
+
 def test_server_bound_on_cpu_counts_ort_threads_while_batches_run() -> None:
     # 16 threads busy 10% of the time: usable 1 + 0.1 × 16 = 2.6 cores, 90% of that is 2.34.
     env = {"cpu_threads": 16, "cores": 16}

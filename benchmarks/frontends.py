@@ -1,0 +1,202 @@
+"""Front-end processes against one process, side by side in one run (issue 31): the cost of the hop to the engine
+per request, and the rate each layout serves at p99 <= 25 ms.
+
+    .venv/bin/python benchmarks/frontends.py [--models-dir DIR] [--requests 2000] [--rounds 3] [--skip-rates]
+                                             [--split-rate 1000]
+
+Layouts: "one process" (frontends = 1, today's server), "1 front end + engine" and "2 front ends + engine".
+1. The hop: batch-1 mlp (max_batch_size 1), one client sending requests one after another on a kept-alive
+   connection, the layouts in turn for --rounds rounds (a neighbour's load lands on all of them). Per layout:
+   the median over rounds of the mean client-observed latency, of the server's own mean request time (its
+   latlab_server_request_duration_seconds), and of the CPU time per request of every server process, split
+   into front ends and engine. The hop's cost is what the engine layout adds to the one-process figures.
+2. CPU per request under batched load: mlp-batch at --split-rate req/s (open loop, 10 s) behind each layout,
+   the CPU time of the front ends and of the engine divided by the requests answered: what a projection to
+   more cores needs (each front end and the engine is one interpreter, one core at most).
+3. Served rate: mlp-batch and ffn-batch (the lab's batcher settings) behind each layout, `latlab loadtest
+   --slos 25ms` bracketing the highest rate that meets p99 <= 25 ms to 10%.
+Every deployment runs ORT on one intra-op thread without spinning, as the lab's CPU plan does on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import export_zoo, json_infer_body, loadtest, write_config  # noqa: E402
+
+from latlab.common import procs  # noqa: E402
+
+LAYOUTS = {"one process": (1, False), "1 front end + engine": (1, True), "2 front ends + engine": (2, True)}
+
+
+def start(config: Path, log: Path, frontends: int, engine: bool) -> subprocess.Popen:
+    code = (f"from latlab.server.wsgi import serve; serve({str(config)!r}, frontends={frontends}, "
+            f"separate_engine={engine})")
+    return procs.start([sys.executable, "-c", code], log_path=log)
+
+
+def server_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of the server's processes: all, the engine's, the front ends' (one process: all of it)."""
+    root = psutil.Process(pid)
+    split = {"all": 0.0, "engine": 0.0, "front ends": 0.0}
+    for process in [root, *root.children(recursive=True)]:
+        times = process.cpu_times()
+        seconds = times.user + times.system
+        split["all"] += seconds
+        if "latlab.server.engine" in " ".join(process.cmdline()):
+            split["engine"] += seconds
+        elif process.pid != root.pid:
+            split["front ends"] += seconds
+    return split
+
+
+def mean_request_s(url: str, deployment: str) -> tuple[float, float]:
+    """(sum, count) of the server's request duration histogram for one deployment."""
+    text = requests.get(f"{url}/metrics", timeout=10).text
+    found = {}
+    for line in text.splitlines():
+        for part in ("_sum", "_count"):
+            if line.startswith(f"latlab_server_request_duration_seconds{part}{{") and \
+                    f'deployment="{deployment}"' in line:
+                found[part] = float(line.split()[-1])
+    return found.get("_sum", 0.0), found.get("_count", 0.0)
+
+
+def hop_round(folder: Path, model: Path, layout: str, n: int) -> dict:
+    frontends, engine = LAYOUTS[layout]
+    port = procs.free_port()
+    config = write_config(folder / "hop.toml", port, {"mlp-b1": (model, {"max_batch_size": 1})})
+    process = start(config, folder / "hop.log", frontends, engine)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        procs.wait_ready(f"{url}/v2/health/ready", process, timeout_s=120, log_path=folder / "hop.log")
+        session = requests.Session()
+        body = json_infer_body(np.random.default_rng(0).standard_normal((1, 4)).astype(np.float32))
+        post = f"{url}/v2/models/mlp-b1/infer"
+        for _ in range(200):
+            session.post(post, data=body, headers={"Content-Type": "application/json"}).raise_for_status()
+        server_before, cpu_before = mean_request_s(url, "mlp-b1"), server_cpu(process.pid)
+        started = time.perf_counter()
+        for _ in range(n):
+            session.post(post, data=body, headers={"Content-Type": "application/json"})
+        client_s = (time.perf_counter() - started) / n
+        cpu_after, server_after = server_cpu(process.pid), mean_request_s(url, "mlp-b1")
+        served = (server_after[0] - server_before[0]) / max(1.0, server_after[1] - server_before[1])
+        return {"client_us": client_s * 1e6, "server_us": served * 1e6,
+                **{f"cpu {k} us": (cpu_after[k] - cpu_before[k]) / n * 1e6 for k in cpu_after}}
+    finally:
+        procs.stop(process)
+
+
+def served_rate(folder: Path, models: dict[str, tuple[Path, dict]], layout: str) -> dict[str, dict]:
+    frontends, engine = LAYOUTS[layout]
+    port = procs.free_port()
+    config = write_config(folder / "rate.toml", port, models)
+    process = start(config, folder / "rate.log", frontends, engine)
+    url = f"http://127.0.0.1:{port}"
+    found = {}
+    try:
+        procs.wait_ready(f"{url}/v2/health/ready", process, timeout_s=120, log_path=folder / "rate.log")
+        for name in models:
+            out = folder / f"{name}-{layout.replace(' ', '_').replace('+', 'and')}"
+            (curve,) = loadtest(url, [name], out, "--rates", "2000,4000,6000,8000", "--slos", "25ms",
+                                "--resolution", "0.1", "--slo-steps", "8", "--step-seconds", "3", "--max-windows", "4",
+                                "--warmup-seconds", "1")
+            (bracket,) = curve["slo_brackets"]
+            found[name] = bracket
+    finally:
+        procs.stop(process)
+    return found
+
+
+def cpu_split(folder: Path, model: Path, layout: str, rate: float) -> dict:
+    frontends, engine = LAYOUTS[layout]
+    port = procs.free_port()
+    config = write_config(folder / "split.toml", port, {"mlp-batch": (model, {"max_batch_size": 64,
+                                                                               "max_queue_delay_ms": 2.0})})
+    process = start(config, folder / "split.log", frontends, engine)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        procs.wait_ready(f"{url}/v2/health/ready", process, timeout_s=120, log_path=folder / "split.log")
+        before, count_before = server_cpu(process.pid), mean_request_s(url, "mlp-batch")[1]
+        (curve,) = loadtest(url, ["mlp-batch"], folder / f"split-{frontends}-{engine}", "--rates", f"{rate:g}",
+                            "--step-seconds", "10", "--max-windows", "1", "--warmup-seconds", "0", "--slo-steps", "0")
+        after, count_after = server_cpu(process.pid), mean_request_s(url, "mlp-batch")[1]
+        answered = count_after - count_before
+        (step,) = curve["steps"]
+        return {"answered": answered, "p99_ms": step["p99_s"] * 1e3,
+                **{k: (after[k] - before[k]) / answered * 1e6 for k in after}}
+    finally:
+        procs.stop(process)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models-dir", type=Path, default=None)
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--skip-rates", action="store_true")
+    parser.add_argument("--skip-hop", action="store_true")
+    parser.add_argument("--split-rate", type=float, default=1000.0)
+    parser.add_argument("--only-split", action="store_true", help="measure the CPU split alone")
+    args = parser.parse_args()
+    folder = Path(tempfile.mkdtemp(prefix="latlab-frontends-"))
+    models_dir = args.models_dir or folder / "models"
+    mlp = export_zoo(models_dir, "mlp")
+    ffn = export_zoo(models_dir, "ffn", "--d-model", "128", "--n-layers", "128")
+    print(f"machine: {psutil.cpu_count()} cores; {args.requests} sequential batch-1 mlp requests per layout, "
+          f"{args.rounds} rounds")
+    print(f"CPU per request answered, mlp-batch at {args.split_rate:g} req/s for 10 s (us: all, front ends, engine)")
+    for layout in LAYOUTS:
+        row = cpu_split(folder, mlp, layout, args.split_rate)
+        print(f"  {layout:<24}{row['all']:>6.0f}{row['front ends']:>8.0f}{row['engine']:>8.0f}   "
+              f"({row['answered']:.0f} answered, p99 {row['p99_ms']:.1f} ms)")
+    if args.only_split:
+        return
+    rounds: dict[str, list[dict]] = {layout: [] for layout in LAYOUTS}
+    for _ in range(0 if args.skip_hop else args.rounds):
+        for layout in LAYOUTS:
+            rounds[layout].append(hop_round(folder, mlp, layout, args.requests))
+    if not args.skip_hop:
+        hop_table(rounds)
+    if args.skip_rates:
+        return
+    batched = {"mlp-batch": (mlp, {"max_batch_size": 64, "max_queue_delay_ms": 2.0}),
+               "ffn-batch": (ffn, {"max_batch_size": 64, "max_queue_delay_ms": 2.0})}
+    print("served rate at p99 <= 25 ms (bracket: highest rate met .. lowest broken above it)")
+    for layout in LAYOUTS:
+        for name, bracket in served_rate(folder, batched, layout).items():
+            met = bracket["met_rps"]
+            print(f"  {layout:<24}{name:<11}{(met or 0):>7.0f} req/s  (broke at {bracket['broke_rps']}; "
+                  f"{bracket['meaning']})", flush=True)
+
+
+def hop_table(rounds: dict[str, list[dict]]) -> None:
+    table = {layout: {key: statistics.median(r[key] for r in results) for key in results[0]}
+             for layout, results in rounds.items()}
+    print(f"{'layout':<24}{'client us':>11}{'server us':>11}{'CPU us':>9}{'front ends':>12}{'engine':>9}")
+    for layout, row in table.items():
+        print(f"{layout:<24}{row['client_us']:>11.0f}{row['server_us']:>11.0f}{row['cpu all us']:>9.0f}"
+              f"{row['cpu front ends us']:>12.0f}{row['cpu engine us']:>9.0f}")
+    one, hop = table["one process"], table["1 front end + engine"]
+    print(f"hop: +{hop['client_us'] - one['client_us']:.0f} us per request as the client sees it "
+          f"({(hop['client_us'] - one['client_us']) / one['client_us']:.0%} of a one-process batch-1 mlp request), "
+          f"+{hop['server_us'] - one['server_us']:.0f} us of server time, "
+          f"+{hop['cpu all us'] - one['cpu all us']:.0f} us of CPU "
+          f"({(hop['cpu all us'] - one['cpu all us']) / one['cpu all us']:.0%})")
+
+
+if __name__ == "__main__":
+    main()
