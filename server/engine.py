@@ -150,6 +150,8 @@ class Engine:
             described, frames = tensor_frames(picked(slot.result(0), outputs))
             message = [identity, pack({"id": request_id, "outputs": described}), *frames]
         except Exception as exc:  # noqa: BLE001 - the request's error is its answer
+            if not isinstance(exc, ServingError):
+                log.exception("unexpected error answering a request")
             message = [identity, pack(error_header(request_id, exc))]
         with self._lock:
             self.held -= 1

@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterable
+from urllib.parse import quote
 
 import numpy as np
 import zmq
@@ -197,11 +198,18 @@ class Forward:
                    if key.startswith("HTTP_")}
         if environ.get("CONTENT_TYPE"):
             headers["Content-Type"] = environ["CONTENT_TYPE"]
-        request = {"kind": "http", "method": environ.get("REQUEST_METHOD", "GET"), "path": path,
+        # PATH_INFO is the path's bytes decoded as latin-1 (PEP 3333): quoted back to those bytes, the engine's
+        # WSGI environ gets exactly this one, whatever the client sent ('?', '%', bytes that are not UTF-8).
+        request = {"kind": "http", "method": environ.get("REQUEST_METHOD", "GET"),
+                   "path": quote(path.encode("latin-1", errors="replace"), safe="/"),
                    "query": environ.get("QUERY_STRING", ""), "headers": headers}
         try:
             answer, _ = self.state.client.call(request)
-        except ServingError as exc:
+            if "error" in answer:
+                raise_error(answer)
+        except Exception as exc:  # noqa: BLE001 - every failure is an answer, as on the infer route
+            if not isinstance(exc, ServingError):
+                log.exception("unexpected error forwarding %s", path)
             return _answer(start_response, *error_answer(exc))
         return _answer(start_response, answer["status"], [tuple(h) for h in answer["headers"]], answer["body"])
 

@@ -20,11 +20,12 @@ and headers (fastpath.error_answer) are those of a one-process server."""
 
 def tensor_frames(arrays: dict[str, np.ndarray]) -> tuple[list, list]:
     """(descriptions, frames) of named arrays: [name, dtype, shape] each, and their bytes in that order. An array
-    of Python objects (BYTES) travels in its description as a list of bytes, with no frame."""
+    of Python objects (BYTES: bytes, or the str ONNX Runtime returns) travels in its description as a list of
+    its elements, each kept bytes or str (msgpack tells them apart), with no frame."""
     described, frames = [], []
     for name, array in arrays.items():
         if array.dtype == object:
-            described.append([name, "object", list(array.shape), [bytes(v) for v in array.reshape(-1)]])
+            described.append([name, "object", list(array.shape), array.reshape(-1).tolist()])
             continue
         array = np.ascontiguousarray(array)
         described.append([name, array.dtype.str, list(array.shape)])

@@ -17,7 +17,6 @@ from pathlib import Path
 from prometheus_client.multiprocess import mark_process_dead
 
 from latlab.server.engine import DRAIN_LIMIT_S, metrics_folder
-from latlab.server.errors import ConfigError
 from latlab.server.shared import EngineStatus, SharedAdmission
 
 log = logging.getLogger("latlab.server.supervisor")
@@ -35,6 +34,15 @@ def run_folder(deployments: int) -> Path:
     return folder
 
 
+class EngineFailed(Exception):
+    """The engine exited (or never said ready) at start. Exit code 2: a config or model it could not load, said
+    in its one logged line; anything else (a crash) is not said yet."""
+
+    def __init__(self, code: int | None) -> None:
+        super().__init__(f"the engine process could not start (exit code {code})")
+        self.code = code
+
+
 class Supervisor:
     """One engine process for a config, kept running until stop()."""
 
@@ -48,12 +56,12 @@ class Supervisor:
         self._watcher: threading.Thread | None = None
 
     def start(self, wait_s: float = 600.0) -> None:
-        """Start the engine and wait until it serves; ConfigError when it exits first (its log says why)."""
+        """Start the engine and wait until it serves; EngineFailed when it exits first."""
         self._spawn()
         if not self._wait_ready(wait_s):
             code = self.process.poll()
             self.stop()
-            raise ConfigError(f"the engine process could not start (exit code {code}; its log line above says why)")
+            raise EngineFailed(code)
         self._watcher = threading.Thread(target=self._watch, name="latlab-engine-supervisor", daemon=True)
         self._watcher.start()
 

@@ -113,15 +113,16 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
     os.environ[OBSERVER_ENV] = f"{address}:{observer}"  # the worker process inherits it
     supervisor = None
     if config.frontends > 1 or separate_engine:
-        from latlab.server.supervisor import Supervisor, run_folder
+        from latlab.server.supervisor import EngineFailed, Supervisor, run_folder
 
         run_dir = run_folder(len(config.deployments))
         os.environ[RUN_DIR_ENV] = str(run_dir)
         supervisor = Supervisor(os.environ[CONFIG_ENV], run_dir, os.environ[OBSERVER_ENV])
         try:
             supervisor.start()
-        except ConfigError as exc:
-            log.error("%s", exc)
+        except EngineFailed as exc:
+            if exc.code != 2:  # 2: the engine logged its one line
+                log.error("%s", exc)
             raise SystemExit(2) from None
         log.info("%d front-end processes feed the engine process %d (batchers and sessions)", config.frontends,
                  supervisor.process.pid)

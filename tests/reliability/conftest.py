@@ -66,12 +66,19 @@ class Server:
     session: requests.Session = field(default_factory=requests.Session)
 
     def worker(self) -> psutil.Process:
-        """Granian's worker process, where the app and its models live."""
-        (child,) = psutil.Process(self.process.pid).children()
+        """The process holding the models: Granian's one worker, or the engine of a server with several front
+        ends (LATLAB_FRONTENDS=2 runs these tests so)."""
+        children = psutil.Process(self.process.pid).children()
+        engines = [c for c in children if "latlab.server.engine" in " ".join(c.cmdline())]
+        if engines:
+            return engines[0]
+        (child,) = children
         return child
 
     def alive(self) -> bool:
-        return self.process.poll() is None and self.worker().is_running()
+        """The server and every process under it run."""
+        children = psutil.Process(self.process.pid).children() if self.process.poll() is None else []
+        return bool(children) and all(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
 
     def infer(self, body: bytes, model: str = "tiny", headers: dict | None = None) -> requests.Response:
         return self.session.post(f"{self.url}/v2/models/{model}/infer", data=body,
