@@ -13,7 +13,10 @@ Layouts: "one process" (frontends = 1, today's server), "1 front end + engine" a
 2. CPU per request under batched load: mlp-batch at --split-rate req/s (open loop, 10 s) behind each layout,
    the CPU time of the front ends and of the engine divided by the requests answered: what a projection to
    more cores needs (each front end and the engine is one interpreter, one core at most).
-3. Served rate: mlp-batch and ffn-batch (the lab's batcher settings) behind each layout, `latlab loadtest
+3. The engine alone, saturated: mlp-batch's engine process fed by 16 threads of this process through the
+   front ends' client (no HTTP), 8 s: the rate it answers and its CPU per request, where wake-ups are shared
+   by many requests (what an engine behind many front ends sees).
+4. Served rate: mlp-batch and ffn-batch (the lab's batcher settings) behind each layout, `latlab loadtest
    --slos 25ms` bracketing the highest rate that meets p99 <= 25 ms to 10%.
 Every deployment runs ORT on one intra-op thread without spinning, as the lab's CPU plan does on 2 cores.
 """
@@ -142,6 +145,54 @@ def cpu_split(folder: Path, model: Path, layout: str, rate: float) -> dict:
         procs.stop(process)
 
 
+def engine_alone(folder: Path, model: Path, seconds: float = 8.0, threads: int = 16) -> dict:
+    import signal
+    import threading
+
+    from latlab.server.frontend import EngineClient
+    from latlab.server.hop import tensor_frames
+    from latlab.server.shared import EngineStatus
+    from latlab.server.supervisor import run_folder
+
+    config = write_config(folder / "engine.toml", procs.free_port(),
+                          {"mlp-batch": (model, {"max_batch_size": 64, "max_queue_delay_ms": 2.0})})
+    run_dir = run_folder(1)
+    status = EngineStatus(run_dir)
+    engine = subprocess.Popen([sys.executable, "-m", "latlab.server.engine", str(config), str(run_dir),
+                               f"127.0.0.1:{procs.free_port()}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    status.starting(engine.pid)
+    try:
+        while not status.ready:
+            assert engine.poll() is None, "the engine did not start"
+            time.sleep(0.05)
+        client = EngineClient(run_dir, status)
+        x = np.random.default_rng(0).standard_normal((1, 4)).astype(np.float32)
+        answered = [0] * threads
+
+        def send(index: int, until: float) -> None:
+            while time.monotonic() < until:
+                described, frames = tensor_frames({"x": x})
+                client.call({"kind": "infer", "model": "mlp-batch", "inputs": described, "outputs": None,
+                             "parameters": {}, "finite": []}, frames)
+                answered[index] += 1
+
+        before = psutil.Process(engine.pid).cpu_times()
+        until = time.monotonic() + seconds
+        workers = [threading.Thread(target=send, args=(i, until)) for i in range(threads)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+        after = psutil.Process(engine.pid).cpu_times()
+        total = sum(answered)
+        cpu = (after.user + after.system) - (before.user + before.system)
+        return {"rps": total / seconds, "cpu_us": cpu / total * 1e6, "cores": cpu / seconds}
+    finally:
+        engine.send_signal(signal.SIGTERM)
+        engine.wait(60)
+        status.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models-dir", type=Path, default=None)
@@ -163,6 +214,9 @@ def main() -> None:
         row = cpu_split(folder, mlp, layout, args.split_rate)
         print(f"  {layout:<24}{row['all']:>6.0f}{row['front ends']:>8.0f}{row['engine']:>8.0f}   "
               f"({row['answered']:.0f} answered, p99 {row['p99_ms']:.1f} ms)")
+    alone = engine_alone(folder, mlp)
+    print(f"engine alone, saturated by 16 client threads: {alone['rps']:.0f} req/s, {alone['cpu_us']:.0f} us CPU "
+          f"per request, {alone['cores']:.2f} cores")
     if args.only_split:
         return
     rounds: dict[str, list[dict]] = {layout: [] for layout in LAYOUTS}
