@@ -133,7 +133,7 @@ class RemoteDeployment:
         inputs = tokenized(self.text, self.observer, request)
         described, frames = tensor_frames(inputs)
         header = {"kind": "infer", "model": self.config.name, "inputs": described, "outputs": request.outputs,
-                  "parameters": request.parameters, "finite": sorted(request.finite)}
+                  "parameters": request.parameters, "finite": finite(inputs, request.finite)}
         answer, frames = self.client.call(header, frames, self._wait_s)
         if "error" in answer:
             raise_error(answer)
@@ -141,6 +141,14 @@ class RemoteDeployment:
 
     def close(self) -> None:
         pass
+
+
+def finite(inputs: dict[str, np.ndarray], known: set[str]) -> list[str]:
+    """The floating-point inputs that hold no NaN or infinity: known so from decoding JSON, or looked at here, in
+    one of the front ends, so that the engine (one interpreter for every front end) need not. An input that does
+    hold one is left for the engine to refuse, with the one-process server's message."""
+    return [name for name, array in inputs.items()
+            if name in known or (array.dtype.kind == "f" and bool(np.isfinite(array).all()))]
 
 
 class FrontState(ServerState):
