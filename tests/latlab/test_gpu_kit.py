@@ -112,3 +112,15 @@ def test_collect_keeps_result_files_where_the_report_finds_them(tmp_path: Path) 
         "h100/lab/ffn/results.json", "h100/verify.log"]
     with pytest.raises(SystemExit, match="nothing to collect"):
         kit.collect(tmp_path / "empty-does-not-exist", "h100", tmp_path / "reference")
+
+
+def test_the_kit_brings_every_dependency_the_device_lacks() -> None:
+    """Each of latlab's runtime dependencies is on the device already, or in the kit's download list (with its
+    own dependencies): a package added to pyproject.toml and not to the kit fails on the device, not here."""
+    import re
+    import tomllib
+
+    declared = tomllib.loads((KIT_SCRIPT.parents[1] / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=!~;\[ ]", d, maxsplit=1)[0].lower().replace("_", "-") for d in declared}
+    brought = set(kit.DEVICE_NEEDS) | kit.DEVICE_HAS | {kit.MINILM_WEIGHTS, "onnxruntime", "onnxruntime-gpu"}
+    assert names - brought == set(), names - brought
