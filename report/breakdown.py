@@ -105,6 +105,8 @@ def breakdown_table(found: list[dict]) -> str:
         share = busy_share(server, curve)
         cpu = server.get("process_cpu_cores")
         flag = {True: "server-bound", False: "no", None: "unknown (no process CPU figure)"}[bar["server_bound"]]
+        if bar["server_bound"] is not None and int(curve.get("frontends") or 1) > 1:
+            flag += f" ({processes(curve)})"
         cells = "".join(f"<td>{bar['parts'][k] * 1e3:.2f}</td>" for k in PARTS)
         client = "–" if bar["client_mean_s"] is None else f"{bar['client_mean_s'] * 1e3:.2f}"
         rows.append(f"<tr><td>{html.escape(label(curve))} on {html.escape(machine_name(curve))}</td>"
@@ -118,6 +120,14 @@ def breakdown_table(found: list[dict]) -> str:
             f"<th>instances busy</th><th>server-bound</th></tr>{''.join(rows)}</table>")
 
 
-RULE = (f"Server-bound: the serving process used ≥ {SERVER_BOUND_CPU:.0%} of the cores it could use (one for the "
-        "Python interpreter, plus on CPU the ORT threads while a batch ran) while the deployment's instances were "
-        f"running batches less than {DEVICE_IDLE_BELOW:.0%} of the time: the front end, not the model, limits it.")
+def processes(curve: dict) -> str:
+    """The server's processes as the server-bound rule counts them: "one process", or "N front ends + engine"."""
+    frontends = int(curve.get("frontends") or 1)
+    return "one process" if frontends <= 1 else f"{frontends} front ends + engine"
+
+
+RULE = (f"Server-bound: the serving processes used ≥ {SERVER_BOUND_CPU:.0%} of the cores they could use (one per "
+        "Python interpreter: the one process, or each front end and the engine of a server with [server] frontends "
+        "= N; plus on CPU the ORT threads while a batch ran) while the deployment's instances were running batches "
+        f"less than {DEVICE_IDLE_BELOW:.0%} of the time: the front end, not the model, limits it (on one process, "
+        "more front ends may lift it).")

@@ -167,6 +167,16 @@ def test_server_bound_counts_every_front_end_and_the_engine(frontends: int, cpu_
     assert breakdown.server_bound(the_step, {**gpu, "frontends": frontends}) is bound
 
 
+def test_the_breakdown_table_names_the_processes_of_a_server_bound_deployment() -> None:
+    the_step, gpu = gpu_step(4.6, busy_s=2.0)
+    curve = {**gpu, "frontends": 4}
+    bar = {"curve": curve, "slo_s": 0.05, "step": the_step, "parts": breakdown.parts(the_step["server"]),
+           "client_mean_s": None, "server_bound": breakdown.server_bound(the_step, curve)}
+    assert "<td>server-bound (4 front ends + engine)</td>" in breakdown.breakdown_table([bar])
+    assert "<td>server-bound</td>" in breakdown.breakdown_table([{**bar, "curve": gpu,
+                                                                 "server_bound": True}])
+
+
 def test_server_bound_on_cpu_counts_ort_threads_while_batches_run() -> None:
     # 16 threads busy 10% of the time: usable 1 + 0.1 × 16 = 2.6 cores, 90% of that is 2.34.
     env = {"cpu_threads": 16, "cores": 16}
