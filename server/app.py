@@ -28,10 +28,11 @@ routes = Blueprint("v2", __name__)
 class ServerState:
     """What the routes need: the deployments by name, those that failed to load, and the metrics."""
 
-    def __init__(self, config: ServerConfig, registry: CollectorRegistry, shown: CollectorRegistry | None = None
-                 ) -> None:
+    def __init__(self, config: ServerConfig, registry: CollectorRegistry, shown: CollectorRegistry | None = None,
+                 require_one: bool = True) -> None:
         """`shown`: what /metrics serves when it is not `registry` (a multi-front-end server's engine records
-        its metrics in `registry` and shows those of every process: server/engine.py)."""
+        its metrics in `registry` and shows those of every process: server/engine.py). `require_one`: a server
+        none of whose deployments loads is refused (an engine of several may hold only failed ones)."""
         self.config = config
         self.registry = registry if shown is None else shown
         self.metrics = ServerMetrics(registry, process=shown is None)
@@ -45,7 +46,7 @@ class ServerState:
         except Exception:
             self.close()
             raise
-        if not self.deployments:
+        if not self.deployments and require_one:
             raise ConfigError("no deployment could be loaded: " + "; ".join(self.failed.values()))
 
     def _load(self, deployment: DeploymentConfig) -> None:
@@ -76,14 +77,14 @@ class ServerState:
 
 
 def create_app(config: ServerConfig, registry: CollectorRegistry | None = None,
-               shown: CollectorRegistry | None = None) -> Flask:
+               shown: CollectorRegistry | None = None, require_one: bool = True) -> Flask:
     """Build the server app: loads every deployment's model and starts its batcher.
     POST .../infer is answered by a WSGI layer in front of Flask (fastpath.py); the rest by Flask's routes."""
     app = Flask("latlab.server")
     # One byte of slack: werkzeug cannot tell a chunked body of exactly the limit from a longer one;
     # read_body enforces the limit itself.
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes + 1
-    state = app.extensions["latlab"] = ServerState(config, registry or CollectorRegistry(), shown)
+    state = app.extensions["latlab"] = ServerState(config, registry or CollectorRegistry(), shown, require_one)
     return with_routes(app, state)
 
 

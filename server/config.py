@@ -173,6 +173,22 @@ class DeploymentConfig:
     them anyway (orjson refuses `NaN` and numbers beyond the datatype's range); this guards binary data."""
     tokenizer: TokenizerSettings | None = None
     """When set, the deployment takes text (a [deployments.tokenizer] table) instead of token tensors."""
+    engine: str = ""
+    """With [server] frontends >= 2: the engine process that serves it. Deployments of one engine share its
+    interpreter; each engine has its own. Empty: one engine per device ("cpu", or "cuda:N" for CUDA and
+    TensorRT on GPU N)."""
+
+    @property
+    def engine_key(self) -> str:
+        if self.engine:
+            return self.engine
+        return "cpu" if self.provider == "cpu" else f"cuda:{self.cuda.device_id}"
+
+
+def engine_groups(deployments: tuple[DeploymentConfig, ...]) -> list[str]:
+    """The engines of a multi-front-end server, in order of their first deployment (engine 0 also serves the
+    observer port)."""
+    return list(dict.fromkeys(d.engine_key for d in deployments))
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,13 @@ from prometheus_client import CollectorRegistry
 from werkzeug.test import Client
 
 from latlab.server.app import ServerState, create_app
+from latlab.server.config import engine_groups
 from latlab.server.deployment import picked
 from latlab.server.errors import ConfigError, ModelNotReady, ServingError
 from latlab.server.hop import error_header, pack, tensor_frames, tensors_from, unpack
 from latlab.server.metrics import multiprocess_registry, use_multiprocess_values
 from latlab.server.observer import Observer
-from latlab.server.shared import EngineStatus
+from latlab.server.shared import EngineStatus, SharedAdmission, endpoint, metrics_folder
 
 log = logging.getLogger("latlab.server.engine")
 ANSWERS = "inproc://answers"
@@ -45,26 +46,17 @@ NOBLOCK, POLLIN = int(zmq.NOBLOCK), int(zmq.POLLIN)
 """As plain ints: combining pyzmq's enum flags costs more than the call they qualify."""
 
 
-def endpoint(run_dir: str | Path) -> str:
-    """Where the engine listens and the front ends connect: a Unix socket in the server's run folder."""
-    return f"ipc://{Path(run_dir) / 'engine.sock'}"
-
-
-def metrics_folder(run_dir: str | Path) -> str:
-    return str(Path(run_dir) / "metrics")
-
-
 class Engine:
     """The request loop over `state`'s deployments; `app` answers forwarded GET requests."""
 
-    def __init__(self, app: Flask, run_dir: str | Path, context: zmq.Context | None = None) -> None:
+    def __init__(self, app: Flask, run_dir: str | Path, engine: int = 0, context: zmq.Context | None = None) -> None:
         self.app = app
         self.state: ServerState = app.extensions["latlab"]
         self.client = Client(app)
         self.context = context or zmq.Context.instance()
         self.router = self.context.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
-        self.router.bind(endpoint(run_dir))
+        self.router.bind(endpoint(run_dir, engine))
         self.wake = self.context.socket(zmq.PULL)
         self.wake.bind(ANSWERS)
         self.answers: deque[list] = deque()
@@ -195,39 +187,56 @@ class Engine:
 
 
 def main(argv: list[str]) -> int:
-    """The engine process: load, listen, say ready, serve until SIGTERM/SIGINT or until the supervisor is gone."""
+    """Engine `index` of a server: load its deployments (engine_groups), listen, say ready, serve until
+    SIGTERM/SIGINT or until the supervisor is gone. Engine 0 also serves the observer port, for every engine."""
+    from latlab.server.frontend import Engines, Forward
     from latlab.server.wsgi import LOG_FORMAT, served_config
 
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
-    config_path, run_dir, observer = argv
+    config_path, run_dir, observer, index = argv[0], argv[1], argv[2], int(argv[3]) if len(argv) > 3 else 0
     host, _, port = observer.rpartition(":")
     supervisor = os.getppid()
     use_multiprocess_values(metrics_folder(run_dir))
-    status = EngineStatus(Path(run_dir))
+    status = EngineStatus(Path(run_dir), index)
+    watcher = None
     try:
         config = served_config(config_path)
+        keys = engine_groups(config.deployments)
+        key = keys[index]
+        mine = dataclasses.replace(config, metrics_port=int(port),
+                                   deployments=tuple(d for d in config.deployments if d.engine_key == key))
         shown = multiprocess_registry(metrics_folder(run_dir), supervisor)
-        app = create_app(dataclasses.replace(config, metrics_port=int(port)), CollectorRegistry(), shown)
-        try:
-            watcher = Observer(app, host, int(port))
-        except OSError as exc:
-            app.extensions["latlab"].close()
-            raise ConfigError(f"cannot listen for /metrics and health on {host}:{port}: {exc.strerror}") from None
+        # with on_load_failure = "skip", one engine of several may hold only deployments that failed: it answers
+        # for them (503, readiness false) as one process would
+        app = create_app(mine, CollectorRegistry(), shown, require_one=len(keys) == 1)
+        if index == 0:
+            engines = Engines(config, Path(run_dir))
+            # ready once a front end serves too: the observer port opens before the main port does
+            front_ends = SharedAdmission(Path(run_dir), len(config.deployments))
+            front = Forward(engines, local=app.wsgi_app, local_index=0,
+                            local_ready=lambda: app.extensions["latlab"].ready and front_ends.front_ends() > 0)
+            try:
+                watcher = Observer(front, host, int(port))
+            except OSError as exc:
+                app.extensions["latlab"].close()
+                raise ConfigError(f"cannot listen for /metrics and health on {host}:{port}: {exc.strerror}") from None
     except ConfigError as exc:
         log.error("%s", exc)
         return 2
-    engine = Engine(app, run_dir)
+    engine = Engine(app, run_dir, index)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: engine.stop())
     threading.Thread(target=_watch_supervisor, args=(supervisor, engine), daemon=True,
                      name="latlab-engine-watch").start()
     status.set_ready(True)
-    log.info("engine %d serving %s on %s", os.getpid(), sorted(engine.state.deployments), endpoint(run_dir))
+    log.info("engine %d (%s) serving %s on %s", os.getpid(), key, sorted(engine.state.deployments),
+             endpoint(run_dir, index))
     try:
         engine.run()
     finally:
         status.set_ready(False)
-        watcher.close()
+        if watcher is not None:
+            watcher.close()
         engine.state.close()  # every batcher finishes what it holds
         engine._send_answers()
         engine.close()

@@ -12,6 +12,7 @@ import glob
 import itertools
 import logging
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -25,15 +26,14 @@ from prometheus_client.multiprocess import mark_process_dead
 
 from latlab.server.admission import admitted_bound, bound_detail
 from latlab.server.app import ServerState
-from latlab.server.config import DeploymentConfig, ServerConfig
+from latlab.server.config import DeploymentConfig, ServerConfig, engine_groups
 from latlab.server.deployment import tokenized
-from latlab.server.engine import endpoint, metrics_folder
 from latlab.server.errors import ModelNotReady, RequestTimeout, ServingError
 from latlab.server.fastpath import InferRoute, error_answer, status_line
 from latlab.server.hop import pack, raise_error, tensor_frames, tensors_from, unpack
 from latlab.server.metrics import ServerMetrics, use_multiprocess_values
 from latlab.server.protocol import InferRequest
-from latlab.server.shared import EngineStatus, SharedAdmission
+from latlab.server.shared import EngineStatus, SharedAdmission, endpoint, metrics_folder
 from latlab.server.text import text_front_end
 
 log = logging.getLogger("latlab.server.frontend")
@@ -51,8 +51,8 @@ class EngineClient:
     """Requests to the engine, from any thread: each thread has its own DEALER socket (ZeroMQ sockets are not
     thread-safe) and waits on it for its own answer, so no thread hands answers out to the others."""
 
-    def __init__(self, run_dir: Path, status: EngineStatus) -> None:
-        self.address = endpoint(run_dir)
+    def __init__(self, run_dir: Path, status: EngineStatus, engine: int = 0) -> None:
+        self.address = endpoint(run_dir, engine)
         self.status = status
         self.context = zmq.Context()
         self._ids = itertools.count(1)
@@ -151,27 +151,53 @@ def finite(inputs: dict[str, np.ndarray], known: set[str]) -> list[str]:
             if name in known or (array.dtype.kind == "f" and bool(np.isfinite(array).all()))]
 
 
+class Engines:
+    """The engines of a server as a front end (or engine 0's observer port) reaches them: a client per engine, and
+    which engine serves each deployment (engine_groups)."""
+
+    def __init__(self, config: ServerConfig, run_dir: Path) -> None:
+        keys = engine_groups(config.deployments)
+        self.statuses = [EngineStatus(run_dir, index) for index in range(len(keys))]
+        self.clients = [EngineClient(run_dir, status, index) for index, status in enumerate(self.statuses)]
+        self.of = {d.name: keys.index(d.engine_key) for d in config.deployments}
+        """Deployment name -> engine index; any other name goes to engine 0, which says it is unknown."""
+
+    def client_for(self, name: str) -> EngineClient:
+        return self.clients[self.of.get(name, 0)]
+
+    def up(self) -> bool:
+        return all(status.up() is not None for status in self.statuses)
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        for status in self.statuses:
+            status.close()
+
+
 class FrontState(ServerState):
     """ServerState's part the infer route reads (config, get), over RemoteDeployments."""
 
     def __init__(self, config: ServerConfig, run_dir: Path) -> None:  # noqa: D107 - no ServerState.__init__: no models here
         self.config = config
-        self.status = EngineStatus(run_dir)
-        self.client = EngineClient(run_dir, status=self.status)
+        self.engines = Engines(config, run_dir)
         self.admission = SharedAdmission(run_dir, len(config.deployments))
         self.admission.claim()
         forget_dead_processes(metrics_folder(run_dir))
         self.metrics = ServerMetrics(CollectorRegistry(), process=False)
-        described, _ = self.client.call({"kind": "describe"}, wait_s=DESCRIBE_WAIT_S)
-        self.failed: dict[str, str] = described["failed"]
-        self.deployments = {d.name: RemoteDeployment(d, index, self.client, self.metrics, self.admission,
-                                                     described["deployments"][d.name]["inputs"], config.admission)
-                            for index, d in enumerate(config.deployments) if d.name in described["deployments"]}
+        inputs: dict[str, dict] = {}
+        self.failed: dict[str, str] = {}
+        for client in self.engines.clients:
+            described, _ = client.call({"kind": "describe"}, wait_s=DESCRIBE_WAIT_S)
+            inputs.update({name: d["inputs"] for name, d in described["deployments"].items()})
+            self.failed.update(described["failed"])
+        self.deployments = {d.name: RemoteDeployment(d, index, self.engines.client_for(d.name), self.metrics,
+                                                     self.admission, inputs[d.name], config.admission)
+                            for index, d in enumerate(config.deployments) if d.name in inputs}
 
     def close(self) -> None:
         self.admission.close()
-        self.client.close()
-        self.status.close()
+        self.engines.close()
 
 
 def forget_dead_processes(folder: str) -> None:
@@ -190,18 +216,45 @@ def forget_dead_processes(folder: str) -> None:
 WSGIApp = Callable[[dict, Callable], Iterable[bytes]]
 
 
-class Forward:
-    """Every route but infer: liveness here, readiness here while the engine is down, the rest by the engine."""
+MODEL_PATH = re.compile(r"/v2/models/([^/]+)")
 
-    def __init__(self, state: FrontState) -> None:
-        self.state = state
+
+class Forward:
+    """Every route but infer, answered from the engines: liveness here; readiness when every engine is up and
+    says ready (at once "not ready" while one is down); a model's routes by that model's engine; the rest by
+    engine 0. `local`: the WSGI app of the engine this runs in (engine 0's observer port), called directly."""
+
+    def __init__(self, engines: Engines, local: WSGIApp | None = None, local_index: int | None = None,
+                 local_ready: Callable[[], bool] | None = None) -> None:
+        self.engines = engines
+        self.local, self.local_index, self.local_ready = local, local_index, local_ready
 
     def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
         path = environ.get("PATH_INFO") or "/"
         if path == "/v2/health/live":
             return _answer(start_response, 200, [], b"")
-        if path == "/v2/health/ready" and self.state.status.up() is None:
-            return _answer(start_response, 400, [], b"")
+        if path == "/v2/health/ready":
+            return _answer(start_response, 200 if self._ready(environ) else 400, [], b"")
+        match = MODEL_PATH.match(path)
+        index = self.engines.of.get(match.group(1).encode("latin1").decode(errors="replace"), 0) if match else 0
+        if index == self.local_index:
+            return self.local(environ, start_response)
+        return _answer(start_response, *self._forward(index, environ))
+
+    def _ready(self, environ: dict) -> bool:
+        if not self.engines.up():
+            return False
+        for index in range(len(self.engines.clients)):
+            if index == self.local_index:
+                ready = self.local_ready()
+            else:
+                ready = self._forward(index, environ)[0] == 200
+            if not ready:
+                return False
+        return True
+
+    def _forward(self, index: int, environ: dict) -> tuple[int, list, bytes]:
+        path = environ.get("PATH_INFO") or "/"
         headers = {key[5:].replace("_", "-").title(): value for key, value in environ.items()
                    if key.startswith("HTTP_")}
         if environ.get("CONTENT_TYPE"):
@@ -212,14 +265,14 @@ class Forward:
                    "path": quote(path.encode("latin-1", errors="replace"), safe="/"),
                    "query": environ.get("QUERY_STRING", ""), "headers": headers}
         try:
-            answer, _ = self.state.client.call(request)
+            answer, _ = self.engines.clients[index].call(request)
             if "error" in answer:
                 raise_error(answer)
         except Exception as exc:  # noqa: BLE001 - every failure is an answer, as on the infer route
             if not isinstance(exc, ServingError):
                 log.exception("unexpected error forwarding %s", path)
-            return _answer(start_response, *error_answer(exc))
-        return _answer(start_response, answer["status"], [tuple(h) for h in answer["headers"]], answer["body"])
+            return error_answer(exc)
+        return answer["status"], [tuple(h) for h in answer["headers"]], answer["body"]
 
 
 def _answer(start_response: Callable, status: int, headers: list, body: bytes) -> list[bytes]:
@@ -231,4 +284,4 @@ def create_frontend_app(config: ServerConfig, run_dir: Path) -> WSGIApp:
     """A front end's WSGI app (Granian's factory target in each front-end process: server/wsgi.py)."""
     use_multiprocess_values(metrics_folder(run_dir))
     state = FrontState(config, run_dir)
-    return InferRoute(Forward(state), state)
+    return InferRoute(Forward(state.engines), state)

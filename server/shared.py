@@ -18,9 +18,20 @@ import numpy as np
 
 from latlab.server.errors import QueueFull
 
-STATUS_FILE = "engine.status"
+STATUS_FILE = "engine-{}.status"
 ADMISSION_FILE = "admission.counts"
 MAX_FRONTENDS = 64
+METRICS_FOLDER = "metrics"
+
+
+def endpoint(run_dir: str | Path, engine: int = 0) -> str:
+    """Where engine `engine` listens and the front ends connect: a Unix socket in the server's run folder."""
+    return f"ipc://{Path(run_dir) / f'engine-{engine}.sock'}"
+
+
+def metrics_folder(run_dir: str | Path) -> str:
+    """Where every process of the server writes its metrics (prometheus_client's multiprocess files)."""
+    return str(Path(run_dir) / METRICS_FOLDER)
 """Front-end processes a server may run (the [server] frontends bound): each owns one row of the counts."""
 
 
@@ -40,8 +51,8 @@ class EngineStatus:
 
     PID, GENERATION, READY = range(3)
 
-    def __init__(self, run_dir: Path, create: bool = False) -> None:
-        self._fd, self._memory, self._words = _mapped(Path(run_dir) / STATUS_FILE, 3, create)
+    def __init__(self, run_dir: Path, engine: int = 0, create: bool = False) -> None:
+        self._fd, self._memory, self._words = _mapped(Path(run_dir) / STATUS_FILE.format(engine), 3, create)
 
     @property
     def pid(self) -> int:
@@ -109,6 +120,11 @@ class SharedAdmission:
                     self._row = row
                     return index
         raise RuntimeError(f"all {MAX_FRONTENDS} front-end rows of the admission table are held")
+
+    def front_ends(self) -> int:
+        """Front ends serving now: rows claimed by live processes (a front end claims its row before it takes
+        requests, after Granian bound the main port)."""
+        return sum(1 for owner in self._table[:, 0] if owner and _alive(int(owner)))
 
     def release(self) -> None:
         """This process stops serving: its row is free again."""

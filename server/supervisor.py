@@ -5,7 +5,6 @@ front ends have drained, so that every request they hold is answered."""
 from __future__ import annotations
 
 import logging
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,8 +15,8 @@ from pathlib import Path
 
 from prometheus_client.multiprocess import mark_process_dead
 
-from latlab.server.engine import DRAIN_LIMIT_S, metrics_folder
-from latlab.server.shared import EngineStatus, SharedAdmission
+from latlab.server.engine import DRAIN_LIMIT_S
+from latlab.server.shared import EngineStatus, SharedAdmission, metrics_folder
 
 log = logging.getLogger("latlab.server.supervisor")
 RESTART_DELAYS_S = (0.2, 1.0, 2.0, 5.0, 10.0)
@@ -25,11 +24,12 @@ RESTART_DELAYS_S = (0.2, 1.0, 2.0, 5.0, 10.0)
 STABLE_S = 30.0
 
 
-def run_folder(deployments: int) -> Path:
-    """A fresh folder for the engine's socket, the shared status and admission files, and the metrics files."""
+def run_folder(deployments: int, engines: int = 1) -> Path:
+    """A fresh folder for the engines' sockets, the shared status and admission files, and the metrics files."""
     folder = Path(tempfile.mkdtemp(prefix="latlab-serve-"))
     Path(metrics_folder(folder)).mkdir()
-    EngineStatus(folder, create=True).close()
+    for index in range(engines):
+        EngineStatus(folder, index, create=True).close()
     SharedAdmission(folder, deployments, create=True).close()
     return folder
 
@@ -44,12 +44,13 @@ class EngineFailed(Exception):
 
 
 class Supervisor:
-    """One engine process for a config, kept running until stop()."""
+    """Engine `index` of a config (engine_groups), kept running until stop()."""
 
-    def __init__(self, config_path: str | Path, run_dir: Path, observer: str) -> None:
-        self.command = [sys.executable, "-m", "latlab.server.engine", str(config_path), str(run_dir), observer]
+    def __init__(self, config_path: str | Path, run_dir: Path, observer: str, index: int = 0) -> None:
+        self.command = [sys.executable, "-m", "latlab.server.engine", str(config_path), str(run_dir), observer,
+                        str(index)]
         self.run_dir = run_dir
-        self.status = EngineStatus(run_dir)
+        self.status = EngineStatus(run_dir, index)
         self.process: subprocess.Popen | None = None
         self.restarts = 0
         self._stopping = threading.Event()
@@ -101,7 +102,9 @@ class Supervisor:
             self._wait_ready(600.0)
 
     def stop(self) -> None:
-        """Stop the engine: SIGTERM (it answers what it holds), then SIGKILL past its drain limit."""
+        """Stop the engine: SIGTERM (it answers what it holds), then SIGKILL past its drain limit. Once."""
+        if self._stopping.is_set():
+            return
         self._stopping.set()
         process = self.process
         if process is not None and process.poll() is None:
@@ -115,4 +118,3 @@ class Supervisor:
         if self._watcher is not None:
             self._watcher.join(5)
         self.status.close()
-        shutil.rmtree(self.run_dir, ignore_errors=True)

@@ -111,21 +111,26 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
     log.info("%s", admission_summary(config))
     os.environ[CONFIG_ENV] = str(Path(config_path).resolve())
     os.environ[OBSERVER_ENV] = f"{address}:{observer}"  # the worker process inherits it
-    supervisor = None
+    supervisors = []
     if config.frontends > 1 or separate_engine:
+        from latlab.server.config import engine_groups
         from latlab.server.supervisor import EngineFailed, Supervisor, run_folder
 
-        run_dir = run_folder(len(config.deployments))
+        engines = engine_groups(config.deployments)
+        run_dir = run_folder(len(config.deployments), len(engines))
         os.environ[RUN_DIR_ENV] = str(run_dir)
-        supervisor = Supervisor(os.environ[CONFIG_ENV], run_dir, os.environ[OBSERVER_ENV])
+        supervisors = [Supervisor(os.environ[CONFIG_ENV], run_dir, os.environ[OBSERVER_ENV], index)
+                       for index in range(len(engines))]
         try:
-            supervisor.start()
+            for supervisor in supervisors:
+                supervisor.start()
         except EngineFailed as exc:
             if exc.code != 2:  # 2: the engine logged its one line
                 log.error("%s", exc)
+            stop_engines(supervisors, run_dir)
             raise SystemExit(2) from None
-        log.info("%d front-end processes feed the engine process %d (batchers and sessions)", config.frontends,
-                 supervisor.process.pid)
+        log.info("%d front-end processes feed %s", config.frontends, ", ".join(
+            f"the {key} engine process {s.process.pid}" for key, s in zip(engines, supervisors)))
     try:
         Granian(
             "latlab.server.wsgi:app_from_env",
@@ -145,8 +150,17 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
             log_access=False,
         ).serve()
     finally:
-        if supervisor is not None:  # after the front ends drained: the engine answers what they still wait on
-            supervisor.stop()
+        if supervisors:  # after the front ends drained: the engines answer what they still wait on
+            stop_engines(supervisors, run_dir)
+
+
+def stop_engines(supervisors: list, run_dir: Path) -> None:
+    """Stop every engine (each answers what it holds), then remove the run folder."""
+    import shutil
+
+    for supervisor in supervisors:
+        supervisor.stop()
+    shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def admission_summary(config: ServerConfig) -> str:

@@ -77,7 +77,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 def test_two_front_ends_and_one_engine_run(shared):
     front_ends, engine = processes(shared)
     assert len(front_ends) == FRONTENDS and engine is not None
-    assert "2 front-end processes feed the engine process" in shared.log.read_text()
+    assert "2 front-end processes feed the cpu engine process" in shared.log.read_text()
 
 
 def test_json_and_binary_infer_with_the_stock_triton_client(shared):
@@ -139,9 +139,9 @@ def test_metrics_count_every_front_end_and_the_engine(shared):
     assert requests.get(f"{shared.url}/metrics", timeout=10).text.count("latlab_server_requests_total{") >= 1
 
 
-def slow_server(folder: Path, **batcher: object):
+def slow_server(folder: Path, rows: int = 4096, **batcher: object):
     """The slow model behind a batcher that runs one request at a time, served by two front ends."""
-    model = build_slow_model(folder / "slow.onnx", layers=48, rows=4096)
+    model = build_slow_model(folder / "slow.onnx", layers=48, rows=rows)
     settings = {"max_batch_size": 1, "max_queue_delay_ms": 0, "timeout_ms": 120000, **batcher}
     return running_server(folder, [{"name": "slow", "model_path": str(model), "batcher": settings}],
                           frontends=FRONTENDS)
@@ -178,8 +178,9 @@ def run_time(server: Server) -> float:
 
 def test_admission_is_one_bound_across_front_ends(tmp_path):
     """Bound 3 (max_queue_size 2 + one batch of one): of 8 requests sent at once, whichever front end each
-    reaches, 3 are admitted and 5 refused with 503 + Retry-After (two separate counts would admit 6)."""
-    with slow_server(tmp_path, max_queue_size=2) as server:
+    reaches, 3 are admitted and 5 refused with 503 + Retry-After (two separate counts would admit 6). Runs of
+    the model long enough that all 8 arrive before the first admitted one is answered, on a busy machine too."""
+    with slow_server(tmp_path, rows=12288, max_queue_size=2) as server:
         assert len(processes(server)[0]) == FRONTENDS
         run_time(server)
         results, threads = concurrently(server, 8)
@@ -261,3 +262,48 @@ def test_sigterm_drains_every_process(tmp_path):
         assert server.process.wait(60) == 0
         assert not any(p.is_running() for p in [*front_ends, engine])
         assert not run_dir.exists()
+
+
+def engines_of(server: Server) -> dict[str, psutil.Process]:
+    """The engine processes by their index (the last argument of their command line)."""
+    children = psutil.Process(server.process.pid).children()
+    return {c.cmdline()[-1]: c for c in children if "latlab.server.engine" in " ".join(c.cmdline())}
+
+
+def test_each_engine_serves_its_deployments_and_fails_alone(tmp_path):
+    """Two deployments given engines of their own ([deployments] engine; by default one per device): each is
+    served by its engine through the same front ends, both are described on both ports, and when one engine
+    dies only its deployment answers 503 while the other keeps serving."""
+    model = build_tiny_model(tmp_path / "tiny.onnx")
+    deployments = [{"name": name, "model_path": str(model), "engine": name, "batcher": {"max_batch_size": 8}}
+                   for name in ("first", "second")]
+    with running_server(tmp_path, deployments, frontends=FRONTENDS) as server:
+        engines = engines_of(server)
+        assert sorted(engines) == ["0", "1"]
+        log = server.log.read_text()
+        assert "the first engine process" in log and "the second engine process" in log
+        x = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
+        for name in ("first", "second"):
+            response = server.infer(tiny_body(x), model=name)
+            assert response.status_code == 200 and np.allclose(output_of(response, (2, 3)), tiny_y(x), rtol=1e-4,
+                                                               atol=1e-5)
+        observer_metrics(server)
+        observer = f"http://127.0.0.1:{server.observer_port}"
+        for base in (server.url, observer):
+            for name in ("first", "second"):
+                assert requests.get(f"{base}/v2/models/{name}", timeout=10).json()["name"] == name
+            assert requests.get(f"{base}/v2/health/ready", timeout=10).status_code == 200
+        text = observer_metrics(server)
+        assert all(sample(text, "latlab_batcher_batches_total", deployment=n, outcome="ok") >= 1
+                   for n in ("first", "second"))
+        engines["1"].send_signal(signal.SIGKILL)
+        engines["1"].wait(30)
+        # the supervisor waits before restarting and a new engine must start Python and load: refused meanwhile
+        down = server.infer(tiny_body(x), model="second")
+        assert down.status_code == 503 and "engine" in down.json()["error"], down.text
+        assert server.infer(tiny_body(x), model="first").status_code == 200
+        assert requests.get(f"{server.url}/v2/health/ready", timeout=10).status_code != 200
+        wait_for(lambda: requests.get(f"{server.url}/v2/health/ready", timeout=10).status_code == 200,
+                 "the second engine is back", limit_s=120)
+        assert engines_of(server)["1"].pid != engines["1"].pid and engines_of(server)["0"].pid == engines["0"].pid
+        assert server.infer(tiny_body(x), model="second").status_code == 200
