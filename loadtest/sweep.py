@@ -471,6 +471,9 @@ def _extend_until_decided(plan: SweepPlan, recorder: Recorder, start: float, lag
     while plan.slos_s and added < plan.decide_windows:
         counted = min(3, len(windows) - added) + added
         end = start + len(windows) * plan.window_seconds
+        # A request still unanswered counts its age so far; read once every one is answered or older than the
+        # largest bound, so none that will end over it passes for within it (and the step for decided).
+        gevent.sleep(max(0.0, end + max(plan.slos_s) + lag - time.time()))
         _, latencies, _ = recorder.window_detail(end - counted * plan.window_seconds, end, time.time())
         open_ = [d for d in (decide(latencies, slo, 0.99, plan.confidence) for slo in plan.slos_s)
                  if d.verdict == "undecided"]
