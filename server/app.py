@@ -85,11 +85,6 @@ def create_app(config: ServerConfig, registry: CollectorRegistry | None = None,
     # read_body enforces the limit itself.
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes + 1
     state = app.extensions["latlab"] = ServerState(config, registry or CollectorRegistry(), shown, require_one)
-    return with_routes(app, state)
-
-
-def with_routes(app: Flask, state) -> Flask:
-    """The server's routes on `app`, answered from `state` (a ServerState, or a front end's: frontend.py)."""
     app.register_blueprint(routes)
     infer_route = InferRoute(app.wsgi_app, state)
     app.wsgi_app = infer_route  # type: ignore[method-assign]  # Flask's documented middleware hook

@@ -8,12 +8,10 @@ from __future__ import annotations
 import msgpack
 import numpy as np
 
-from latlab.server import errors
 from latlab.server.errors import ServingError
+from latlab.server.fastpath import STATUS
 
-ERRORS = {cls.__name__: cls for cls in (errors.BadRequest, errors.Unauthorized, errors.PayloadTooLarge,
-                                        errors.UnsupportedMediaType, errors.ModelNotFound, errors.ModelNotReady,
-                                        errors.QueueFull, errors.RequestTimeout, errors.ComputeError)}
+ERRORS = {cls.__name__: cls for cls in STATUS}
 """The serving errors an engine answers with, by name: the front end raises the same kind, so that statuses
 and headers (fastpath.error_answer) are those of a one-process server."""
 

@@ -7,7 +7,6 @@ import ipaddress
 import logging
 import os
 from pathlib import Path
-
 from typing import Callable, Iterable
 
 from flask import Flask
