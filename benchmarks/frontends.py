@@ -24,12 +24,14 @@ Every deployment runs ORT on one intra-op thread without spinning, as the lab's 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import psutil
@@ -77,41 +79,42 @@ def mean_request_s(url: str, deployment: str) -> tuple[float, float]:
     return found.get("_sum", 0.0), found.get("_count", 0.0)
 
 
-def hop_round(folder: Path, model: Path, layout: str, n: int) -> dict:
+@contextlib.contextmanager
+def layout_serving(folder: Path, name: str, models: dict[str, tuple[Path, dict]], layout: str
+                   ) -> Iterator[tuple[str, int]]:
+    """The server of `models` in one of LAYOUTS, ready: (its URL, its pid); stopped on leaving."""
     frontends, engine = LAYOUTS[layout]
     port = procs.free_port()
-    config = write_config(folder / "hop.toml", port, {"mlp-b1": (model, {"max_batch_size": 1})})
-    process = start(config, folder / "hop.log", frontends, engine)
+    process = start(write_config(folder / f"{name}.toml", port, models), folder / f"{name}.log", frontends, engine)
     url = f"http://127.0.0.1:{port}"
     try:
-        procs.wait_ready(f"{url}/v2/health/ready", process, timeout_s=120, log_path=folder / "hop.log")
+        procs.wait_ready(f"{url}/v2/health/ready", process, timeout_s=120, log_path=folder / f"{name}.log")
+        yield url, process.pid
+    finally:
+        procs.stop(process)
+
+
+def hop_round(folder: Path, model: Path, layout: str, n: int) -> dict:
+    with layout_serving(folder, "hop", {"mlp-b1": (model, {"max_batch_size": 1})}, layout) as (url, pid):
         session = requests.Session()
         body = json_infer_body(np.random.default_rng(0).standard_normal((1, 4)).astype(np.float32))
         post = f"{url}/v2/models/mlp-b1/infer"
         for _ in range(200):
             session.post(post, data=body, headers={"Content-Type": "application/json"}).raise_for_status()
-        server_before, cpu_before = mean_request_s(url, "mlp-b1"), server_cpu(process.pid)
+        server_before, cpu_before = mean_request_s(url, "mlp-b1"), server_cpu(pid)
         started = time.perf_counter()
         for _ in range(n):
             session.post(post, data=body, headers={"Content-Type": "application/json"})
         client_s = (time.perf_counter() - started) / n
-        cpu_after, server_after = server_cpu(process.pid), mean_request_s(url, "mlp-b1")
+        cpu_after, server_after = server_cpu(pid), mean_request_s(url, "mlp-b1")
         served = (server_after[0] - server_before[0]) / max(1.0, server_after[1] - server_before[1])
         return {"client_us": client_s * 1e6, "server_us": served * 1e6,
                 **{f"cpu {k} us": (cpu_after[k] - cpu_before[k]) / n * 1e6 for k in cpu_after}}
-    finally:
-        procs.stop(process)
 
 
 def served_rate(folder: Path, models: dict[str, tuple[Path, dict]], layout: str) -> dict[str, dict]:
-    frontends, engine = LAYOUTS[layout]
-    port = procs.free_port()
-    config = write_config(folder / "rate.toml", port, models)
-    process = start(config, folder / "rate.log", frontends, engine)
-    url = f"http://127.0.0.1:{port}"
     found = {}
-    try:
-        procs.wait_ready(f"{url}/v2/health/ready", process, timeout_s=120, log_path=folder / "rate.log")
+    with layout_serving(folder, "rate", models, layout) as (url, _):
         for name in models:
             out = folder / f"{name}-{layout.replace(' ', '_').replace('+', 'and')}"
             (curve,) = loadtest(url, [name], out, "--rates", "2000,4000,6000,8000", "--slos", "25ms",
@@ -119,30 +122,21 @@ def served_rate(folder: Path, models: dict[str, tuple[Path, dict]], layout: str)
                                 "--warmup-seconds", "1")
             (bracket,) = curve["slo_brackets"]
             found[name] = bracket
-    finally:
-        procs.stop(process)
     return found
 
 
 def cpu_split(folder: Path, model: Path, layout: str, rate: float) -> dict:
-    frontends, engine = LAYOUTS[layout]
-    port = procs.free_port()
-    config = write_config(folder / "split.toml", port, {"mlp-batch": (model, {"max_batch_size": 64,
-                                                                               "max_queue_delay_ms": 2.0})})
-    process = start(config, folder / "split.log", frontends, engine)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        procs.wait_ready(f"{url}/v2/health/ready", process, timeout_s=120, log_path=folder / "split.log")
-        before, count_before = server_cpu(process.pid), mean_request_s(url, "mlp-batch")[1]
-        (curve,) = loadtest(url, ["mlp-batch"], folder / f"split-{frontends}-{engine}", "--rates", f"{rate:g}",
+    batched = {"mlp-batch": (model, {"max_batch_size": 64, "max_queue_delay_ms": 2.0})}
+    with layout_serving(folder, "split", batched, layout) as (url, pid):
+        before, count_before = server_cpu(pid), mean_request_s(url, "mlp-batch")[1]
+        out = folder / f"split-{layout.replace(' ', '_').replace('+', 'and')}"
+        (curve,) = loadtest(url, ["mlp-batch"], out, "--rates", f"{rate:g}",
                             "--step-seconds", "10", "--max-windows", "1", "--warmup-seconds", "0", "--slo-steps", "0")
-        after, count_after = server_cpu(process.pid), mean_request_s(url, "mlp-batch")[1]
+        after, count_after = server_cpu(pid), mean_request_s(url, "mlp-batch")[1]
         answered = count_after - count_before
         (step,) = curve["steps"]
         return {"answered": answered, "p99_ms": step["p99_s"] * 1e3,
                 **{k: (after[k] - before[k]) / answered * 1e6 for k in after}}
-    finally:
-        procs.stop(process)
 
 
 def engine_alone(folder: Path, model: Path, seconds: float = 8.0, threads: int = 16) -> dict:
