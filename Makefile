@@ -22,8 +22,9 @@ lab: $(STAMP)
 	$(BIN)/latlab lab
 
 test: $(STAMP)
-	# lint first (config: [tool.ruff] in pyproject.toml); a violation fails the target before the tests run
+	# lint and format check first (config: [tool.ruff] in pyproject.toml); a violation fails the target before the tests run
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q
 
 bench-wsgi: $(STAMP)

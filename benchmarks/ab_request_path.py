@@ -34,11 +34,18 @@ def serve(config: Path, port: int, folder: Path, pythonpath: str | None) -> subp
     """`latlab serve` from a neutral working directory, so that `-m` finds the version asked for (not ./latlab)."""
     env = {**os.environ, "PYTHONPATH": pythonpath} if pythonpath else dict(os.environ)
     log = open(folder / f"server-{port}.log", "wb")
-    process = subprocess.Popen([sys.executable, "-m", "latlab.cli", "serve", "--config", str(config)], cwd=folder,
-                               env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "latlab.cli", "serve", "--config", str(config)],
+        cwd=folder,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     log.close()
-    procs.wait_ready(f"http://127.0.0.1:{port}/v2/health/ready", process, timeout_s=120,
-                     log_path=folder / f"server-{port}.log")
+    procs.wait_ready(
+        f"http://127.0.0.1:{port}/v2/health/ready", process, timeout_s=120, log_path=folder / f"server-{port}.log"
+    )
     return process
 
 
@@ -62,8 +69,13 @@ def main() -> None:
     parser.add_argument("--other", required=True, help="PYTHONPATH holding the other version's `latlab` package")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--n", type=int, default=2000, help="requests per version per round")
-    parser.add_argument("--setting", action="append", default=[], metavar="KEY=VALUE",
-                        help="a [server] setting for this checkout's server only, e.g. threads=64 (repeatable)")
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a [server] setting for this checkout's server only, e.g. threads=64 (repeatable)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -81,8 +93,11 @@ def main() -> None:
             for round_ in range(args.rounds):
                 new, other = alternate(urls, args.n)
                 ratios.append(new / other)
-                print(f"round {round_ + 1}: this checkout {new * 1e6:.0f} us, other {other * 1e6:.0f} us, "
-                      f"ratio {new / other:.3f}", flush=True)
+                print(
+                    f"round {round_ + 1}: this checkout {new * 1e6:.0f} us, other {other * 1e6:.0f} us, "
+                    f"ratio {new / other:.3f}",
+                    flush=True,
+                )
             print(f"ratio this / other: median {np.median(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f})")
         finally:
             for server in servers:

@@ -64,8 +64,9 @@ def lone_requests(run: Callable, x: np.ndarray, adaptive: bool, delay_ms: float,
     return statistics.median(latencies) * 1e3
 
 
-def poisson_load(run: Callable, x: np.ndarray, adaptive: bool, delay_ms: float, rate: float,
-                 seconds: float = 2.0) -> tuple[float, float]:
+def poisson_load(
+    run: Callable, x: np.ndarray, adaptive: bool, delay_ms: float, rate: float, seconds: float = 2.0
+) -> tuple[float, float]:
     """(mean batch size, median latency in ms from the scheduled arrival) under open-loop Poisson arrivals."""
     sizes = BatchSizes()
     batcher = DynamicBatcher(run, settings(adaptive, delay_ms), sizes)

@@ -17,8 +17,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import (Served, batching, export_zoo, loadtest, ort_b1_model, p50_in_process, serving,  # noqa: E402
-                     write_config)
+from harness import (
+    Served,
+    batching,
+    export_zoo,
+    loadtest,
+    ort_b1_model,
+    p50_in_process,
+    serving,  # noqa: E402
+    write_config,
+)
 
 from latlab.common import procs  # noqa: E402
 
@@ -30,8 +38,11 @@ QUEUE = "latlab_batcher_queue_duration_seconds"
 
 def totals(served: Served) -> dict[str, float]:
     """The server's summed run time, run count and queue wait so far."""
-    return {"run_s": served.value(f"{COMPUTE}_sum", DEPLOYMENT), "runs": served.value(f"{COMPUTE}_count", DEPLOYMENT),
-            "queue_s": served.value(f"{QUEUE}_sum", DEPLOYMENT)}
+    return {
+        "run_s": served.value(f"{COMPUTE}_sum", DEPLOYMENT),
+        "runs": served.value(f"{COMPUTE}_count", DEPLOYMENT),
+        "queue_s": served.value(f"{QUEUE}_sum", DEPLOYMENT),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -52,19 +63,42 @@ def main(argv: list[str] | None = None) -> None:
     with serving(config, port, work / "server.log") as served:
         worker = served.worker()
         for rate in (float(r) for r in args.rates.split(",")):
-            loadtest(served.url, [DEPLOYMENT], work / "warm-up", "--rates", f"{rate:g}", "--step-seconds", "2",
-                     "--warmup-seconds", "0")
+            loadtest(
+                served.url,
+                [DEPLOYMENT],
+                work / "warm-up",
+                "--rates",
+                f"{rate:g}",
+                "--step-seconds",
+                "2",
+                "--warmup-seconds",
+                "0",
+            )
             before, cpu_before, started = totals(served), worker.cpu_times(), time.monotonic()
-            step = loadtest(served.url, [DEPLOYMENT], work / f"step-{rate:g}", "--rates", f"{rate:g}",
-                            "--step-seconds", "6", "--warmup-seconds", "0", "--max-windows", "3")[0]["steps"][0]
+            step = loadtest(
+                served.url,
+                [DEPLOYMENT],
+                work / f"step-{rate:g}",
+                "--rates",
+                f"{rate:g}",
+                "--step-seconds",
+                "6",
+                "--warmup-seconds",
+                "0",
+                "--max-windows",
+                "3",
+            )[0]["steps"][0]
             after, cpu_after, wall = totals(served), worker.cpu_times(), time.monotonic() - started
             runs = after["runs"] - before["runs"]
             run_s = after["run_s"] - before["run_s"]
             cores = (cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system) / wall
-            print(f"{rate:6.0f}/s: achieved {step['achieved_rps']:6.0f}/s  p99 {step['p99_s'] * 1e3:6.1f} ms  "
-                  f"run {run_s / runs * 1e3:.3f} ms  instance busy {run_s / wall:4.0%}  "
-                  f"queue wait {(after['queue_s'] - before['queue_s']) / runs * 1e3:6.2f} ms  "
-                  f"server {cores:.2f} cores  generator {step['generator_cpu_percent']:.0f}% of a core", flush=True)
+            print(
+                f"{rate:6.0f}/s: achieved {step['achieved_rps']:6.0f}/s  p99 {step['p99_s'] * 1e3:6.1f} ms  "
+                f"run {run_s / runs * 1e3:.3f} ms  instance busy {run_s / wall:4.0%}  "
+                f"queue wait {(after['queue_s'] - before['queue_s']) / runs * 1e3:6.2f} ms  "
+                f"server {cores:.2f} cores  generator {step['generator_cpu_percent']:.0f}% of a core",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from latlab.report.bench_pivot import gpu_speedup, pivot
 
+
 def experiment_table(experiment: dict) -> list[str]:
     """One markdown table: a row per swept value, a column per backend's median ms, and ORT's GPU speed-up."""
     backends, rows = pivot(experiment)
@@ -29,12 +30,17 @@ def document(paths: list[Path]) -> str:
     for path in paths:
         bench = json.loads(path.read_text())
         machine = bench["machine"]
-        where = (f"{machine.get('gpu') or 'no GPU'} + {machine['cpu']} ({machine['cores']} cores), "
-                 f"ORT {machine['ort_version']}")
+        where = (
+            f"{machine.get('gpu') or 'no GPU'} + {machine['cpu']} ({machine['cores']} cores), "
+            f"ORT {machine['ort_version']}"
+        )
         for experiment in bench["experiments"]:
             fixed = ", ".join(f"{k}={v}" for k, v in experiment["fixed"].items())
-            out += [f"### {experiment['name']} ({fixed}): {where}",
-                    f"From `{path.name}`, created {bench['created']}.", ""]
+            out += [
+                f"### {experiment['name']} ({fixed}): {where}",
+                f"From `{path.name}`, created {bench['created']}.",
+                "",
+            ]
             out += experiment_table(experiment) + [""]
     return "\n".join(out)
 

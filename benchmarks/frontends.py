@@ -1,4 +1,4 @@
-"""Front-end processes against one process, side by side in one run (issue 31): the cost of the hop to the engine
+"""Front-end processes against one process, side by side in one run: the cost of the hop to the engine
 per request, and the rate each layout serves at p99 <= 25 ms.
 
     .venv/bin/python benchmarks/frontends.py [--models-dir DIR] [--requests 2000] [--rounds 3] [--skip-rates]
@@ -47,8 +47,9 @@ LAYOUTS = {"one process": (1, False), "1 front end + engine": (1, True), "2 fron
 
 
 def start(config: Path, log: Path, frontends: int, engine: bool) -> subprocess.Popen:
-    code = (f"from latlab.server.wsgi import serve; serve({str(config)!r}, frontends={frontends}, "
-            f"separate_engine={engine})")
+    code = (
+        f"from latlab.server.wsgi import serve; serve({str(config)!r}, frontends={frontends}, separate_engine={engine})"
+    )
     return procs.start([sys.executable, "-c", code], log_path=log)
 
 
@@ -73,15 +74,18 @@ def mean_request_s(url: str, deployment: str) -> tuple[float, float]:
     found = {}
     for line in text.splitlines():
         for part in ("_sum", "_count"):
-            if line.startswith(f"latlab_server_request_duration_seconds{part}{{") and \
-                    f'deployment="{deployment}"' in line:
+            if (
+                line.startswith(f"latlab_server_request_duration_seconds{part}{{")
+                and f'deployment="{deployment}"' in line
+            ):
                 found[part] = float(line.split()[-1])
     return found.get("_sum", 0.0), found.get("_count", 0.0)
 
 
 @contextlib.contextmanager
-def layout_serving(folder: Path, name: str, models: dict[str, tuple[Path, dict]], layout: str
-                   ) -> Iterator[tuple[str, int]]:
+def layout_serving(
+    folder: Path, name: str, models: dict[str, tuple[Path, dict]], layout: str
+) -> Iterator[tuple[str, int]]:
     """The server of `models` in one of LAYOUTS, ready: (its URL, its pid); stopped on leaving."""
     frontends, engine = LAYOUTS[layout]
     port = procs.free_port()
@@ -108,8 +112,11 @@ def hop_round(folder: Path, model: Path, layout: str, n: int) -> dict:
         client_s = (time.perf_counter() - started) / n
         cpu_after, server_after = server_cpu(pid), mean_request_s(url, "mlp-b1")
         served = (server_after[0] - server_before[0]) / max(1.0, server_after[1] - server_before[1])
-        return {"client_us": client_s * 1e6, "server_us": served * 1e6,
-                **{f"cpu {k} us": (cpu_after[k] - cpu_before[k]) / n * 1e6 for k in cpu_after}}
+        return {
+            "client_us": client_s * 1e6,
+            "server_us": served * 1e6,
+            **{f"cpu {k} us": (cpu_after[k] - cpu_before[k]) / n * 1e6 for k in cpu_after},
+        }
 
 
 def served_rate(folder: Path, models: dict[str, tuple[Path, dict]], layout: str) -> dict[str, dict]:
@@ -117,9 +124,25 @@ def served_rate(folder: Path, models: dict[str, tuple[Path, dict]], layout: str)
     with layout_serving(folder, "rate", models, layout) as (url, _):
         for name in models:
             out = folder / f"{name}-{layout.replace(' ', '_').replace('+', 'and')}"
-            (curve,) = loadtest(url, [name], out, "--rates", "2000,4000,6000,8000", "--slos", "25ms",
-                                "--resolution", "0.1", "--slo-steps", "8", "--step-seconds", "3", "--max-windows", "4",
-                                "--warmup-seconds", "1")
+            (curve,) = loadtest(
+                url,
+                [name],
+                out,
+                "--rates",
+                "2000,4000,6000,8000",
+                "--slos",
+                "25ms",
+                "--resolution",
+                "0.1",
+                "--slo-steps",
+                "8",
+                "--step-seconds",
+                "3",
+                "--max-windows",
+                "4",
+                "--warmup-seconds",
+                "1",
+            )
             (bracket,) = curve["slo_brackets"]
             found[name] = bracket
     return found
@@ -130,13 +153,29 @@ def cpu_split(folder: Path, model: Path, layout: str, rate: float) -> dict:
     with layout_serving(folder, "split", batched, layout) as (url, pid):
         before, count_before = server_cpu(pid), mean_request_s(url, "mlp-batch")[1]
         out = folder / f"split-{layout.replace(' ', '_').replace('+', 'and')}"
-        (curve,) = loadtest(url, ["mlp-batch"], out, "--rates", f"{rate:g}",
-                            "--step-seconds", "10", "--max-windows", "1", "--warmup-seconds", "0", "--slo-steps", "0")
+        (curve,) = loadtest(
+            url,
+            ["mlp-batch"],
+            out,
+            "--rates",
+            f"{rate:g}",
+            "--step-seconds",
+            "10",
+            "--max-windows",
+            "1",
+            "--warmup-seconds",
+            "0",
+            "--slo-steps",
+            "0",
+        )
         after, count_after = server_cpu(pid), mean_request_s(url, "mlp-batch")[1]
         answered = count_after - count_before
         (step,) = curve["steps"]
-        return {"answered": answered, "p99_ms": step["p99_s"] * 1e3,
-                **{k: (after[k] - before[k]) / answered * 1e6 for k in after}}
+        return {
+            "answered": answered,
+            "p99_ms": step["p99_s"] * 1e3,
+            **{k: (after[k] - before[k]) / answered * 1e6 for k in after},
+        }
 
 
 def engine_alone(folder: Path, model: Path, seconds: float = 8.0, threads: int = 16) -> dict:
@@ -148,12 +187,18 @@ def engine_alone(folder: Path, model: Path, seconds: float = 8.0, threads: int =
     from latlab.server.shared import EngineStatus
     from latlab.server.supervisor import run_folder
 
-    config = write_config(folder / "engine.toml", procs.free_port(),
-                          {"mlp-batch": (model, {"max_batch_size": 64, "max_queue_delay_ms": 2.0})})
+    config = write_config(
+        folder / "engine.toml",
+        procs.free_port(),
+        {"mlp-batch": (model, {"max_batch_size": 64, "max_queue_delay_ms": 2.0})},
+    )
     run_dir = run_folder(1)
     status = EngineStatus(run_dir)
-    engine = subprocess.Popen([sys.executable, "-m", "latlab.server.engine", str(config), str(run_dir),
-                               f"127.0.0.1:{procs.free_port()}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    engine = subprocess.Popen(
+        [sys.executable, "-m", "latlab.server.engine", str(config), str(run_dir), f"127.0.0.1:{procs.free_port()}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     status.starting(engine.pid)
     try:
         while not status.ready:
@@ -166,8 +211,17 @@ def engine_alone(folder: Path, model: Path, seconds: float = 8.0, threads: int =
         def send(index: int, until: float) -> None:
             while time.monotonic() < until:
                 described, frames = tensor_frames({"x": x})
-                client.call({"kind": "infer", "model": "mlp-batch", "inputs": described, "outputs": None,
-                             "parameters": {}, "finite": []}, frames)
+                client.call(
+                    {
+                        "kind": "infer",
+                        "model": "mlp-batch",
+                        "inputs": described,
+                        "outputs": None,
+                        "parameters": {},
+                        "finite": [],
+                    },
+                    frames,
+                )
                 answered[index] += 1
 
         before = psutil.Process(engine.pid).cpu_times()
@@ -201,16 +255,22 @@ def main() -> None:
     models_dir = args.models_dir or folder / "models"
     mlp = export_zoo(models_dir, "mlp")
     ffn = export_zoo(models_dir, "ffn", "--d-model", "128", "--n-layers", "128")
-    print(f"machine: {psutil.cpu_count()} cores; {args.requests} sequential batch-1 mlp requests per layout, "
-          f"{args.rounds} rounds")
+    print(
+        f"machine: {psutil.cpu_count()} cores; {args.requests} sequential batch-1 mlp requests per layout, "
+        f"{args.rounds} rounds"
+    )
     print(f"CPU per request answered, mlp-batch at {args.split_rate:g} req/s for 10 s (us: all, front ends, engine)")
     for layout in LAYOUTS:
         row = cpu_split(folder, mlp, layout, args.split_rate)
-        print(f"  {layout:<24}{row['all']:>6.0f}{row['front ends']:>8.0f}{row['engine']:>8.0f}   "
-              f"({row['answered']:.0f} answered, p99 {row['p99_ms']:.1f} ms)")
+        print(
+            f"  {layout:<24}{row['all']:>6.0f}{row['front ends']:>8.0f}{row['engine']:>8.0f}   "
+            f"({row['answered']:.0f} answered, p99 {row['p99_ms']:.1f} ms)"
+        )
     alone = engine_alone(folder, mlp)
-    print(f"engine alone, saturated by 16 client threads: {alone['rps']:.0f} req/s, {alone['cpu_us']:.0f} us CPU "
-          f"per request, {alone['cores']:.2f} cores")
+    print(
+        f"engine alone, saturated by 16 client threads: {alone['rps']:.0f} req/s, {alone['cpu_us']:.0f} us CPU "
+        f"per request, {alone['cores']:.2f} cores"
+    )
     if args.only_split:
         return
     rounds: dict[str, list[dict]] = {layout: [] for layout in LAYOUTS}
@@ -221,29 +281,40 @@ def main() -> None:
         hop_table(rounds)
     if args.skip_rates:
         return
-    batched = {"mlp-batch": (mlp, {"max_batch_size": 64, "max_queue_delay_ms": 2.0}),
-               "ffn-batch": (ffn, {"max_batch_size": 64, "max_queue_delay_ms": 2.0})}
+    batched = {
+        "mlp-batch": (mlp, {"max_batch_size": 64, "max_queue_delay_ms": 2.0}),
+        "ffn-batch": (ffn, {"max_batch_size": 64, "max_queue_delay_ms": 2.0}),
+    }
     print("served rate at p99 <= 25 ms (bracket: highest rate met .. lowest broken above it)")
     for layout in LAYOUTS:
         for name, bracket in served_rate(folder, batched, layout).items():
             met = bracket["met_rps"]
-            print(f"  {layout:<24}{name:<11}{(met or 0):>7.0f} req/s  (broke at {bracket['broke_rps']}; "
-                  f"{bracket['meaning']})", flush=True)
+            print(
+                f"  {layout:<24}{name:<11}{(met or 0):>7.0f} req/s  (broke at {bracket['broke_rps']}; "
+                f"{bracket['meaning']})",
+                flush=True,
+            )
 
 
 def hop_table(rounds: dict[str, list[dict]]) -> None:
-    table = {layout: {key: statistics.median(r[key] for r in results) for key in results[0]}
-             for layout, results in rounds.items()}
+    table = {
+        layout: {key: statistics.median(r[key] for r in results) for key in results[0]}
+        for layout, results in rounds.items()
+    }
     print(f"{'layout':<24}{'client us':>11}{'server us':>11}{'CPU us':>9}{'front ends':>12}{'engine':>9}")
     for layout, row in table.items():
-        print(f"{layout:<24}{row['client_us']:>11.0f}{row['server_us']:>11.0f}{row['cpu all us']:>9.0f}"
-              f"{row['cpu front ends us']:>12.0f}{row['cpu engine us']:>9.0f}")
+        print(
+            f"{layout:<24}{row['client_us']:>11.0f}{row['server_us']:>11.0f}{row['cpu all us']:>9.0f}"
+            f"{row['cpu front ends us']:>12.0f}{row['cpu engine us']:>9.0f}"
+        )
     one, hop = table["one process"], table["1 front end + engine"]
-    print(f"hop: +{hop['client_us'] - one['client_us']:.0f} us per request as the client sees it "
-          f"({(hop['client_us'] - one['client_us']) / one['client_us']:.0%} of a one-process batch-1 mlp request), "
-          f"+{hop['server_us'] - one['server_us']:.0f} us of server time, "
-          f"+{hop['cpu all us'] - one['cpu all us']:.0f} us of CPU "
-          f"({(hop['cpu all us'] - one['cpu all us']) / one['cpu all us']:.0%})")
+    print(
+        f"hop: +{hop['client_us'] - one['client_us']:.0f} us per request as the client sees it "
+        f"({(hop['client_us'] - one['client_us']) / one['client_us']:.0%} of a one-process batch-1 mlp request), "
+        f"+{hop['server_us'] - one['server_us']:.0f} us of server time, "
+        f"+{hop['cpu all us'] - one['cpu all us']:.0f} us of CPU "
+        f"({(hop['cpu all us'] - one['cpu all us']) / one['cpu all us']:.0%})"
+    )
 
 
 if __name__ == "__main__":

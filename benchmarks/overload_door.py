@@ -1,4 +1,4 @@
-"""Issue 21's reproduction as a user would try it: one deployment of ~10 ms a run, batching off, the default
+"""Overload at the door, as a user would try it: one deployment of ~10 ms a run, batching off, the default
 max_queue_size (256), and wrk with 300 connections for 12 s (closed loop: a refused connection asks again at
 once), while another process probes /metrics and /v2/health/ready every 0.1 s on the main port and, when the
 server has one, on its observer port.
@@ -38,15 +38,26 @@ from tests.reliability.crowd import BODY, INFER, Probe  # noqa: E402
 from tests.reliability.test_overload import build_slow_model  # noqa: E402
 
 PROBED = ("/metrics", "/v2/health/ready")
-WRK_SCRIPT = ('wrk.method = "POST"\nwrk.body = \'{body}\'\nwrk.headers["Content-Type"] = "application/json"\n')
+WRK_SCRIPT = 'wrk.method = "POST"\nwrk.body = \'{body}\'\nwrk.headers["Content-Type"] = "application/json"\n'
 
 
 def write_config(path: Path, model: Path, port: int, settings: list[str]) -> Path:
     """One slow deployment, batching off; `settings` are --setting's 'KEY = VALUE' lines of [server]."""
     server = {"port": port, **tomllib.loads("\n".join(settings))}
-    return save_config({"server": server, "deployments": [
-        {"name": "slow", "model_path": model, "cpu": {"intra_op_threads": 1, "allow_spinning": False},
-         "batcher": {"max_batch_size": 1}}]}, path)
+    return save_config(
+        {
+            "server": server,
+            "deployments": [
+                {
+                    "name": "slow",
+                    "model_path": model,
+                    "cpu": {"intra_op_threads": 1, "allow_spinning": False},
+                    "batcher": {"max_batch_size": 1},
+                }
+            ],
+        },
+        path,
+    )
 
 
 def probe_process(urls: list[str], stop, results) -> None:
@@ -58,8 +69,9 @@ def probe_process(urls: list[str], stop, results) -> None:
     for probe in probes:
         probe.stopping.set()
         probe.join(35)
-    results.put({probe.url: [(t, s, status, queue_depth(text)) for t, s, status, text in probe.samples]
-                 for probe in probes})
+    results.put(
+        {probe.url: [(t, s, status, queue_depth(text)) for t, s, status, text in probe.samples] for probe in probes}
+    )
 
 
 def queue_depth(metrics_text: str) -> float | None:
@@ -92,11 +104,14 @@ def summarise(samples: dict, start: float, end: float) -> dict:
     for url, taken in samples.items():
         during = [s for s in taken if start <= s[0] <= end]
         seconds = [s[1] for s in during]
-        out[url] = {"probes": len(during), "answered": sum(s[2] == 200 for s in during),
-                    "p50_s": float(np.percentile(seconds, 50)) if seconds else None,
-                    "p99_s": float(np.percentile(seconds, 99)) if seconds else None,
-                    "max_s": max(seconds, default=None),
-                    "queue_depth_max": max((s[3] for s in during if s[3] is not None), default=None)}
+        out[url] = {
+            "probes": len(during),
+            "answered": sum(s[2] == 200 for s in during),
+            "p50_s": float(np.percentile(seconds, 50)) if seconds else None,
+            "p99_s": float(np.percentile(seconds, 99)) if seconds else None,
+            "max_s": max(seconds, default=None),
+            "queue_depth_max": max((s[3] for s in during if s[3] is not None), default=None),
+        }
     return out
 
 
@@ -118,8 +133,22 @@ def run(args: argparse.Namespace, folder: Path) -> dict:
         lua = folder / "post.lua"
         lua.write_text(WRK_SCRIPT.format(body=BODY.decode()))
         start = time.time()
-        wrk = subprocess.run(["wrk", "-t2", f"-c{args.connections}", f"-d{args.seconds}s", "--timeout", "30s",
-                              "-s", str(lua), url + INFER], capture_output=True, text=True, timeout=args.seconds + 90)
+        wrk = subprocess.run(
+            [
+                "wrk",
+                "-t2",
+                f"-c{args.connections}",
+                f"-d{args.seconds}s",
+                "--timeout",
+                "30s",
+                "-s",
+                str(lua),
+                url + INFER,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=args.seconds + 90,
+        )
         end = time.time()
         stop.set()
         samples = results.get(timeout=120)
@@ -128,16 +157,28 @@ def run(args: argparse.Namespace, folder: Path) -> dict:
     finally:
         stop.set()
         procs.stop(server)
-    return {"version": args.other or "this checkout", "settings": args.setting, "capacity_rps": rate,
-            "connections": args.connections, "seconds": args.seconds, "wrk": wrk.stdout,
-            "server_requests": counts, "probes": summarise(samples, start, end)}
+    return {
+        "version": args.other or "this checkout",
+        "settings": args.setting,
+        "capacity_rps": rate,
+        "connections": args.connections,
+        "seconds": args.seconds,
+        "wrk": wrk.stdout,
+        "server_requests": counts,
+        "probes": summarise(samples, start, end),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--other", help="PYTHONPATH holding another version's `latlab` package, served instead")
-    parser.add_argument("--setting", action="append", default=[], metavar="'KEY = VALUE'",
-                        help="a [server] setting (repeatable), e.g. 'threads = 64'")
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="'KEY = VALUE'",
+        help="a [server] setting (repeatable), e.g. 'threads = 64'",
+    )
     parser.add_argument("--connections", type=int, default=300)
     parser.add_argument("--seconds", type=int, default=12)
     parser.add_argument("--layers", type=int, default=80, help="the slow model's depth (~10 ms a run at 80 here)")
@@ -148,9 +189,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         figures = run(args, Path(tmp))
     for url, probed in figures["probes"].items():
-        print(f"{url}: {probed['answered']}/{probed['probes']} answered, p50 {probed['p50_s'] * 1e3:.1f} ms, "
-              f"p99 {probed['p99_s'] * 1e3:.1f} ms, max {probed['max_s'] * 1e3:.1f} ms, "
-              f"queue depth max {probed['queue_depth_max']}")
+        print(
+            f"{url}: {probed['answered']}/{probed['probes']} answered, p50 {probed['p50_s'] * 1e3:.1f} ms, "
+            f"p99 {probed['p99_s'] * 1e3:.1f} ms, max {probed['max_s'] * 1e3:.1f} ms, "
+            f"queue depth max {probed['queue_depth_max']}"
+        )
     print(f"capacity {figures['capacity_rps']:.0f} req/s one at a time; server answered {figures['server_requests']}")
     print(figures["wrk"])
     if args.out:

@@ -37,17 +37,30 @@ from latlab.server.config import save_config  # noqa: E402
 from tests.reliability.crowd import BODY, INFER  # noqa: E402
 from tests.reliability.test_overload import build_slow_model, worker_of  # noqa: E402
 
-WRK_SCRIPT = ('wrk.method = "POST"\nwrk.body = \'{body}\'\nwrk.headers["Content-Type"] = "application/json"\n'
-              'done = function(summary, latency, requests)\n'
-              '  io.write(string.format("statuses %d %d\\n", summary.requests, summary.errors.status))\nend\n')
+WRK_SCRIPT = (
+    'wrk.method = "POST"\nwrk.body = \'{body}\'\nwrk.headers["Content-Type"] = "application/json"\n'
+    "done = function(summary, latency, requests)\n"
+    '  io.write(string.format("statuses %d %d\\n", summary.requests, summary.errors.status))\nend\n'
+)
 CAPACITY_CONNECTIONS = 4
 QUEUE_BOUND = 64
 
 
 def write_config(path: Path, model: Path, port: int) -> Path:
-    return save_config({"server": {"port": port}, "deployments": [
-        {"name": "slow", "model_path": model, "cpu": {"intra_op_threads": 1, "allow_spinning": False},
-         "batcher": {"max_batch_size": 1, "max_queue_size": QUEUE_BOUND}}]}, path)
+    return save_config(
+        {
+            "server": {"port": port},
+            "deployments": [
+                {
+                    "name": "slow",
+                    "model_path": model,
+                    "cpu": {"intra_op_threads": 1, "allow_spinning": False},
+                    "batcher": {"max_batch_size": 1, "max_queue_size": QUEUE_BOUND},
+                }
+            ],
+        },
+        path,
+    )
 
 
 def cpu_seconds(process: psutil.Process) -> float:
@@ -58,8 +71,12 @@ def cpu_seconds(process: psutil.Process) -> float:
 def wrk(url: str, lua: Path, connections: int, seconds: float) -> tuple[int, int, float, float]:
     """(requests answered, of them non-2xx, seconds, wrk's own CPU seconds)."""
     started = time.monotonic()
-    process = psutil.Popen(["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--timeout", "30s", "-s", str(lua),
-                            url + INFER], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = psutil.Popen(
+        ["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--timeout", "30s", "-s", str(lua), url + INFER],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     cpu = 0.0
     while process.poll() is None:
         try:
@@ -78,16 +95,24 @@ def phase(url: str, lua: Path, worker: psutil.Process, connections: int, seconds
     before = cpu_seconds(worker)
     answered, refused, elapsed, wrk_cpu = wrk(url, lua, connections, seconds)
     server_cpu = cpu_seconds(worker) - before
-    return {"connections": connections, "ok_rps": (answered - refused) / elapsed, "refused_rps": refused / elapsed,
-            "server_cpu_cores": server_cpu / elapsed, "wrk_cpu_cores": wrk_cpu / elapsed}
+    return {
+        "connections": connections,
+        "ok_rps": (answered - refused) / elapsed,
+        "refused_rps": refused / elapsed,
+        "server_cpu_cores": server_cpu / elapsed,
+        "wrk_cpu_cores": wrk_cpu / elapsed,
+    }
 
 
 def measure(variant: dict, folder: Path, model: Path, args: argparse.Namespace) -> dict:
     port = procs.free_port()
     config = write_config(folder / f"server-{port}.toml", model, port)
     log = folder / f"server-{port}.log"
-    server = procs.start([sys.executable, "-m", "latlab.cli", "serve", "--config", str(config)], log_path=log,
-                         env={**os.environ, **variant["env"]})
+    server = procs.start(
+        [sys.executable, "-m", "latlab.cli", "serve", "--config", str(config)],
+        log_path=log,
+        env={**os.environ, **variant["env"]},
+    )
     url = f"http://127.0.0.1:{port}"
     lua = folder / "post.lua"
     lua.write_text(WRK_SCRIPT.format(body=BODY.decode()))
@@ -99,8 +124,12 @@ def measure(variant: dict, folder: Path, model: Path, args: argparse.Namespace) 
         storm = phase(url, lua, worker, args.connections, args.seconds)
     finally:
         procs.stop(server)
-    return {"variant": variant["name"], "capacity": capacity, "storm": storm,
-            "goodput_fraction": storm["ok_rps"] / capacity["ok_rps"]}
+    return {
+        "variant": variant["name"],
+        "capacity": capacity,
+        "storm": storm,
+        "goodput_fraction": storm["ok_rps"] / capacity["ok_rps"],
+    }
 
 
 def parse_variant(text: str) -> dict:
@@ -111,8 +140,13 @@ def parse_variant(text: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--variant", action="append", type=parse_variant, default=[],
-                        help="NAME:ENV=VALUE,... (repeatable; default: one variant, this checkout as is)")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        type=parse_variant,
+        default=[],
+        help="NAME:ENV=VALUE,... (repeatable; default: one variant, this checkout as is)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=300)
     parser.add_argument("--seconds", type=float, default=8.0)
@@ -130,15 +164,20 @@ def main() -> None:
                 run = measure(variant, Path(tmp), model, args)
                 runs.append(run)
                 c, s = run["capacity"], run["storm"]
-                print(f"round {round_ + 1} {run['variant']:>12}: capacity {c['ok_rps']:6.1f} req/s "
-                      f"(server {c['server_cpu_cores']:.2f} cores, wrk {c['wrk_cpu_cores']:.2f}); storm "
-                      f"{s['ok_rps']:6.1f} ok + {s['refused_rps']:7.0f} refused req/s (server "
-                      f"{s['server_cpu_cores']:.2f} cores, wrk {s['wrk_cpu_cores']:.2f}): goodput "
-                      f"{run['goodput_fraction']:.2f} of capacity", flush=True)
+                print(
+                    f"round {round_ + 1} {run['variant']:>12}: capacity {c['ok_rps']:6.1f} req/s "
+                    f"(server {c['server_cpu_cores']:.2f} cores, wrk {c['wrk_cpu_cores']:.2f}); storm "
+                    f"{s['ok_rps']:6.1f} ok + {s['refused_rps']:7.0f} refused req/s (server "
+                    f"{s['server_cpu_cores']:.2f} cores, wrk {s['wrk_cpu_cores']:.2f}): goodput "
+                    f"{run['goodput_fraction']:.2f} of capacity",
+                    flush=True,
+                )
     for variant in variants:
         fractions = [r["goodput_fraction"] for r in runs if r["variant"] == variant["name"]]
-        print(f"{variant['name']}: goodput {np.median(fractions):.2f} of capacity (median of {len(fractions)}; "
-              f"{min(fractions):.2f}-{max(fractions):.2f})")
+        print(
+            f"{variant['name']}: goodput {np.median(fractions):.2f} of capacity (median of {len(fractions)}; "
+            f"{min(fractions):.2f}-{max(fractions):.2f})"
+        )
     if args.out:
         args.out.write_text(json.dumps({"machine_cpus": os.cpu_count(), "runs": runs}, indent=2))
 

@@ -39,10 +39,15 @@ from latlab.server.protocol import decode_request  # noqa: E402
 
 GAP_S = 0.0077
 # Where the path's time goes: (file, function) roots whose cumulative time each part reports.
-PARTS = {("fastpath.py", "_decode"): "body read and JSON decode", ("runtime.py", "validate"): "input validation",
-         ("protocol.py", "encode_response"): "JSON encode", ("metrics.py", "batch_done"): "metrics",
-         ("metrics.py", "answered"): "metrics", ("metrics.py", "queue_depth"): "metrics",
-         ("runtime.py", "run_timed"): "ONNX Runtime call"}
+PARTS = {
+    ("fastpath.py", "_decode"): "body read and JSON decode",
+    ("runtime.py", "validate"): "input validation",
+    ("protocol.py", "encode_response"): "JSON encode",
+    ("metrics.py", "batch_done"): "metrics",
+    ("metrics.py", "answered"): "metrics",
+    ("metrics.py", "queue_depth"): "metrics",
+    ("runtime.py", "run_timed"): "ONNX Runtime call",
+}
 # Inside the batcher's infer, the parts above that are not its own work.
 NOT_BATCHER = [("runtime.py", "run_timed"), ("metrics.py", "batch_done"), ("metrics.py", "queue_depth")]
 
@@ -58,9 +63,13 @@ def profile(call, n: int = 3000) -> str:
     for key, part in PARTS.items():
         shares[part] = shares.get(part, 0.0) + share.get(key, 0.0)
     # The in-flight gauge, moved by the route itself: prometheus_client's inc/dec called from fastpath.py.
-    shares["metrics"] += sum(ct / total for (f, _, fn), (_, _, _, _, callers) in stats.items()
-                             if fn in ("inc", "dec") and "prometheus_client" in f
-                             for (caller, _, _), (_, _, _, ct) in callers.items() if Path(caller).name == "fastpath.py")
+    shares["metrics"] += sum(
+        ct / total
+        for (f, _, fn), (_, _, _, _, callers) in stats.items()
+        if fn in ("inc", "dec") and "prometheus_client" in f
+        for (caller, _, _), (_, _, _, ct) in callers.items()
+        if Path(caller).name == "fastpath.py"
+    )
     shares["batcher"] = share.get(("batcher.py", "infer"), 0.0) - sum(share.get(key, 0.0) for key in NOT_BATCHER)
     listed = ", ".join(f"{part} {value:.0%}" for part, value in sorted(shares.items(), key=lambda kv: -kv[1]))
     return f"{calls:.0f} Python calls per request; of the profiled time: {listed}"
@@ -73,9 +82,23 @@ def instructions_per_request(mode: str, stub: str = "", short: int = 2000, long:
     `stub` names a part of the path (STUBS) replaced by a stand-in, so the difference is that part's cost."""
     counts = []
     for calls in (short, long):
-        done = subprocess.run(["perf", "stat", "-x,", "-e", "instructions", sys.executable, __file__, "--calls",
-                               f"{mode}={calls}", *(["--stub", stub] if stub else [])],
-                              capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [
+                "perf",
+                "stat",
+                "-x,",
+                "-e",
+                "instructions",
+                sys.executable,
+                __file__,
+                "--calls",
+                f"{mode}={calls}",
+                *(["--stub", stub] if stub else []),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         line = next(row for row in done.stderr.splitlines() if ",instructions" in row)
         counts.append(int(line.split(",")[0]))
     return (counts[1] - counts[0]) / (long - short)
@@ -86,9 +109,11 @@ def stub_out(part: str, app, mode: str, body: bytes) -> None:
     deployment = app.extensions["latlab"].get(mode, None)
     request = decode_request(body)
     if part == "decode":  # the body read and JSON decode: the decoded request, ready
+
         def decoded(route, environ, _deployment):
             environ[fastpath._BODY_READ] = True
             return request
+
         fastpath.InferRoute._decode = decoded
     elif part == "batcher":  # queueing, the slot, the batch's metrics: the model called directly
         deployment.batcher.infer = lambda inputs, size, *rest: deployment.model.run(inputs)
@@ -132,10 +157,16 @@ def served_app(work: Path) -> tuple:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--profile", action="store_true")
-    parser.add_argument("--instructions", action="store_true",
-                        help="also count instructions per request with `perf stat` (Linux perf must be installed)")
-    parser.add_argument("--ablate", action="store_true",
-                        help="with --instructions: the count again with each part of the path stubbed out")
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="also count instructions per request with `perf stat` (Linux perf must be installed)",
+    )
+    parser.add_argument(
+        "--ablate",
+        action="store_true",
+        help="with --instructions: the count again with each part of the path stubbed out",
+    )
     parser.add_argument("--calls", help=argparse.SUPPRESS)  # MODE=N: make N calls and exit (for --instructions)
     parser.add_argument("--stub", help=argparse.SUPPRESS)  # with --calls: the part replaced by a stand-in
     args = parser.parse_args(argv)
@@ -180,8 +211,10 @@ def main(argv: list[str] | None = None) -> None:
     during = sorted(collections)
     started = time.perf_counter()
     gc.collect()
-    print(f"garbage collections during {calls} calls: {len(during)} (generations {during}); a full collection "
-          f"of this process's {len(gc.get_objects())} objects takes {(time.perf_counter() - started) * 1e3:.1f} ms")
+    print(
+        f"garbage collections during {calls} calls: {len(during)} (generations {during}); a full collection "
+        f"of this process's {len(gc.get_objects())} objects takes {(time.perf_counter() - started) * 1e3:.1f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -50,26 +50,36 @@ def paced(fn, gap_s: float = 0.002, n: int = 500) -> float:
 def main(model: Path) -> None:
     work = Path(tempfile.mkdtemp())
     port = procs.free_port()
-    config_path = save_config({"server": {"port": port}, "deployments": [
-        {"name": "m", "model_path": model.resolve(), "cpu": {"intra_op_threads": 1, "allow_spinning": False}}]},
-        work / "overhead.toml")
+    config_path = save_config(
+        {
+            "server": {"port": port},
+            "deployments": [
+                {"name": "m", "model_path": model.resolve(), "cpu": {"intra_op_threads": 1, "allow_spinning": False}}
+            ],
+        },
+        work / "overhead.toml",
+    )
     deployment = load_config(config_path).deployments[0]
     onnx_model = OnnxModel(deployment)
     spec = onnx_model.inputs[0]
     x = np.random.default_rng(0).standard_normal([1, *spec.shape[1:]]).astype(spec.dtype)
     batcher = DynamicBatcher(onnx_model.run, deployment.batcher)
-    rows = [("ORT session.run, in process", p50(lambda: onnx_model.run({spec.name: x}))),
-            ("batcher.infer (a lone request runs on its caller)", p50(lambda: batcher.infer({spec.name: x}, 1))),
-            ("batcher.submit + result (a worker runs it)", p50(lambda: batcher.submit({spec.name: x}, 1).result())),
-            ("  2 ms apart: ORT session.run", paced(lambda: onnx_model.run({spec.name: x}))),
-            ("  2 ms apart: batcher.infer (on the caller)", paced(lambda: batcher.infer({spec.name: x}, 1))),
-            ("  2 ms apart: batcher.submit + result (worker)",
-             paced(lambda: batcher.submit({spec.name: x}, 1).result()))]
+    rows = [
+        ("ORT session.run, in process", p50(lambda: onnx_model.run({spec.name: x}))),
+        ("batcher.infer (a lone request runs on its caller)", p50(lambda: batcher.infer({spec.name: x}, 1))),
+        ("batcher.submit + result (a worker runs it)", p50(lambda: batcher.submit({spec.name: x}, 1).result())),
+        ("  2 ms apart: ORT session.run", paced(lambda: onnx_model.run({spec.name: x}))),
+        ("  2 ms apart: batcher.infer (on the caller)", paced(lambda: batcher.infer({spec.name: x}, 1))),
+        ("  2 ms apart: batcher.submit + result (worker)", paced(lambda: batcher.submit({spec.name: x}, 1).result())),
+    ]
     batcher.close()
-    body = orjson.dumps({"inputs": [{"name": spec.name, "shape": list(x.shape), "datatype": spec.datatype,
-                                     "data": x.reshape(-1)}]}, option=orjson.OPT_SERIALIZE_NUMPY)
-    server = procs.start([sys.executable, "-m", "latlab.cli", "serve", "--config", str(config_path)],
-                         log_path=work / "server.log")
+    body = orjson.dumps(
+        {"inputs": [{"name": spec.name, "shape": list(x.shape), "datatype": spec.datatype, "data": x.reshape(-1)}]},
+        option=orjson.OPT_SERIALIZE_NUMPY,
+    )
+    server = procs.start(
+        [sys.executable, "-m", "latlab.cli", "serve", "--config", str(config_path)], log_path=work / "server.log"
+    )
     try:
         host = f"http://127.0.0.1:{port}"
         procs.wait_ready(f"{host}/v2/health/ready", server)

@@ -29,30 +29,58 @@ from latlab.common import procs  # noqa: E402
 
 
 def loadtest(host: str, out: Path, *args: str) -> dict:
-    command = [sys.executable, "-m", "latlab.cli", "loadtest", "--host", host, "--deployment", "m", "--out", str(out),
-               "--warmup-seconds", "0.5", "--max-windows", "3", *args]
+    command = [
+        sys.executable,
+        "-m",
+        "latlab.cli",
+        "loadtest",
+        "--host",
+        host,
+        "--deployment",
+        "m",
+        "--out",
+        str(out),
+        "--warmup-seconds",
+        "0.5",
+        "--max-windows",
+        "3",
+        *args,
+    ]
     subprocess.run(command, check=True, capture_output=True, timeout=600)
     return json.loads((out / "results.json").read_text())["deployments"][0]
 
 
 def saturation_round(host: str, out: Path, capacity: float) -> float:
-    curve = loadtest(host, out, "--rates", f"{capacity / 3:g}", "--max-rate", f"{capacity * 15:g}",
-                     "--step-seconds", "3")
+    curve = loadtest(
+        host, out, "--rates", f"{capacity / 3:g}", "--max-rate", f"{capacity * 15:g}", "--step-seconds", "3"
+    )
     # the highest throughput of a step that kept up: what the report calls the deployment's max rate
     sustained = max(s["achieved_rps"] for s in curve["steps"] if s["achieved_rps"] >= 0.9 * s["offered_rps"])
     probes = ", ".join(f"{s['target']:.0f}" for s in sorted(curve["steps"], key=lambda s: s["start_time"]))
-    print(f"  saturation search: probes {probes} req/s; sustained {sustained:.0f} = {sustained / capacity:.2f}x "
-          f"the capacity; saturated={curve['saturated']}")
+    print(
+        f"  saturation search: probes {probes} req/s; sustained {sustained:.0f} = {sustained / capacity:.2f}x "
+        f"the capacity; saturated={curve['saturated']}"
+    )
     return sustained / capacity
 
 
 def short_steps_round(host: str, out: Path, rates: list[float]) -> list[dict]:
-    curve = loadtest(host, out, "--rates", ",".join(f"{r:g}" for r in rates), "--max-rate", f"{max(rates):g}",
-                     "--step-seconds", "1.5")
+    curve = loadtest(
+        host,
+        out,
+        "--rates",
+        ",".join(f"{r:g}" for r in rates),
+        "--max-rate",
+        f"{max(rates):g}",
+        "--step-seconds",
+        "1.5",
+    )
     for step in curve["steps"]:
-        print(f"  short steps at {step['target']:>5.0f}/s: windows {step['window_seconds']:.2f} s, "
-              f"{step['samples']:4d} samples, achieved/offered {step['achieved_rps'] / step['offered_rps']:.3f}, "
-              f"offered/target {step['offered_rps'] / step['target']:.3f}")
+        print(
+            f"  short steps at {step['target']:>5.0f}/s: windows {step['window_seconds']:.2f} s, "
+            f"{step['samples']:4d} samples, achieved/offered {step['achieved_rps'] / step['offered_rps']:.3f}, "
+            f"offered/target {step['offered_rps'] / step['target']:.3f}"
+        )
     return curve["steps"]
 
 
@@ -68,11 +96,16 @@ def main(argv: list[str] | None = None) -> None:
         for index in range(args.rounds):
             print(f"round {index + 1} (stub capacity {args.capacity:g} req/s)")
             found.append(saturation_round(stub.host, Path(scratch) / f"sat-{index}", args.capacity))
-            steps = short_steps_round(stub.host, Path(scratch) / f"short-{index}",
-                                      [args.capacity / 10, args.capacity / 2, args.capacity * 0.8])
+            steps = short_steps_round(
+                stub.host,
+                Path(scratch) / f"short-{index}",
+                [args.capacity / 10, args.capacity / 2, args.capacity * 0.8],
+            )
             ratios += [s["achieved_rps"] / s["offered_rps"] for s in steps]
-    print(f"found/capacity: {', '.join(f'{f:.2f}' for f in found)}; achieved/offered over short steps: "
-          f"{min(ratios):.3f} .. {max(ratios):.3f} (never above 1 by construction)")
+    print(
+        f"found/capacity: {', '.join(f'{f:.2f}' for f in found)}; achieved/offered over short steps: "
+        f"{min(ratios):.3f} .. {max(ratios):.3f} (never above 1 by construction)"
+    )
 
 
 if __name__ == "__main__":

@@ -35,11 +35,24 @@ DEPLOYMENTS = ("minilm-ids", "minilm-text")
 def write_config(path: Path, port: int, model: Path, provider: str, batch: int, delay_ms: float) -> Path:
     """Two deployments of one model behind the same batcher settings; only the text one has a tokenizer."""
     tokenizer = {"file": model.parent / "tokenizer" / "tokenizer.json", "max_length": 256}
-    return save_config({"server": {"port": port}, "deployments": [
-        {"name": name, "model": "minilm", "model_path": model, "provider": provider,
-         "cpu": {"intra_op_threads": 1, "allow_spinning": False},
-         "batcher": {"max_batch_size": batch, "max_queue_delay_ms": delay_ms},
-         "tokenizer": tokenizer if name == "minilm-text" else None} for name in DEPLOYMENTS]}, path)
+    return save_config(
+        {
+            "server": {"port": port},
+            "deployments": [
+                {
+                    "name": name,
+                    "model": "minilm",
+                    "model_path": model,
+                    "provider": provider,
+                    "cpu": {"intra_op_threads": 1, "allow_spinning": False},
+                    "batcher": {"max_batch_size": batch, "max_queue_delay_ms": delay_ms},
+                    "tokenizer": tokenizer if name == "minilm-text" else None,
+                }
+                for name in DEPLOYMENTS
+            ],
+        },
+        path,
+    )
 
 
 def median_seconds(call, n: int) -> float:
@@ -80,15 +93,29 @@ def in_process_costs(config: Path, lengths: list[int], n: int) -> dict[int, dict
     costs = {}
     for length in lengths:
         single, batched, feeds = tokenize_costs(front, length, n)
-        costs[length] = {"tokenize_request_s": single, "tokenize_batch32_per_sentence_s": batched,
-                         "ort_b1_s": median_seconds(lambda: model.run(feeds), max(n // 10, 30))}
+        costs[length] = {
+            "tokenize_request_s": single,
+            "tokenize_batch32_per_sentence_s": batched,
+            "ort_b1_s": median_seconds(lambda: model.run(feeds), max(n // 10, 30)),
+        }
     return costs
 
 
 def slo_search(url: str, names: list[str], out: Path, args: argparse.Namespace) -> dict[str, dict]:
-    options = ["--slo", f"p99={args.slo_ms:g}ms", "--rates", f"{args.start_rate:g}", "--seq-len", str(args.seq_len),
-               "--step-seconds", str(args.step_seconds), "--warmup-seconds", str(args.warmup_seconds),
-               "--resolution", str(args.resolution)]
+    options = [
+        "--slo",
+        f"p99={args.slo_ms:g}ms",
+        "--rates",
+        f"{args.start_rate:g}",
+        "--seq-len",
+        str(args.seq_len),
+        "--step-seconds",
+        str(args.step_seconds),
+        "--warmup-seconds",
+        str(args.warmup_seconds),
+        "--resolution",
+        str(args.resolution),
+    ]
     return {d["name"]: d.get("search") or {} for d in loadtest(url, names, out, *options)}
 
 
@@ -138,22 +165,28 @@ def print_costs(args: argparse.Namespace, costs: dict[int, dict[str, float]]) ->
     print(f"\nin process, median per sentence (provider {args.provider}, one ORT thread):")
     print(f"{'tokens':>6} {'tokenize per request':>22} {'per sentence of 32':>20} {'ORT batch-1 run':>16} {'share':>7}")
     for length, cost in costs.items():
-        print(f"{length:>6} {cost['tokenize_request_s'] * 1e6:>19.1f} us "
-              f"{cost['tokenize_batch32_per_sentence_s'] * 1e6:>17.1f} us "
-              f"{cost['ort_b1_s'] * 1e6:>13.1f} us {cost['tokenize_request_s'] / cost['ort_b1_s']:>7.1%}")
+        print(
+            f"{length:>6} {cost['tokenize_request_s'] * 1e6:>19.1f} us "
+            f"{cost['tokenize_batch32_per_sentence_s'] * 1e6:>17.1f} us "
+            f"{cost['ort_b1_s'] * 1e6:>13.1f} us {cost['tokenize_request_s'] / cost['ort_b1_s']:>7.1%}"
+        )
 
 
 def report(args: argparse.Namespace, rounds: list[dict], served_tokenize_s: float) -> None:
-    print(f"\nminilm, {args.seq_len} tokens per request, provider {args.provider}, batcher "
-          f"{args.max_batch_size}/{args.delay_ms:g} ms, p99 <= {args.slo_ms:g} ms")
+    print(
+        f"\nminilm, {args.seq_len} tokens per request, provider {args.provider}, batcher "
+        f"{args.max_batch_size}/{args.delay_ms:g} ms, p99 <= {args.slo_ms:g} ms"
+    )
     print(f"tokenize per request, served (histogram mean over the searches): {served_tokenize_s * 1e6:.1f} us")
     for i, found in enumerate(rounds):
         ids, text = (found.get(name, {}) for name in DEPLOYMENTS)
         ids_rate, text_rate = ids.get("rate") or 0.0, text.get("rate") or 0.0
-        print(f"round {i + 1}: served rate at p99 <= {args.slo_ms:g} ms: token ids {ids_rate:.0f} req/s "
-              f"({'VALID' if ids.get('valid') else 'not valid'}), text {text_rate:.0f} req/s "
-              f"({'VALID' if text.get('valid') else 'not valid'}); text / ids = "
-              f"{text_rate / ids_rate if ids_rate else float('nan'):.2f}")
+        print(
+            f"round {i + 1}: served rate at p99 <= {args.slo_ms:g} ms: token ids {ids_rate:.0f} req/s "
+            f"({'VALID' if ids.get('valid') else 'not valid'}), text {text_rate:.0f} req/s "
+            f"({'VALID' if text.get('valid') else 'not valid'}); text / ids = "
+            f"{text_rate / ids_rate if ids_rate else float('nan'):.2f}"
+        )
 
 
 if __name__ == "__main__":

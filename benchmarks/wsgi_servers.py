@@ -36,13 +36,39 @@ BIN = Path(sys.executable).parent
 
 def commands(port: int) -> dict[str, list[str]]:
     return {
-        "granian (Rust, WSGI)": [str(BIN / "granian"), "--interface", "wsgi", "--factory", "--no-access-log",
-                                 "--port", str(port), "--blocking-threads", str(THREADS),
-                                 "latlab.server.wsgi:app_from_env"],
-        "gunicorn gthread": [str(BIN / "gunicorn"), "-w", "1", "-k", "gthread", "--threads", str(THREADS),
-                             "-b", f"127.0.0.1:{port}", "latlab.server.wsgi:app_from_env()"],
-        "waitress": [str(BIN / "waitress-serve"), "--threads", str(THREADS), "--listen", f"127.0.0.1:{port}",
-                     "--call", "latlab.server.wsgi:app_from_env"],
+        "granian (Rust, WSGI)": [
+            str(BIN / "granian"),
+            "--interface",
+            "wsgi",
+            "--factory",
+            "--no-access-log",
+            "--port",
+            str(port),
+            "--blocking-threads",
+            str(THREADS),
+            "latlab.server.wsgi:app_from_env",
+        ],
+        "gunicorn gthread": [
+            str(BIN / "gunicorn"),
+            "-w",
+            "1",
+            "-k",
+            "gthread",
+            "--threads",
+            str(THREADS),
+            "-b",
+            f"127.0.0.1:{port}",
+            "latlab.server.wsgi:app_from_env()",
+        ],
+        "waitress": [
+            str(BIN / "waitress-serve"),
+            "--threads",
+            str(THREADS),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--call",
+            "latlab.server.wsgi:app_from_env",
+        ],
     }
 
 
@@ -55,8 +81,10 @@ def load_wrk(url: str, body: bytes | None) -> tuple[float, float]:
     script = Path(tempfile.mkdtemp()) / "post.lua"
     args = ["wrk", "-t1", f"-c{CONCURRENCY}", f"-d{SECONDS:g}s", "--latency", url]
     if body:
-        script.write_text(f'wrk.method = "POST"\nwrk.body = {orjson.dumps(body.decode()).decode()}\n'
-                          'wrk.headers["Content-Type"] = "application/json"\n')
+        script.write_text(
+            f'wrk.method = "POST"\nwrk.body = {orjson.dumps(body.decode()).decode()}\n'
+            'wrk.headers["Content-Type"] = "application/json"\n'
+        )
         args[1:1] = ["-s", str(script)]
     out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
@@ -91,9 +119,14 @@ def load_python(url: str, body: bytes | None) -> tuple[float, float]:
 def main() -> None:
     work = Path(tempfile.mkdtemp())
     model = tiny_model(work / "tiny.onnx")
-    config = save_config({"deployments": [{"name": "tiny", "model_path": model,
-                                           "cpu": {"intra_op_threads": 1, "allow_spinning": False}}]},
-                         work / "bench.toml")
+    config = save_config(
+        {
+            "deployments": [
+                {"name": "tiny", "model_path": model, "cpu": {"intra_op_threads": 1, "allow_spinning": False}}
+            ]
+        },
+        work / "bench.toml",
+    )
     body = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]})
     rows = []
     for name in commands(0):
@@ -113,13 +146,19 @@ def main() -> None:
         rows.append((name, live, infer))
     base = rows[0]
     client = "wrk" if shutil.which("wrk") else "python threads"
-    print(f"\n{client}: {CONCURRENCY} closed-loop connections, {SECONDS:g} s per route, "
-          f"{os.cpu_count()} cores shared with the client")
-    print(f"{'server':<22} {'no-op req/s':>12} {'p50 ms':>7} {'ratio':>6}   "
-          f"{'infer req/s':>12} {'p50 ms':>7} {'ratio':>6}")
+    print(
+        f"\n{client}: {CONCURRENCY} closed-loop connections, {SECONDS:g} s per route, "
+        f"{os.cpu_count()} cores shared with the client"
+    )
+    print(
+        f"{'server':<22} {'no-op req/s':>12} {'p50 ms':>7} {'ratio':>6}   "
+        f"{'infer req/s':>12} {'p50 ms':>7} {'ratio':>6}"
+    )
     for name, (live_rps, live_p50), (infer_rps, infer_p50) in rows:
-        print(f"{name:<22} {live_rps:12.0f} {live_p50 * 1e3:7.2f} {live_rps / base[1][0]:6.2f}   "
-              f"{infer_rps:12.0f} {infer_p50 * 1e3:7.2f} {infer_rps / base[2][0]:6.2f}")
+        print(
+            f"{name:<22} {live_rps:12.0f} {live_p50 * 1e3:7.2f} {live_rps / base[1][0]:6.2f}   "
+            f"{infer_rps:12.0f} {infer_p50 * 1e3:7.2f} {infer_rps / base[2][0]:6.2f}"
+        )
     shutil.rmtree(work, ignore_errors=True)
 
 

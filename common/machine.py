@@ -45,5 +45,6 @@ def key(machine: dict) -> str:
 def same(a: dict, b: dict) -> bool:
     """Whether two recorded machines are one: the same hostname, and the same CPU model and core count
     wherever both recorded them."""
-    return bool(a.get("hostname")) and all(a[k] == b[k] for k in IDENTITY if a.get(k) is not None
-                                           and b.get(k) is not None)
+    return bool(a.get("hostname")) and all(
+        a[k] == b[k] for k in IDENTITY if a.get(k) is not None and b.get(k) is not None
+    )

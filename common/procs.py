@@ -35,8 +35,13 @@ def start(args: list[str], log_path: Path | None = None, env: dict | None = None
     """Start a child in its own process group, so stopping it also stops its workers."""
     out = open(log_path, "wb") if log_path else None
     try:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT if out else None,
-                                start_new_session=True, env={**os.environ, **(env or {})})
+        return subprocess.Popen(
+            args,
+            stdout=out,
+            stderr=subprocess.STDOUT if out else None,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
     finally:
         if out:
             out.close()  # the child holds its own descriptor
@@ -56,8 +61,7 @@ def stop(process: subprocess.Popen, grace_s: float = 10.0) -> None:
         pass
 
 
-def wait_ready(url: str, process: subprocess.Popen, timeout_s: float = 120.0,
-               log_path: Path | None = None) -> None:
+def wait_ready(url: str, process: subprocess.Popen, timeout_s: float = 120.0, log_path: Path | None = None) -> None:
     """Poll a readiness URL until 200; fail early, with the log's tail, if the process exits."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -12,8 +12,9 @@ import requests
 
 from latlab.common import procs
 
-NOT_FOUND = ("Prometheus not found: install Debian's `prometheus` package (apt-get install prometheus); "
-             "continuing without it")
+NOT_FOUND = (
+    "Prometheus not found: install Debian's `prometheus` package (apt-get install prometheus); continuing without it"
+)
 RETENTION = "30d"  # long enough to compare this month's runs; a lab run writes a few MB
 
 
@@ -37,8 +38,9 @@ def base_url(port: int) -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def write_config(path: Path, jobs: dict[str, list[str]], interval_s: float = 1.0,
-                 rule_files: list[Path] | None = None) -> Path:
+def write_config(
+    path: Path, jobs: dict[str, list[str]], interval_s: float = 1.0, rule_files: list[Path] | None = None
+) -> Path:
     """Write a prometheus.yml with one static scrape job per key of `jobs` (targets "host:port").
 
     The timeout equals the interval: Prometheus refuses a timeout longer than the interval, and its
@@ -46,13 +48,21 @@ def write_config(path: Path, jobs: dict[str, list[str]], interval_s: float = 1.0
     allowed) are loaded as given; relative paths resolve against the config file's folder."""
     interval = _duration(interval_s)
     rules = json.dumps([str(rule_file) for rule_file in rule_files or []])
-    lines = ["# Written by latlab for one run.", "global:", f"  scrape_interval: {interval}",
-             f"  scrape_timeout: {interval}", f"  evaluation_interval: {interval}",
-             f"rule_files: {rules}", "scrape_configs:" + ("" if jobs else " []")]
+    lines = [
+        "# Written by latlab for one run.",
+        "global:",
+        f"  scrape_interval: {interval}",
+        f"  scrape_timeout: {interval}",
+        f"  evaluation_interval: {interval}",
+        f"rule_files: {rules}",
+        "scrape_configs:" + ("" if jobs else " []"),
+    ]
     for job, targets in jobs.items():
-        lines += [f"  - job_name: {json.dumps(job)}",  # a JSON string is a valid YAML double-quoted scalar
-                  "    static_configs:",
-                  f"      - targets: {json.dumps([_check_target(t) for t in targets])}"]
+        lines += [
+            f"  - job_name: {json.dumps(job)}",  # a JSON string is a valid YAML double-quoted scalar
+            "    static_configs:",
+            f"      - targets: {json.dumps([_check_target(t) for t in targets])}",
+        ]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
@@ -82,9 +92,17 @@ def start(config: Path, data_dir: Path, port: int, log_path: Path, binary: str |
     if binary is None:
         raise PrometheusNotFound()
     Path(data_dir).mkdir(parents=True, exist_ok=True)
-    return procs.start([binary, f"--config.file={config}", f"--storage.tsdb.path={data_dir}",
-                        f"--web.listen-address=127.0.0.1:{port}", f"--storage.tsdb.retention.time={RETENTION}",
-                        "--web.enable-lifecycle"], log_path)
+    return procs.start(
+        [
+            binary,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={data_dir}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            f"--storage.tsdb.retention.time={RETENTION}",
+            "--web.enable-lifecycle",
+        ],
+        log_path,
+    )
 
 
 def wait_ready(url: str, process: subprocess.Popen, timeout_s: float = 60.0, log_path: Path | None = None) -> None:
@@ -103,11 +121,15 @@ def query(url: str, promql: str, at: float | None = None, timeout_s: float = 30.
     try:
         body = response.json()
     except ValueError:
-        raise PrometheusQueryError(f"Prometheus at {url} answered {promql!r} with HTTP {response.status_code} "
-                                   f"and no JSON: {response.text[:200]!r}") from None
+        raise PrometheusQueryError(
+            f"Prometheus at {url} answered {promql!r} with HTTP {response.status_code} "
+            f"and no JSON: {response.text[:200]!r}"
+        ) from None
     if body.get("status") != "success":
-        raise PrometheusQueryError(f"Prometheus at {url} refused {promql!r}: "
-                                   f"{body.get('errorType', '?')}: {body.get('error', response.text[:200])}")
+        raise PrometheusQueryError(
+            f"Prometheus at {url} refused {promql!r}: "
+            f"{body.get('errorType', '?')}: {body.get('error', response.text[:200])}"
+        )
     data = body["data"]
     if data["resultType"] in ("scalar", "string"):
         return [{"metric": {}, "value": data["result"]}]

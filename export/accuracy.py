@@ -64,8 +64,15 @@ class Accuracy:
 
     def record(self, bound: Bound, **context: object) -> dict:
         """What the metadata says about the check."""
-        return {"status": "checked", "measure": self.measure, "label": LABELS[self.measure], "figure": self.figure,
-                "min_accuracy": bound.minimum, **self.details, **context}
+        return {
+            "status": "checked",
+            "measure": self.measure,
+            "label": LABELS[self.measure],
+            "figure": self.figure,
+            "min_accuracy": bound.minimum,
+            **self.details,
+            **context,
+        }
 
     def shortfall(self, variant: str, bound: Bound) -> str:
         """One line: which variant, its figure and the bound it missed."""
@@ -95,29 +102,44 @@ def _cosine(reference: Outputs, variant: Outputs) -> Accuracy:
     want, have = _rows(reference), _rows(variant)
     norms = np.linalg.norm(want, axis=1) * np.linalg.norm(have, axis=1)
     cosine = np.where(norms > 0, np.sum(want * have, axis=1) / np.where(norms > 0, norms, 1.0), 0.0)
-    return Accuracy("cosine", float(cosine.min()), {"min_cosine": float(cosine.min()),
-                                                    "mean_cosine": float(cosine.mean()), "samples": len(cosine)})
+    return Accuracy(
+        "cosine",
+        float(cosine.min()),
+        {"min_cosine": float(cosine.min()), "mean_cosine": float(cosine.mean()), "samples": len(cosine)},
+    )
 
 
 def _top1(reference: Outputs, variant: Outputs) -> Accuracy:
     want, have = _rows(reference), _rows(variant)
     agreement = float(np.mean(want.argmax(axis=1) == have.argmax(axis=1)))
     error, scale = float(np.max(np.abs(want - have))), float(np.max(np.abs(want)))
-    return Accuracy("top1", agreement, {"top1_agreement": agreement, "max_logit_error": error,
-                                        "max_logit_error_rel": error / scale if scale > 0 else error,
-                                        "samples": len(want)})
+    return Accuracy(
+        "top1",
+        agreement,
+        {
+            "top1_agreement": agreement,
+            "max_logit_error": error,
+            "max_logit_error_rel": error / scale if scale > 0 else error,
+            "samples": len(want),
+        },
+    )
 
 
 def _relative(reference: Outputs, variant: Outputs) -> Accuracy:
     worst_abs = worst_rel = 0.0
     for index in range(len(reference[0])):  # each output on its own scale
-        error = max(float(np.max(np.abs(w[index].astype(np.float64) - h[index]), initial=0.0))
-                    for w, h in zip(reference, variant))
+        error = max(
+            float(np.max(np.abs(w[index].astype(np.float64) - h[index]), initial=0.0))
+            for w, h in zip(reference, variant)
+        )
         scale = max(float(np.max(np.abs(w[index]), initial=0.0)) for w in reference)
         worst_abs, worst_rel = max(worst_abs, error), max(worst_rel, error / scale if scale > 0 else error)
     samples = sum(len(batch[0]) for batch in reference)
-    return Accuracy("relative", max(0.0, 1.0 - worst_rel), {"max_rel_error": worst_rel, "max_abs_error": worst_abs,
-                                                            "samples": samples})
+    return Accuracy(
+        "relative",
+        max(0.0, 1.0 - worst_rel),
+        {"max_rel_error": worst_rel, "max_abs_error": worst_abs, "samples": samples},
+    )
 
 
 _MEASURES = {"cosine": _cosine, "top1": _top1, "relative": _relative}

@@ -35,8 +35,13 @@ def run_export(args: argparse.Namespace) -> dict:
     if args.onnx is not None:
         from latlab.export.adopt import adopt_onnx
 
-        meta = adopt_onnx(args.onnx, args.name, args.models_dir, allow_fixed_batch=args.allow_fixed_batch,
-                          external_data_threshold=args.external_data_threshold)
+        meta = adopt_onnx(
+            args.onnx,
+            args.name,
+            args.models_dir,
+            allow_fixed_batch=args.allow_fixed_batch,
+            external_data_threshold=args.external_data_threshold,
+        )
         _print_summary(meta, args, time.perf_counter() - started)
         return meta
     zoo, source = _build(args)
@@ -49,16 +54,25 @@ def run_export(args: argparse.Namespace) -> dict:
 
 def _export_torch(args: argparse.Namespace, zoo: ZooModel, source: str, bound: Bound) -> dict:
     try:
-        return export(args.name or args.model, zoo, args.models_dir, source, fp16=args.fp16,
-                      external_data_threshold=args.external_data_threshold, bound=bound)
+        return export(
+            args.name or args.model,
+            zoo,
+            args.models_dir,
+            source,
+            fp16=args.fp16,
+            external_data_threshold=args.external_data_threshold,
+            bound=bound,
+        )
     except (ExportError, ParityError):
         raise
     except Exception as exc:
         if args.module is None:
             raise  # a zoo model that fails to export is a bug: keep its traceback
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ExportError(f"--module {args.module}: torch.onnx.export failed ({type(exc).__name__}: {first}); "
-                          f"the first axis of every input must be free (no hard-coded batch size)") from exc
+        raise ExportError(
+            f"--module {args.module}: torch.onnx.export failed ({type(exc).__name__}: {first}); "
+            f"the first axis of every input must be free (no hard-coded batch size)"
+        ) from exc
 
 
 def _bound(args: argparse.Namespace) -> Bound:
@@ -66,8 +80,9 @@ def _bound(args: argparse.Namespace) -> Bound:
     # a caller that builds its own Namespace (the lab exporting the user's module) names only the flags it uses
     int8, minimum = getattr(args, "int8", False), getattr(args, "min_accuracy", None)
     if int8 and args.onnx is not None:
-        raise ExportError("--int8 needs a PyTorch source (a zoo model or --module): the check set comes from its "
-                          "input generator")
+        raise ExportError(
+            "--int8 needs a PyTorch source (a zoo model or --module): the check set comes from its input generator"
+        )
     if minimum is not None and not (int8 or args.fp16):
         raise ExportError("--min-accuracy bounds a variant: add --int8 or --fp16")
     if minimum is not None and not 0.0 <= minimum <= 1.0:
@@ -81,9 +96,11 @@ def _add_int8(meta: dict, zoo: ZooModel, source: str, args: argparse.Namespace, 
     started = time.perf_counter()
     variant = export_int8(meta["name"], zoo, args.models_dir, source, bound)
     sizes = variant["file_bytes"]
-    print(f"int8 variant: {args.models_dir / variant['name'] / 'model.onnx'} ({variant['quantization']['recipe']}; "
-          f"{_size(sizes['int8'])}, FP32 {_size(sizes['fp32'])}){_accuracy_text(variant)}  "
-          f"({time.perf_counter() - started:.1f} s)")
+    print(
+        f"int8 variant: {args.models_dir / variant['name'] / 'model.onnx'} ({variant['quantization']['recipe']}; "
+        f"{_size(sizes['int8'])}, FP32 {_size(sizes['fp32'])}){_accuracy_text(variant)}  "
+        f"({time.perf_counter() - started:.1f} s)"
+    )
     return {**meta, "int8_variant": variant["name"]}
 
 
@@ -109,31 +126,42 @@ def _build(args: argparse.Namespace) -> tuple[ZooModel, str]:
 def _print_summary(meta: dict, args: argparse.Namespace, seconds: float) -> None:
     flops = meta.get("flops_per_sample")
     flops_text = f"{flops:,}" if flops is not None else "unknown"
-    print(f"exported {meta['name']}: {args.models_dir / meta['name'] / 'model.onnx'}"
-          f"{' (+ model.onnx.data)' if meta.get('external_data') else ''}  params {meta['params']:,}  "
-          f"FLOPs/sample {flops_text}  opset {meta['opset']}  ({seconds:.1f} s)")
+    print(
+        f"exported {meta['name']}: {args.models_dir / meta['name'] / 'model.onnx'}"
+        f"{' (+ model.onnx.data)' if meta.get('external_data') else ''}  params {meta['params']:,}  "
+        f"FLOPs/sample {flops_text}  opset {meta['opset']}  ({seconds:.1f} s)"
+    )
     parity = meta["parity"]
     if isinstance(parity, str):
         print(f"parity vs PyTorch: {parity}; CPU smoke run: {meta.get('cpu_smoke_run')}")
     else:
-        print(f"parity vs PyTorch at batch {parity['batches']}: max abs error {parity['max_abs_error']:.3e}, "
-              f"max rel error {parity['max_rel_error']:.3e} (tolerance {parity['tolerance_rel']:.0e})")
+        print(
+            f"parity vs PyTorch at batch {parity['batches']}: max abs error {parity['max_abs_error']:.3e}, "
+            f"max rel error {parity['max_rel_error']:.3e} (tolerance {parity['tolerance_rel']:.0e})"
+        )
     if meta.get("warning"):
         print(f"warning: {meta['warning']}")
     text = meta.get("text_deployment")
     if text:
         folder = args.models_dir / meta["name"]
-        print(f"sentences in: serve with [deployments.tokenizer] file = \"{folder / text['tokenizer']['file']}\", "
-              f"max_length = {text['tokenizer']['max_length']} (input '{text['input']['name']}', BYTES)")
+        print(
+            f'sentences in: serve with [deployments.tokenizer] file = "{folder / text["tokenizer"]["file"]}", '
+            f"max_length = {text['tokenizer']['max_length']} (input '{text['input']['name']}', BYTES)"
+        )
     if meta.get("fp16_variant"):
         from latlab.export.onnx_export import load_metadata
 
         variant = load_metadata(args.models_dir / meta["fp16_variant"])
         half = variant["parity"]
-        detail = (f"max rel error {half['max_rel_error']:.3e} (tolerance {half['tolerance_rel']:.0e})"
-                  if half.get("status") == "checked" else half["status"])
-        print(f"fp16 variant: {args.models_dir / variant['name'] / 'model.onnx'}  parity: {detail}"
-              f"{_accuracy_text(variant)}")
+        detail = (
+            f"max rel error {half['max_rel_error']:.3e} (tolerance {half['tolerance_rel']:.0e})"
+            if half.get("status") == "checked"
+            else half["status"]
+        )
+        print(
+            f"fp16 variant: {args.models_dir / variant['name'] / 'model.onnx'}  parity: {detail}"
+            f"{_accuracy_text(variant)}"
+        )
 
 
 def _size(size: int) -> str:

@@ -83,6 +83,10 @@ def _shapes(model: onnx.ModelProto, dims: dict[str, int]) -> dict[str, list]:
     for value in [*graph.input, *graph.value_info, *graph.output]:
         tensor = value.type.tensor_type
         if tensor.HasField("shape"):
-            shapes[value.name] = [dims.get(d.dim_param, d.dim_param) if d.HasField("dim_param")
-                                  else (d.dim_value if d.HasField("dim_value") else None) for d in tensor.shape.dim]
+            shapes[value.name] = [
+                dims.get(d.dim_param, d.dim_param)
+                if d.HasField("dim_param")
+                else (d.dim_value if d.HasField("dim_value") else None)
+                for d in tensor.shape.dim
+            ]
     return shapes

@@ -34,8 +34,15 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 
 from latlab.export import samples
 from latlab.export.accuracy import Accuracy, Bound, compare, run
-from latlab.export.onnx_export import (MODEL_FILE, AccuracyBelowBound, ExportError, describe, load_metadata,
-                                       staged_variant, write_metadata)
+from latlab.export.onnx_export import (
+    MODEL_FILE,
+    AccuracyBelowBound,
+    ExportError,
+    describe,
+    load_metadata,
+    staged_variant,
+    write_metadata,
+)
 from latlab.export.zoo import ZooModel
 
 INT8_SUFFIX = "-int8"
@@ -43,8 +50,19 @@ WEIGHTED_OPS = ("MatMul", "Gemm", "Conv")
 KEEP_FIRST_STEPS = (1, 2, 4, 8)
 # past a quarter of its weighted nodes in FP32 a variant is no longer the int8 model it says it is
 MAX_KEPT_SHARE = 0.25
-QUANTIZED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
-                           "ConvInteger", "DynamicQuantizeMatMul", "QLinearConv", "QLinearMatMul", "QGemm"})
+QUANTIZED_OPS = frozenset(
+    {
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "DynamicQuantizeLinear",
+        "MatMulInteger",
+        "ConvInteger",
+        "DynamicQuantizeMatMul",
+        "QLinearConv",
+        "QLinearMatMul",
+        "QGemm",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -64,12 +82,14 @@ class Recipe:
         ends = (["the last"] if self.keep_last else []) + ([f"the first {self.keep_first}"] if self.keep_first else [])
         kept = " and ".join(ends)
         nodes = "node" if kept == "the last" else "nodes"
-        return (f"{'static QDQ' if self.static else 'dynamic'}, {'per-channel' if self.per_channel else 'per-tensor'} "
-                f"weights{f', {kept} weighted {nodes} in FP32' if kept else ''}")
+        return (
+            f"{'static QDQ' if self.static else 'dynamic'}, {'per-channel' if self.per_channel else 'per-tensor'} "
+            f"weights{f', {kept} weighted {nodes} in FP32' if kept else ''}"
+        )
 
     def kept(self, weighted: list[str]) -> list[str]:
         """The names, among the graph's weighted nodes in order, that this recipe leaves in FP32."""
-        first = weighted[:self.keep_first]
+        first = weighted[: self.keep_first]
         return first + (weighted[-1:] if self.keep_last and len(first) < len(weighted) else [])
 
 
@@ -115,14 +135,26 @@ def _write_int8(name: str, zoo: ZooModel, fp32_dir: Path, out_dir: Path, source:
             break
     else:
         recipe, best = max(tried, key=lambda pair: pair[1].figure)
-        raise AccuracyBelowBound(f"{best.shortfall(f'the int8 variant of {name}', bound)}, the best of {len(tried)} "
-                                 f"recipes ({recipe.describe()}); no {int8_folder(Path(), name)} written")
+        raise AccuracyBelowBound(
+            f"{best.shortfall(f'the int8 variant of {name}', bound)}, the best of {len(tried)} "
+            f"recipes ({recipe.describe()}); no {int8_folder(Path(), name)} written"
+        )
     _require_quantized(onnx.load(str(path), load_external_data=False), name)
     for relative, src in zoo.files.items():  # a text model's tokenizer, so it serves with sentences in
         (out_dir / relative).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, out_dir / relative)
-    return _metadata(name, zoo, source, fp32_path, path, tried, tried[-1][0].kept(weighted), bound,
-                     samples.describe(zoo, batches), len(calibration))
+    return _metadata(
+        name,
+        zoo,
+        source,
+        fp32_path,
+        path,
+        tried,
+        tried[-1][0].kept(weighted),
+        bound,
+        samples.describe(zoo, batches),
+        len(calibration),
+    )
 
 
 def quantize(model: onnx.ModelProto, path: Path, kept: list[str], recipe: Recipe, calibration: samples.Batches) -> None:
@@ -134,12 +166,26 @@ def quantize(model: onnx.ModelProto, path: Path, kept: list[str], recipe: Recipe
     exclude = kept + [f"{node}_MatMul" for node in kept]
     with _quiet():  # ORT logs advice at WARNING on the root logger ("consider pre-processing"): measured, declined
         if recipe.static:
-            quantize_static(copy, path, _Reader(calibration), quant_format=QuantFormat.QDQ,
-                            per_channel=recipe.per_channel, reduce_range=_needs_reduce_range(),
-                            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, nodes_to_exclude=exclude)
+            quantize_static(
+                copy,
+                path,
+                _Reader(calibration),
+                quant_format=QuantFormat.QDQ,
+                per_channel=recipe.per_channel,
+                reduce_range=_needs_reduce_range(),
+                activation_type=QuantType.QUInt8,
+                weight_type=QuantType.QInt8,
+                nodes_to_exclude=exclude,
+            )
         else:
-            quantize_dynamic(copy, path, weight_type=QuantType.QInt8, per_channel=recipe.per_channel,
-                             reduce_range=_needs_reduce_range(), nodes_to_exclude=exclude)
+            quantize_dynamic(
+                copy,
+                path,
+                weight_type=QuantType.QInt8,
+                per_channel=recipe.per_channel,
+                reduce_range=_needs_reduce_range(),
+                nodes_to_exclude=exclude,
+            )
 
 
 def _prepared(fp32_path: Path) -> onnx.ModelProto:
@@ -168,8 +214,10 @@ def _needs_reduce_range() -> bool:
 
 def _require_quantized(model: onnx.ModelProto, name: str) -> None:
     if not any(node.op_type in QUANTIZED_OPS for node in model.graph.node):
-        raise ExportError(f"{name}: ONNX Runtime found nothing to quantize (no MatMul, Gemm or Conv with constant "
-                          f"weights); no int8 variant written")
+        raise ExportError(
+            f"{name}: ONNX Runtime found nothing to quantize (no MatMul, Gemm or Conv with constant "
+            f"weights); no int8 variant written"
+        )
 
 
 class _Reader(CalibrationDataReader):
@@ -193,27 +241,43 @@ def _quiet() -> Iterator[None]:
         root.setLevel(level)
 
 
-def _metadata(name: str, zoo: ZooModel, source: str, fp32_path: Path, path: Path,
-              tried: list[tuple[Recipe, Accuracy]], kept_fp32: list[str], bound: Bound, inputs: str,
-              calibrated_on: int) -> dict:
+def _metadata(
+    name: str,
+    zoo: ZooModel,
+    source: str,
+    fp32_path: Path,
+    path: Path,
+    tried: list[tuple[Recipe, Accuracy]],
+    kept_fp32: list[str],
+    bound: Bound,
+    inputs: str,
+    calibrated_on: int,
+) -> dict:
     recipe, accuracy = tried[-1]
     graph = onnx.load(str(path), load_external_data=False)
     return {
-        "name": int8_folder(Path(), name).name, "source": f"{source}, quantized to int8",
-        "config": {**zoo.config, "int8": True}, **describe(graph, zoo.extras.get("flops_at")),
+        "name": int8_folder(Path(), name).name,
+        "source": f"{source}, quantized to int8",
+        "config": {**zoo.config, "int8": True},
+        **describe(graph, zoo.extras.get("flops_at")),
         "params": sum(p.numel() for p in zoo.module.parameters()),
         "precision": f"int8 ({recipe.describe()}); inputs and outputs FP32",
-        "fp32_model": name, "external_data": False,
+        "fp32_model": name,
+        "external_data": False,
         "file_bytes": {"int8": path.stat().st_size, "fp32": fp32_path.stat().st_size},
         "quantization": {
-            "tool": f"onnxruntime.quantization {ort.__version__}", "recipe": recipe.describe(),
-            "activations": ("U8 per tensor, ranges calibrated (MinMax) on "
-                            f"{calibrated_on} batches of {samples.BATCH}" if recipe.static
-                            else "U8 per tensor, range taken from each batch at run time"),
+            "tool": f"onnxruntime.quantization {ort.__version__}",
+            "recipe": recipe.describe(),
+            "activations": (
+                f"U8 per tensor, ranges calibrated (MinMax) on {calibrated_on} batches of {samples.BATCH}"
+                if recipe.static
+                else "U8 per tensor, range taken from each batch at run time"
+            ),
             "weights": f"S8 {'per channel' if recipe.per_channel else 'per tensor'}"
-                       f"{', 7-bit (reduce_range: no VNNI here)' if _needs_reduce_range() else ''}",
+            f"{', 7-bit (reduce_range: no VNNI here)' if _needs_reduce_range() else ''}",
             "kept_fp32": kept_fp32,
-            "tried": [{"recipe": r.describe(), "figure": a.figure} for r, a in tried]},
+            "tried": [{"recipe": r.describe(), "figure": a.figure} for r, a in tried],
+        },
         "accuracy": accuracy.record(bound, provider="CPUExecutionProvider", inputs=inputs),
         **{k: v for k, v in zoo.extras.items() if k != "flops_at"},
     }

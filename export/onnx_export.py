@@ -35,11 +35,19 @@ METADATA_FILE = "metadata.json"
 MODEL_FILE = "model.onnx"
 DATA_SUFFIX = ".data"  # external weights: model.onnx + model.onnx.data
 # protobuf cannot serialise a message over 2 GiB, so bigger models keep their weights beside the graph
-EXTERNAL_DATA_THRESHOLD = 2 * 1024 ** 3
+EXTERNAL_DATA_THRESHOLD = 2 * 1024**3
 DEFAULT_AXIS_LIMIT = 65536
 
-__all__ = ["ExportError", "ParityError", "AccuracyBelowBound", "Parity", "export", "check_parity", "flops_per_sample",
-           "load_metadata"]
+__all__ = [
+    "ExportError",
+    "ParityError",
+    "AccuracyBelowBound",
+    "Parity",
+    "export",
+    "check_parity",
+    "flops_per_sample",
+    "load_metadata",
+]
 
 
 class ParityError(Exception):
@@ -64,9 +72,17 @@ class Parity:
     max_rel_error: float
 
 
-def export(name: str, zoo: ZooModel, models_dir: Path, source: str, *, fp16: bool = False,
-           external_data_threshold: int = EXTERNAL_DATA_THRESHOLD, fp16_providers: list[str] | None = None,
-           bound: Bound | None = None) -> dict:
+def export(
+    name: str,
+    zoo: ZooModel,
+    models_dir: Path,
+    source: str,
+    *,
+    fp16: bool = False,
+    external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
+    fp16_providers: list[str] | None = None,
+    bound: Bound | None = None,
+) -> dict:
     """Write models_dir/name/model.onnx (+ .data past the threshold) and metadata.json; return the metadata.
 
     With fp16, also write the half-precision variant to models_dir/name-fp16/ (see export/fp16.py), held to
@@ -75,8 +91,9 @@ def export(name: str, zoo: ZooModel, models_dir: Path, source: str, *, fp16: boo
     with staged(out_dir) as scratch:
         metadata = _export_fp32(name, zoo, scratch, source, external_data_threshold)
     if fp16:
-        variant = export_fp16(name, zoo, out_dir / MODEL_FILE, models_dir, source, external_data_threshold,
-                              fp16_providers, bound)
+        variant = export_fp16(
+            name, zoo, out_dir / MODEL_FILE, models_dir, source, external_data_threshold, fp16_providers, bound
+        )
         metadata["fp16_variant"] = variant["name"]
         write_metadata(out_dir, metadata)
     return metadata
@@ -89,7 +106,9 @@ def _export_fp32(name: str, zoo: ZooModel, out_dir: Path, source: str, external_
     parity = check_parity(zoo, path)
     graph = onnx.load(str(path), load_external_data=False)
     metadata = {
-        "name": name, "source": source, "config": zoo.config,
+        "name": name,
+        "source": source,
+        "config": zoo.config,
         **describe(graph, zoo.extras.get("flops_at")),
         "params": sum(p.numel() for p in zoo.module.parameters()),
         "dynamic_axes": {n: {str(a): d for a, d in axes.items()} for n, axes in zoo.axes().items()},
@@ -156,8 +175,11 @@ def _to_onnx(zoo: ZooModel, path: Path, external_data_threshold: int) -> bool:
     """Export with the zoo's dynamic axes; return whether the weights went to external data."""
     names = list(zoo.inputs)
     axes = zoo.axes()
-    dims = {d: torch.export.Dim(d, min=1, max=zoo.axis_limits.get(d, DEFAULT_AXIS_LIMIT))
-            for per_input in axes.values() for d in per_input.values()}
+    dims = {
+        d: torch.export.Dim(d, min=1, max=zoo.axis_limits.get(d, DEFAULT_AXIS_LIMIT))
+        for per_input in axes.values()
+        for d in per_input.values()
+    }
     dynamic_shapes = {n: {a: dims[d] for a, d in axes.get(n, {}).items()} for n in names}
     size = sum(t.numel() * t.element_size() for t in [*zoo.module.parameters(), *zoo.module.buffers()])
     external = size > external_data_threshold
@@ -165,8 +187,16 @@ def _to_onnx(zoo: ZooModel, path: Path, external_data_threshold: int) -> bool:
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(zoo.module, tuple(zoo.inputs.values()), None, input_names=names,
-                                    dynamic_shapes=dynamic_shapes, opset_version=OPSET, dynamo=True, verbose=False)
+        program = torch.onnx.export(
+            zoo.module,
+            tuple(zoo.inputs.values()),
+            None,
+            input_names=names,
+            dynamic_shapes=dynamic_shapes,
+            opset_version=OPSET,
+            dynamo=True,
+            verbose=False,
+        )
         _name_outputs(program.model.graph, zoo.output_names)
         program.save(str(path), external_data=external)
     return external
@@ -178,8 +208,9 @@ def _name_outputs(graph, names: list[str]) -> None:  # graph: an onnx_ir Graph
     The exporter names values after the ops that made them, so an output called `embedding` would
     clash with the `embedding` lookup inside the model (the checker then refuses the graph)."""
     if len(graph.outputs) != len(names):
-        raise ExportError(f"the module returns {len(graph.outputs)} output(s) but {len(names)} name(s) were given: "
-                          f"{names}")
+        raise ExportError(
+            f"the module returns {len(graph.outputs)} output(s) but {len(names)} name(s) were given: {names}"
+        )
     values = {v.name: v for node in graph for v in node.outputs}
     values.update({v.name: v for v in graph.inputs})
     for value, wanted in zip(graph.outputs, names):
@@ -195,15 +226,26 @@ def save(model: onnx.ModelProto, path: Path, external_data_threshold: int = EXTE
     external = size > external_data_threshold
     path.parent.mkdir(parents=True, exist_ok=True)
     if external:
-        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=path.name + DATA_SUFFIX, size_threshold=0)
+        onnx.save_model(
+            model,
+            str(path),
+            save_as_external_data=True,
+            all_tensors_to_one_file=True,
+            location=path.name + DATA_SUFFIX,
+            size_threshold=0,
+        )
     else:
         onnx.save_model(model, str(path))
     return external
 
 
-def check_parity(zoo: ZooModel, path: Path, batches: tuple[int, ...] = PARITY_BATCHES,
-                 tolerance: float = MAX_REL_ERROR, providers: list[str] | None = None) -> Parity:
+def check_parity(
+    zoo: ZooModel,
+    path: Path,
+    batches: tuple[int, ...] = PARITY_BATCHES,
+    tolerance: float = MAX_REL_ERROR,
+    providers: list[str] | None = None,
+) -> Parity:
     """Compare ORT with PyTorch on fresh random inputs; raise ParityError past the tolerance."""
     wanted = providers or ["CPUExecutionProvider"]
     session = ort.InferenceSession(str(path), providers=wanted)
@@ -223,20 +265,33 @@ def check_parity(zoo: ZooModel, path: Path, batches: tuple[int, ...] = PARITY_BA
             rel_err = abs_err / scale if scale > 0 else abs_err
             worst = Parity(max(worst.max_abs_error, abs_err), max(worst.max_rel_error, rel_err))
     if not worst.max_rel_error <= tolerance:  # NaN fails too
-        raise ParityError(f"ONNX Runtime differs from PyTorch: max rel error {worst.max_rel_error:.2e} "
-                          f"> {tolerance:.0e} (max abs {worst.max_abs_error:.2e})")
+        raise ParityError(
+            f"ONNX Runtime differs from PyTorch: max rel error {worst.max_rel_error:.2e} "
+            f"> {tolerance:.0e} (max abs {worst.max_abs_error:.2e})"
+        )
     return worst
 
 
 def _parity_record(parity: Parity, tolerance: float) -> dict:
-    return {"batches": list(PARITY_BATCHES), "inputs": "fresh random inputs, not the traced examples",
-            "max_abs_error": parity.max_abs_error, "max_rel_error": parity.max_rel_error,
-            "tolerance_rel": tolerance}
+    return {
+        "batches": list(PARITY_BATCHES),
+        "inputs": "fresh random inputs, not the traced examples",
+        "max_abs_error": parity.max_abs_error,
+        "max_rel_error": parity.max_rel_error,
+        "tolerance_rel": tolerance,
+    }
 
 
-def export_fp16(name: str, zoo: ZooModel, fp32_path: Path, models_dir: Path, source: str,
-                external_data_threshold: int = EXTERNAL_DATA_THRESHOLD, providers: list[str] | None = None,
-                bound: Bound | None = None) -> dict:
+def export_fp16(
+    name: str,
+    zoo: ZooModel,
+    fp32_path: Path,
+    models_dir: Path,
+    source: str,
+    external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
+    providers: list[str] | None = None,
+    bound: Bound | None = None,
+) -> dict:
     """Convert the exported fp32 model to fp16 in models_dir/name-fp16/ and check it with fp16's tolerance.
 
     The check runs on `providers` (default: CPU, which runs fp16 ops it lacks kernels for through inserted
@@ -246,40 +301,59 @@ def export_fp16(name: str, zoo: ZooModel, fp32_path: Path, models_dir: Path, sou
     still run it)."""
     out_dir = half.fp16_folder(models_dir, name)
     with staged_variant(out_dir) as scratch:
-        metadata = _write_fp16(name, zoo, fp32_path, scratch, source, external_data_threshold, providers,
-                               bound or Bound.for_model(None))
+        metadata = _write_fp16(
+            name, zoo, fp32_path, scratch, source, external_data_threshold, providers, bound or Bound.for_model(None)
+        )
     return metadata
 
 
-def _write_fp16(name: str, zoo: ZooModel, fp32_path: Path, out_dir: Path, source: str,
-                external_data_threshold: int, providers: list[str] | None, bound: Bound) -> dict:
+def _write_fp16(
+    name: str,
+    zoo: ZooModel,
+    fp32_path: Path,
+    out_dir: Path,
+    source: str,
+    external_data_threshold: int,
+    providers: list[str] | None,
+    bound: Bound,
+) -> dict:
     path = out_dir / MODEL_FILE
     external = save(half.convert(onnx.load(str(fp32_path))), path, external_data_threshold)
     onnx.checker.check_model(str(path), full_check=True)
     providers = providers or ["CPUExecutionProvider"]
     try:
-        parity = _parity_record(check_parity(zoo, path, tolerance=half.FP16_MAX_REL_ERROR, providers=providers),
-                                half.FP16_MAX_REL_ERROR)
+        parity = _parity_record(
+            check_parity(zoo, path, tolerance=half.FP16_MAX_REL_ERROR, providers=providers), half.FP16_MAX_REL_ERROR
+        )
         parity.update(status="checked", provider=providers[0])
     except ParityError:
         raise
     except Exception as exc:  # ORT refuses the graph or an op: report it, the GPU may still run it
         reason = str(exc).strip().splitlines()[0][:300]
-        parity = {"status": f"not checked: {providers[0]} cannot run this fp16 graph: {reason}",
-                  "tolerance_rel": half.FP16_MAX_REL_ERROR}
+        parity = {
+            "status": f"not checked: {providers[0]} cannot run this fp16 graph: {reason}",
+            "tolerance_rel": half.FP16_MAX_REL_ERROR,
+        }
     graph = onnx.load(str(path), load_external_data=False)
-    metadata = {"name": half.fp16_folder(Path(), name).name, "source": f"{source}, converted to fp16",
-                "config": {**zoo.config, "fp16": True}, **describe(graph, zoo.extras.get("flops_at")),
-                "params": sum(p.numel() for p in zoo.module.parameters()),
-                "precision": "fp16 weights and compute; inputs and outputs FP32 (casts inside the graph)",
-                "fp32_model": name, "external_data": external, "parity": parity,
-                "accuracy": _fp16_accuracy(name, zoo, fp32_path, path, bound, providers, parity)}
+    metadata = {
+        "name": half.fp16_folder(Path(), name).name,
+        "source": f"{source}, converted to fp16",
+        "config": {**zoo.config, "fp16": True},
+        **describe(graph, zoo.extras.get("flops_at")),
+        "params": sum(p.numel() for p in zoo.module.parameters()),
+        "precision": "fp16 weights and compute; inputs and outputs FP32 (casts inside the graph)",
+        "fp32_model": name,
+        "external_data": external,
+        "parity": parity,
+        "accuracy": _fp16_accuracy(name, zoo, fp32_path, path, bound, providers, parity),
+    }
     write_metadata(out_dir, metadata)
     return metadata
 
 
-def _fp16_accuracy(name: str, zoo: ZooModel, fp32_path: Path, path: Path, bound: Bound, providers: list[str],
-                   parity: dict) -> dict:
+def _fp16_accuracy(
+    name: str, zoo: ZooModel, fp32_path: Path, path: Path, bound: Bound, providers: list[str], parity: dict
+) -> dict:
     """The fp16 variant's figure against FP32 on the check set; AccuracyBelowBound below the bound."""
     if parity["status"] != "checked":  # the same reason stops this check
         return {"status": parity["status"], "min_accuracy": bound.minimum}
@@ -293,16 +367,26 @@ def _fp16_accuracy(name: str, zoo: ZooModel, fp32_path: Path, path: Path, bound:
 
 def _signature(value: onnx.ValueInfoProto) -> dict:
     tensor = value.type.tensor_type
-    shape = [d.dim_param if d.HasField("dim_param") else (d.dim_value if d.HasField("dim_value") else "?")
-             for d in tensor.shape.dim]
+    shape = [
+        d.dim_param if d.HasField("dim_param") else (d.dim_value if d.HasField("dim_value") else "?")
+        for d in tensor.shape.dim
+    ]
     return {"name": value.name, "datatype": _DATATYPES.get(tensor.elem_type, str(tensor.elem_type)), "shape": shape}
 
 
 _DATATYPES = {
-    onnx.TensorProto.FLOAT: "FP32", onnx.TensorProto.FLOAT16: "FP16", onnx.TensorProto.DOUBLE: "FP64",
-    onnx.TensorProto.INT64: "INT64", onnx.TensorProto.INT32: "INT32", onnx.TensorProto.INT16: "INT16",
-    onnx.TensorProto.INT8: "INT8", onnx.TensorProto.UINT8: "UINT8", onnx.TensorProto.UINT16: "UINT16",
-    onnx.TensorProto.UINT32: "UINT32", onnx.TensorProto.UINT64: "UINT64", onnx.TensorProto.BOOL: "BOOL",
+    onnx.TensorProto.FLOAT: "FP32",
+    onnx.TensorProto.FLOAT16: "FP16",
+    onnx.TensorProto.DOUBLE: "FP64",
+    onnx.TensorProto.INT64: "INT64",
+    onnx.TensorProto.INT32: "INT32",
+    onnx.TensorProto.INT16: "INT16",
+    onnx.TensorProto.INT8: "INT8",
+    onnx.TensorProto.UINT8: "UINT8",
+    onnx.TensorProto.UINT16: "UINT16",
+    onnx.TensorProto.UINT32: "UINT32",
+    onnx.TensorProto.UINT64: "UINT64",
+    onnx.TensorProto.BOOL: "BOOL",
 }
 
 

@@ -34,7 +34,7 @@ class ResNet18(nn.Module):
         self.stem = nn.Sequential(_conv_bn(3, width, 7, 2), nn.ReLU(), nn.MaxPool2d(3, stride=2, padding=1))
         stages, c_in = [], width
         for i, blocks in enumerate([2, 2, 2, 2]):
-            c_out = width * 2 ** i
+            c_out = width * 2**i
             for j in range(blocks):
                 stages.append(BasicBlock(c_in, c_out, stride=2 if i > 0 and j == 0 else 1))
                 c_in = c_out

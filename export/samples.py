@@ -124,7 +124,7 @@ def takes_text(zoo: ZooModel) -> bool:
 
 
 def _sentence_batches(zoo: ZooModel) -> Batches:
-    return [tokenized(zoo, SENTENCES[start:start + BATCH]) for start in range(0, len(SENTENCES), BATCH)]
+    return [tokenized(zoo, SENTENCES[start : start + BATCH]) for start in range(0, len(SENTENCES), BATCH)]
 
 
 def tokenized(zoo: ZooModel, sentences: tuple[str, ...]) -> dict[str, np.ndarray]:
@@ -139,5 +139,5 @@ def tokenized(zoo: ZooModel, sentences: tuple[str, ...]) -> dict[str, np.ndarray
     shape = (len(encodings), max(len(e.ids) for e in encodings))
     ids, mask = np.full(shape, settings.get("pad_id", 0), np.int64), np.zeros(shape, np.int64)
     for row, encoding in enumerate(encodings):
-        ids[row, :len(encoding.ids)], mask[row, :len(encoding.ids)] = encoding.ids, 1
+        ids[row, : len(encoding.ids)], mask[row, : len(encoding.ids)] = encoding.ids, 1
     return {"input_ids": ids, "attention_mask": mask}

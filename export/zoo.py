@@ -90,14 +90,17 @@ class FFN(nn.Module):
 
 def build_mlp(in_features: int = 4, hidden: int = 100, out_features: int = 1, batch: int = 2) -> ZooModel:
     module = MLP(in_features, hidden, out_features).eval()
-    return ZooModel(module, {"x": torch.randn(batch, in_features)}, ["y"],
-                    {"in_features": in_features, "hidden": hidden, "out_features": out_features})
+    return ZooModel(
+        module,
+        {"x": torch.randn(batch, in_features)},
+        ["y"],
+        {"in_features": in_features, "hidden": hidden, "out_features": out_features},
+    )
 
 
 def build_ffn(d_model: int = 128, n_layers: int = 128, batch: int = 2) -> ZooModel:
     module = FFN(d_model, n_layers).eval()
-    return ZooModel(module, {"x": torch.randn(batch, d_model)}, ["y"],
-                    {"d_model": d_model, "n_layers": n_layers})
+    return ZooModel(module, {"x": torch.randn(batch, d_model)}, ["y"], {"d_model": d_model, "n_layers": n_layers})
 
 
 class RNN(nn.Module):
@@ -116,27 +119,49 @@ class RNN(nn.Module):
         return self.proj(out[:, -1])
 
 
-def build_rnn(cell: str = "lstm", input_size: int = 32, hidden: int = 128, rnn_layers: int = 2,
-              seq_len: int = 32, out_features: int = 8, batch: int = 2) -> ZooModel:
+def build_rnn(
+    cell: str = "lstm",
+    input_size: int = 32,
+    hidden: int = 128,
+    rnn_layers: int = 2,
+    seq_len: int = 32,
+    out_features: int = 8,
+    batch: int = 2,
+) -> ZooModel:
     module = RNN(cell, input_size, hidden, rnn_layers, out_features).eval()
 
     def make_inputs(n: int) -> dict[str, torch.Tensor]:
         # a sequence length the export never saw proves the seq axis is really dynamic
         return {"x": torch.randn(n, seq_len + 3, input_size)}
 
-    return ZooModel(module, {"x": torch.randn(batch, seq_len, input_size)}, ["y"],
-                    {"cell": cell, "input_size": input_size, "hidden": hidden, "rnn_layers": rnn_layers,
-                     "seq_len": seq_len, "out_features": out_features},
-                    dynamic_axes={"x": {0: "batch", 1: "seq"}}, make_inputs=make_inputs,
-                    extras={"flops_at": {"seq": seq_len}})
+    return ZooModel(
+        module,
+        {"x": torch.randn(batch, seq_len, input_size)},
+        ["y"],
+        {
+            "cell": cell,
+            "input_size": input_size,
+            "hidden": hidden,
+            "rnn_layers": rnn_layers,
+            "seq_len": seq_len,
+            "out_features": out_features,
+        },
+        dynamic_axes={"x": {0: "batch", 1: "seq"}},
+        make_inputs=make_inputs,
+        extras={"flops_at": {"seq": seq_len}},
+    )
 
 
 def build_cnn(image_size: int = 224, width: int = 64, classes: int = 1000, batch: int = 2) -> ZooModel:
     from latlab.export.resnet import ResNet18
 
     module = ResNet18(width, classes).eval()
-    return ZooModel(module, {"image": torch.randn(batch, 3, image_size, image_size)}, ["logits"],
-                    {"image_size": image_size, "width": width, "classes": classes})
+    return ZooModel(
+        module,
+        {"image": torch.randn(batch, 3, image_size, image_size)},
+        ["logits"],
+        {"image_size": image_size, "width": width, "classes": classes},
+    )
 
 
 def build_minilm(seq_len: int = 16, batch: int = 2) -> ZooModel:
@@ -146,4 +171,9 @@ def build_minilm(seq_len: int = 16, batch: int = 2) -> ZooModel:
 
 
 BUILDERS: dict[str, Callable[..., ZooModel]] = {
-    "mlp": build_mlp, "ffn": build_ffn, "rnn": build_rnn, "cnn": build_cnn, "minilm": build_minilm}
+    "mlp": build_mlp,
+    "ffn": build_ffn,
+    "rnn": build_rnn,
+    "cnn": build_cnn,
+    "minilm": build_minilm,
+}

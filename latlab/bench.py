@@ -17,8 +17,13 @@ SCHEMA = "latlab.bench/1"
 BENCH_FILE = "bench.json"
 EXPERIMENTS = ("batch_size", "d_model", "n_layers", "fixed_params", "zoo_batch")
 SEED_EXPERIMENTS = EXPERIMENTS[:4]
-VARIES = {"batch_size": "batch_size", "d_model": "d_model", "n_layers": "n_layers",
-          "fixed_params": "n_layers", "zoo_batch": "batch_size"}
+VARIES = {
+    "batch_size": "batch_size",
+    "d_model": "d_model",
+    "n_layers": "n_layers",
+    "fixed_params": "n_layers",
+    "zoo_batch": "batch_size",
+}
 FP32_BYTES = 4
 
 
@@ -71,8 +76,9 @@ class Timing:
     repeats: int
 
 
-def measure(run: Callable[[], None], settings: MeasureSettings,
-            clock: Callable[[], float] = time.perf_counter) -> Timing:
+def measure(
+    run: Callable[[], None], settings: MeasureSettings, clock: Callable[[], float] = time.perf_counter
+) -> Timing:
     """Time `run` after warm-up; repeats bounded by count and time, so fast points get many samples."""
     for _ in range(settings.warmup):
         run()
@@ -120,8 +126,15 @@ def grid(name: str, settings: BenchSettings) -> tuple[dict, list[tuple[int, int,
 class _Experiment:
     """Collects one experiment's points and skips while its models are measured backend by backend."""
 
-    def __init__(self, name: str, model: str, fixed: dict, settings: BenchSettings, log: Callable[[str], None],
-                 unavailable: dict[str, str] | None):
+    def __init__(
+        self,
+        name: str,
+        model: str,
+        fixed: dict,
+        settings: BenchSettings,
+        log: Callable[[str], None],
+        unavailable: dict[str, str] | None,
+    ):
         self.doc = {"name": name, "model": model, "vary": VARIES[name], "fixed": fixed, "points": [], "skipped": []}
         self.settings, self.log = settings, log
         self.too_slow: dict[str, float] = {}
@@ -161,8 +174,12 @@ class _Experiment:
 
     def _run_point(self, backend: str, prepare, row: dict) -> None:
         if backend in self.too_slow:
-            self.skip(row, backend, f"an earlier point already took {self.too_slow[backend]:.1f} s per run "
-                                    f"(> {self.settings.max_run_s:g} s)")
+            self.skip(
+                row,
+                backend,
+                f"an earlier point already took {self.too_slow[backend]:.1f} s per run "
+                f"(> {self.settings.max_run_s:g} s)",
+            )
             return
         from latlab.bench_backends import RUN_FAILURES
 
@@ -181,8 +198,9 @@ def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
 
 
-def run_seed_experiment(name: str, settings: BenchSettings, log: Callable[[str], None] = print,
-                        unavailable: dict[str, str] | None = None) -> dict:
+def run_seed_experiment(
+    name: str, settings: BenchSettings, log: Callable[[str], None] = print, unavailable: dict[str, str] | None = None
+) -> dict:
     """One of seed 003's sweeps over the ffn toy; points over the parameter budget are recorded as skipped."""
     from latlab import bench_backends as bb
 
@@ -194,10 +212,13 @@ def run_seed_experiment(name: str, settings: BenchSettings, log: Callable[[str],
         if params > budget:
             for backend in settings.backends:
                 for b in batches:
-                    experiment.skip({"batch_size": b, "d_model": d_model, "n_layers": n_layers, "params": params},
-                                    backend, f"{params:,} parameters (fp32 {params * FP32_BYTES / 2**30:.2f} GiB) "
-                                             f"exceed the budget of {budget:,} ({budget * FP32_BYTES / 2**30:.2f} GiB; "
-                                             f"--max-params)")
+                    experiment.skip(
+                        {"batch_size": b, "d_model": d_model, "n_layers": n_layers, "params": params},
+                        backend,
+                        f"{params:,} parameters (fp32 {params * FP32_BYTES / 2**30:.2f} GiB) "
+                        f"exceed the budget of {budget:,} ({budget * FP32_BYTES / 2**30:.2f} GiB; "
+                        f"--max-params)",
+                    )
             continue
         point_model = bb.ffn_model(d_model, n_layers, settings.cache_dir)
         experiment.run_model(point_model, batches, params, None)
@@ -206,8 +227,9 @@ def run_seed_experiment(name: str, settings: BenchSettings, log: Callable[[str],
     return experiment.doc
 
 
-def run_zoo_experiment(model: str, settings: BenchSettings, log: Callable[[str], None] = print,
-                       unavailable: dict[str, str] | None = None) -> dict:
+def run_zoo_experiment(
+    model: str, settings: BenchSettings, log: Callable[[str], None] = print, unavailable: dict[str, str] | None = None
+) -> dict:
     """A batch sweep of one zoo model (its own default sizes; --seq-len for sequence models)."""
     from latlab import bench_backends as bb
 
@@ -225,8 +247,14 @@ def machine_info(settings: BenchSettings) -> dict:
     from latlab.common import machine
     from latlab.bench_backends import gpu_name
 
-    return {**machine.describe(), "gpu": gpu_name(), "ort_version": ort.__version__, "torch_version": torch.__version__,
-            "threads": settings.threads, "torch_threads": torch.get_num_threads()}
+    return {
+        **machine.describe(),
+        "gpu": gpu_name(),
+        "ort_version": ort.__version__,
+        "torch_version": torch.__version__,
+        "threads": settings.threads,
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 def run_bench(settings: BenchSettings, log: Callable[[str], None] = print) -> dict:
@@ -239,15 +267,22 @@ def run_bench(settings: BenchSettings, log: Callable[[str], None] = print) -> di
         # Same thread count for both runtimes, so the comparison is of runtimes, not of thread pools.
         torch.set_num_threads(settings.threads)
     try:
-        doc = {"schema": SCHEMA, "machine": machine_info(settings),
-               "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "experiments": []}
+        doc = {
+            "schema": SCHEMA,
+            "machine": machine_info(settings),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "experiments": [],
+        }
         unavailable: dict[str, str] = {}
         for name in settings.experiments:
             models = settings.models if name == "zoo_batch" else [None]
             for model in models:
                 log(f"{name}: {model or 'ffn'}")
-                doc["experiments"].append(run_zoo_experiment(model, settings, log, unavailable) if model
-                                          else run_seed_experiment(name, settings, log, unavailable))
+                doc["experiments"].append(
+                    run_zoo_experiment(model, settings, log, unavailable)
+                    if model
+                    else run_seed_experiment(name, settings, log, unavailable)
+                )
     finally:
         torch.set_num_threads(torch_threads)
     return doc
@@ -263,11 +298,17 @@ def validate(settings: BenchSettings) -> None:
     _choices("model", settings.models, tuple(BUILDERS))
     if "zoo_batch" in settings.experiments and not settings.models:
         raise BenchError("the zoo_batch experiment needs --models, e.g. --models mlp,ffn")
-    for option, values in (("--batches", settings.batches), ("--d-models", settings.d_models),
-                           ("--layers", settings.layers), ("--fixed-layers", settings.fixed_layers),
-                           ("--zoo-batches", settings.zoo_batches),
-                           ("--d-model/--n-layers/--seq-len/--fixed-params",
-                            [settings.d_model, settings.n_layers, settings.seq_len, settings.fixed_params])):
+    for option, values in (
+        ("--batches", settings.batches),
+        ("--d-models", settings.d_models),
+        ("--layers", settings.layers),
+        ("--fixed-layers", settings.fixed_layers),
+        ("--zoo-batches", settings.zoo_batches),
+        (
+            "--d-model/--n-layers/--seq-len/--fixed-params",
+            [settings.d_model, settings.n_layers, settings.seq_len, settings.fixed_params],
+        ),
+    ):
         if not values or any(v < 1 for v in values):
             raise BenchError(f"{option} needs positive integers, got {values}")
     if settings.threads < 0 or settings.max_params < 0:

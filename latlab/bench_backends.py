@@ -30,8 +30,13 @@ SEQ_LEN_PARAMS = ("seq_len", "seq_length", "sequence_length")
 
 
 # What a point too big for the device raises (out of memory in PyTorch or ORT): recorded as a skip.
-RUN_FAILURES: tuple[type[Exception], ...] = (RuntimeError, MemoryError, ort_state.Fail, ort_state.RuntimeException,
-                                             ort_state.EPFail)
+RUN_FAILURES: tuple[type[Exception], ...] = (
+    RuntimeError,
+    MemoryError,
+    ort_state.Fail,
+    ort_state.RuntimeException,
+    ort_state.EPFail,
+)
 
 
 class BackendUnavailable(Exception):
@@ -71,14 +76,20 @@ def write_ffn_onnx(module: FFN, path: Path) -> None:
         weight = block.ff[0].weight.detach().numpy().T  # Linear computes x @ W^T
         weights.append(numpy_helper.from_array(np.ascontiguousarray(weight), f"w{i}"))
         out = "y" if i == len(blocks) - 1 else f"h{i}"
-        nodes += [helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"]),
-                  helper.make_node("Relu", [f"m{i}"], [f"r{i}"]),
-                  helper.make_node("Add", [f"r{i}", prev], [out])]
+        nodes += [
+            helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"]),
+            helper.make_node("Relu", [f"m{i}"], [f"r{i}"]),
+            helper.make_node("Add", [f"r{i}", prev], [out]),
+        ]
         prev = out
     d_model = blocks[0].ff[0].in_features
-    graph = helper.make_graph(nodes, "ffn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", d_model])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", d_model])],
-                              initializer=weights)
+    graph = helper.make_graph(
+        nodes,
+        "ffn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", d_model])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", d_model])],
+        initializer=weights,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=9)
     path.parent.mkdir(parents=True, exist_ok=True)
     external = sum(p.numel() for p in module.parameters()) * 4 > EXTERNAL_DATA_BYTES
@@ -157,8 +168,9 @@ def ort_cuda_session(path: Path, threads: int) -> ort.InferenceSession:
     if reason:
         raise BackendUnavailable(f"CUDAExecutionProvider cannot load: {reason}")
     try:
-        session = ort.InferenceSession(str(path), _session_options(threads),
-                                       providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+        session = ort.InferenceSession(
+            str(path), _session_options(threads), providers=["CUDAExecutionProvider", "CPUExecutionProvider"]
+        )
     except Exception as exc:  # ORT raises its own Fail/RuntimeException types when CUDA libraries are missing
         raise BackendUnavailable(f"CUDAExecutionProvider failed: {str(exc).splitlines()[0]}") from None
     if session.get_providers()[0] != "CUDAExecutionProvider":
@@ -226,8 +238,9 @@ def gpu_name() -> str | None:
     if not shutil.which("nvidia-smi"):
         return None
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=10
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
     names = [line.strip() for line in out.splitlines() if line.strip()]

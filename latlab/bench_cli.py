@@ -16,29 +16,48 @@ FULL_MIN_WIDTH = 64  # --full deepens the fixed-parameter sweep until the layers
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The bench subcommand's options; grid options default to seed 003's values (or --quick's)."""
     add = parser.add_argument
-    add("--quick", action="store_true", help="small grid for the lab: batch 1..256 at d=128 L=128 (+ zoo "
-                                             "sweeps 1..64 for --models, stopping a sweep past 1 s per run), "
-                                             "ort-cpu and torch-cpu")
+    add(
+        "--quick",
+        action="store_true",
+        help="small grid for the lab: batch 1..256 at d=128 L=128 (+ zoo "
+        "sweeps 1..64 for --models, stopping a sweep past 1 s per run), "
+        "ort-cpu and torch-cpu",
+    )
     add("--full", action="store_true", help="every n_layers point (128..3840 step 128) and deeper fixed-params")
-    add("--experiments", help="comma list of batch_size,d_model,n_layers,fixed_params,zoo_batch "
-                              "(default: the four seed sweeps, plus zoo_batch when --models is given)")
-    add("--backends", help="comma list of ort-cpu,ort-cuda,torch-cpu,torch-cuda (default: the CPU ones, "
-                           "plus the CUDA ones where a GPU is present)")
+    add(
+        "--experiments",
+        help="comma list of batch_size,d_model,n_layers,fixed_params,zoo_batch "
+        "(default: the four seed sweeps, plus zoo_batch when --models is given)",
+    )
+    add(
+        "--backends",
+        help="comma list of ort-cpu,ort-cuda,torch-cpu,torch-cuda (default: the CPU ones, "
+        "plus the CUDA ones where a GPU is present)",
+    )
     add("--models", default="", help="zoo models for batch sweeps, e.g. mlp,ffn,cnn,minilm,rnn")
     add("--batches", help="batch_size sweep (default 1,2,4,...,2048); ranges as start:stop:step")
     add("--d-models", help="d_model sweep (default 64,128,...,4096)")
     add("--layers", help="n_layers sweep (default every 4th of 128:3840:128; --full: all)")
-    add("--fixed-params", type=int,
-        help="parameter count of the fixed-params sweep (default 2**27; 2**31 on a GPU box)")
+    add(
+        "--fixed-params", type=int, help="parameter count of the fixed-params sweep (default 2**27; 2**31 on a GPU box)"
+    )
     add("--fixed-layers", help="depths of the fixed-params sweep (default 1,2,4,...,4096)")
     add("--zoo-batches", help=f"zoo batch sweep (default {ZOO_BATCHES})")
     add("--d-model", type=int, default=128, help="width where it is held fixed")
     add("--n-layers", type=int, default=128, help="depth where it is held fixed")
     add("--seq-len", type=int, default=64, help="sequence length for sequence models (minilm, rnn)")
-    add("--threads", type=int, default=0, help="ONNX Runtime intra-op threads and PyTorch's threads "
-                                             "(0 = each runtime's default)")
-    add("--max-params", type=int, default=0, help="skip points with more parameters (default: fp32 weights "
-                                                  "up to a quarter of RAM)")
+    add(
+        "--threads",
+        type=int,
+        default=0,
+        help="ONNX Runtime intra-op threads and PyTorch's threads (0 = each runtime's default)",
+    )
+    add(
+        "--max-params",
+        type=int,
+        default=0,
+        help="skip points with more parameters (default: fp32 weights up to a quarter of RAM)",
+    )
     add("--min-time", type=float, default=None, help="seconds of timed runs per point, at least (default 0.2)")
     add("--cache-dir", type=Path, default=Path("models/bench"), help="exported ONNX files, reused across runs")
     add("--out", type=Path, help="run folder (default runs/bench-<timestamp>)")
@@ -50,25 +69,36 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     experiments = _names(args.experiments) or (["batch_size"] if args.quick else list(BenchSettings().experiments))
     if args.models and args.experiments is None:
         experiments.append("zoo_batch")
-    backends = _names(args.backends) or (["ort-cpu", "torch-cpu"] + ([] if args.quick or not gpu_box
-                                                                     else ["ort-cuda", "torch-cuda"]))
+    backends = _names(args.backends) or (
+        ["ort-cpu", "torch-cpu"] + ([] if args.quick or not gpu_box else ["ort-cuda", "torch-cuda"])
+    )
     fixed_params = args.fixed_params if args.fixed_params is not None else (2**31 if gpu_box else 2**27)
     measure = MeasureSettings(warmup=1, min_time_s=0.1) if args.quick else MeasureSettings()
     if args.min_time is not None:
         measure.min_time_s = args.min_time
     return BenchSettings(
-        experiments=experiments, backends=backends, models=_names(args.models),
-        batches=parse_ints("--batches", args.batches) if args.batches
+        experiments=experiments,
+        backends=backends,
+        models=_names(args.models),
+        batches=parse_ints("--batches", args.batches)
+        if args.batches
         else [2**k for k in range(9 if args.quick else 12)],
         d_models=parse_ints("--d-models", args.d_models) if args.d_models else [2**k for k in range(6, 13)],
         layers=parse_ints("--layers", args.layers) if args.layers else _default_layers(args.full),
         fixed_params=fixed_params,
-        fixed_layers=parse_ints("--fixed-layers", args.fixed_layers) if args.fixed_layers
+        fixed_layers=parse_ints("--fixed-layers", args.fixed_layers)
+        if args.fixed_layers
         else _default_fixed_layers(fixed_params, args.full),
         zoo_batches=parse_ints("--zoo-batches", args.zoo_batches or ZOO_BATCHES),
-        d_model=args.d_model, n_layers=args.n_layers, seq_len=args.seq_len, threads=args.threads,
-        max_params=args.max_params, cache_dir=args.cache_dir, measure=measure,
-        max_run_s=1.0 if args.quick else BenchSettings.max_run_s)
+        d_model=args.d_model,
+        n_layers=args.n_layers,
+        seq_len=args.seq_len,
+        threads=args.threads,
+        max_params=args.max_params,
+        cache_dir=args.cache_dir,
+        measure=measure,
+        max_run_s=1.0 if args.quick else BenchSettings.max_run_s,
+    )
 
 
 def _default_layers(full: bool) -> list[int]:
@@ -137,7 +167,8 @@ def format_table(doc: dict) -> str:
         lines.append(f"  {vary:>10s}" + "".join(f"{b:>12s}" for b in backends))
         for value in sorted({key[0] for key in medians}):
             label = f"{value}" + (f" d={widths[value]}" if experiment["name"] == "fixed_params" else "")
-            cells = "".join(f"{medians[(value, b)]:12.3f}" if (value, b) in medians else f"{'-':>12s}"
-                            for b in backends)
+            cells = "".join(
+                f"{medians[(value, b)]:12.3f}" if (value, b) in medians else f"{'-':>12s}" for b in backends
+            )
             lines.append(f"  {label:>10s}{cells}")
     return "\n".join(lines)

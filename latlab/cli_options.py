@@ -17,8 +17,9 @@ class UserError(Exception):
 ENV_PREFIX = "LATLAB_"
 
 
-def apply_env_and_file(parser: argparse.ArgumentParser, args: argparse.Namespace,
-                       argv: list[str]) -> argparse.Namespace:
+def apply_env_and_file(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]
+) -> argparse.Namespace:
     """Fill the options not given on the command line from LATLAB_<OPTION>, then from the
     [<command>] table of --config-file (or LATLAB_CONFIG_FILE)."""
     sub = _subparser(parser, args.command)
@@ -81,8 +82,9 @@ def parse_slos(text: str) -> list[float]:
     """'25ms,0.1s,50' -> seconds (a bare number is milliseconds)."""
     slos = []
     for part in (p.strip().lower() for p in text.split(",") if p.strip()):
-        scale, number = ((1.0, part[:-1]) if part.endswith("s") and not part.endswith("ms")
-                         else (1e-3, part.removesuffix("ms")))
+        scale, number = (
+            (1.0, part[:-1]) if part.endswith("s") and not part.endswith("ms") else (1e-3, part.removesuffix("ms"))
+        )
         try:
             value = float(number) * scale
         except ValueError:

@@ -12,8 +12,11 @@ from latlab.common import machine
 PROVIDERS = ("CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider")
 """Checked on every machine, whether or not this onnxruntime build lists them."""
 # What ORT runs beneath each provider for the nodes it cannot take (the same chains the server asks for).
-_CHAINS = {"CPUExecutionProvider": [], "CUDAExecutionProvider": ["CPUExecutionProvider"],
-           "TensorrtExecutionProvider": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
+_CHAINS = {
+    "CPUExecutionProvider": [],
+    "CUDAExecutionProvider": ["CPUExecutionProvider"],
+    "TensorrtExecutionProvider": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+}
 
 
 def tiny_model(path: Path) -> Path:
@@ -70,8 +73,12 @@ def nvidia_smi_gpus() -> list[str]:
     if not shutil.which("nvidia-smi"):
         return []
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
     return [line.strip() for line in out.splitlines() if line.strip()]
@@ -82,13 +89,16 @@ def report() -> str:
     import onnxruntime as ort
 
     info = machine.describe()
-    lines = [f"cpu:          {info['cpu']}",
-             f"cores:        {info['cores']} logical",
-             f"memory:       {info['memory_gib']} GiB",
-             f"os:           {info['os']}, Python {info['python']}"]
+    lines = [
+        f"cpu:          {info['cpu']}",
+        f"cores:        {info['cores']} logical",
+        f"memory:       {info['memory_gib']} GiB",
+        f"os:           {info['os']}, Python {info['python']}",
+    ]
     lines += [f"gpu:          {line}" for line in gpu_lines()]
-    lines.append(f"onnxruntime:  {ort.__version__} ({ort.get_device()} build; lists "
-                 f"{', '.join(ort.get_available_providers())})")
+    lines.append(
+        f"onnxruntime:  {ort.__version__} ({ort.get_device()} build; lists {', '.join(ort.get_available_providers())})"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         model = tiny_model(Path(tmp) / "tiny.onnx")
         for provider in PROVIDERS:

@@ -42,14 +42,17 @@ def ensure_models(models_dir: Path, plan: LabPlan) -> dict[str, Path]:
         else:
             started = time.perf_counter()
             meta = export(model.name, zoo, models_dir, source=f"latlab zoo: {model.name}({zoo.config})")
-            _say(f"exported {model.name} ({meta['params']:,} params, parity rel error "
-                 f"{meta['parity']['max_rel_error']:.1e}) in {time.perf_counter() - started:.1f} s")
+            _say(
+                f"exported {model.name} ({meta['params']:,} params, parity rel error "
+                f"{meta['parity']['max_rel_error']:.1e}) in {time.perf_counter() - started:.1f} s"
+            )
         paths[model.name] = path.resolve()
     return paths
 
 
-def write_config(run_dir: Path, models: dict[str, Path], port: int, plan: LabPlan,
-                 share: CpuShare | None = None) -> Path:
+def write_config(
+    run_dir: Path, models: dict[str, Path], port: int, plan: LabPlan, share: CpuShare | None = None
+) -> Path:
     """The lab's server config, run_dir/lab.toml (see config_document)."""
     return save_config(config_document(models, port, plan, share), run_dir / "lab.toml")
 
@@ -69,9 +72,17 @@ def config_document(models: dict[str, Path], port: int, plan: LabPlan, share: Cp
     for model in plan.models:
         for name, provider, batcher in plan.deployments(model):
             text = plan.is_text(model, name)
-            deployments.append({"name": name, "model": model.name, "model_path": models[model.name],
-                                "provider": provider, "cpu": cpu if provider == "cpu" else None, "batcher": batcher,
-                                "tokenizer": tokenizer_table(models[model.name]) if text else None})
+            deployments.append(
+                {
+                    "name": name,
+                    "model": model.name,
+                    "model_path": models[model.name],
+                    "provider": provider,
+                    "cpu": cpu if provider == "cpu" else None,
+                    "batcher": batcher,
+                    "tokenizer": tokenizer_table(models[model.name]) if text else None,
+                }
+            )
     server = {"host": "127.0.0.1", "port": port}
     frontends = frontends_for(plan, share)
     if frontends > 1:
@@ -99,7 +110,9 @@ def tokenizer_table(model_path: Path) -> dict:
     meta = json.loads((model_path.parent / "metadata.json").read_text())
     # exports from before text deployments carry only the tokenizer's folder and sentence-transformers' limit
     text = meta.get("text_deployment", {}).get("tokenizer") or {
-        "file": f"{meta['tokenizer']['folder']}/tokenizer.json", "max_length": meta["tokenizer"]["max_seq_length"]}
+        "file": f"{meta['tokenizer']['folder']}/tokenizer.json",
+        "max_length": meta["tokenizer"]["max_seq_length"],
+    }
     return {"file": model_path.parent / text["file"], "max_length": text["max_length"]}
 
 
@@ -118,20 +131,30 @@ def start_prometheus(run_dir: Path, jobs: dict[str, list[str]]) -> subprocess.Po
     process = prometheus.start(config, run_dir / "prometheus", port, run_dir / "prometheus.log")
     url = prometheus.base_url(port)
     prometheus.wait_ready(url, process, log_path=run_dir / "prometheus.log")
-    _say(f"Prometheus on {url} (data: {run_dir / 'prometheus'}); e.g. "
-         f"{url}/graph?g0.expr=latlab_loadtest_step_p99_seconds")
+    _say(
+        f"Prometheus on {url} (data: {run_dir / 'prometheus'}); e.g. "
+        f"{url}/graph?g0.expr=latlab_loadtest_step_p99_seconds"
+    )
     grafana = "http://127.0.0.1:3000"
     if not procs.port_free(3000):
-        _say(f"Grafana seems to run on {grafana}: dashboards Serving, Load test, CPU vs GPU "
-             f"(datasource {'ok' if port == 9090 else f'expects :9090, set it to {url}'})")
+        _say(
+            f"Grafana seems to run on {grafana}: dashboards Serving, Load test, CPU vs GPU "
+            f"(datasource {'ok' if port == 9090 else f'expects :9090, set it to {url}'})"
+        )
     else:
         _say("Grafana: not running; see grafana/README.md to start it with the shipped dashboards")
     (run_dir / "prometheus.url").write_text(url + "\n")
     return process
 
 
-def run_lab(runs_dir: Path, models_dir: Path, plan: LabPlan | str = "cpu", share: CpuShare | None = None,
-            machine_name: str | None = None, prices: dict | None = None) -> Path:
+def run_lab(
+    runs_dir: Path,
+    models_dir: Path,
+    plan: LabPlan | str = "cpu",
+    share: CpuShare | None = None,
+    machine_name: str | None = None,
+    prices: dict | None = None,
+) -> Path:
     """Run the whole plan; returns the report's path. Every child is stopped, also on Ctrl-C.
     `machine_name` names this machine in results and reports (default: its CPU model, or GPU); `prices` are
     the report's (`latlab report --price`; default: the example prices)."""
@@ -160,14 +183,17 @@ def run_lab(runs_dir: Path, models_dir: Path, plan: LabPlan | str = "cpu", share
     host = f"http://127.0.0.1:{port}"
     _say(f"step 3/5: starting the server on {host} (log: {run_dir / 'server.log'})")
     observer_port = procs.free_port()  # /metrics on threads of their own: scrapes never wait behind the load
-    server = procs.start([sys.executable, "-m", "latlab.cli", "serve", "--config", str(config),
-                          "--metrics-port", str(observer_port)], log_path=run_dir / "server.log")
+    server = procs.start(
+        [sys.executable, "-m", "latlab.cli", "serve", "--config", str(config), "--metrics-port", str(observer_port)],
+        log_path=run_dir / "server.log",
+    )
     prometheus_process = None
     metrics_port = procs.free_port()
     try:
         procs.wait_ready(f"{host}/v2/health/ready", server, timeout_s=300, log_path=run_dir / "server.log")
-        prometheus_process = start_prometheus(run_dir, {"latlab-server": [f"127.0.0.1:{observer_port}"],
-                                                        "latlab-loadgen": [f"127.0.0.1:{metrics_port}"]})
+        prometheus_process = start_prometheus(
+            run_dir, {"latlab-server": [f"127.0.0.1:{observer_port}"], "latlab-loadgen": [f"127.0.0.1:{metrics_port}"]}
+        )
         _say("step 4/5: sweeping offered load per deployment (Locust, open loop)")
         for model in plan.models:
             sweep_model(run_dir, plan, model, host, metrics_port, share.load_workers, machine_name)
@@ -203,41 +229,103 @@ def run_bench(run_dir: Path, models_dir: Path, plan: LabPlan, cpu_threads: int) 
     """The quick bench of the plan's models, into run_dir/bench/ where the report finds it; with the
     servers' ORT thread count and sequence length, so its batch times predict the served deployments."""
     backends = ["ort-cpu", "torch-cpu"] + (["ort-cuda"] if "cuda" in plan.providers else [])
-    args = [sys.executable, "-m", "latlab.cli", "bench", "--quick", "--models", ",".join(m.name for m in plan.models),
-            "--backends", ",".join(backends), "--threads", str(cpu_threads),
-            "--seq-len", str(max(m.seq_len for m in plan.models)), "--cache-dir", str(models_dir / "bench"),
-            "--out", str(run_dir / "bench")]
+    args = [
+        sys.executable,
+        "-m",
+        "latlab.cli",
+        "bench",
+        "--quick",
+        "--models",
+        ",".join(m.name for m in plan.models),
+        "--backends",
+        ",".join(backends),
+        "--threads",
+        str(cpu_threads),
+        "--seq-len",
+        str(max(m.seq_len for m in plan.models)),
+        "--cache-dir",
+        str(models_dir / "bench"),
+        "--out",
+        str(run_dir / "bench"),
+    ]
     _run_child(args, "bench")
 
 
-def sweep_model(run_dir: Path, plan: LabPlan, model: ModelPlan, host: str, metrics_port: int, load_workers: int = 0,
-                machine_name: str | None = None) -> None:
+def sweep_model(
+    run_dir: Path,
+    plan: LabPlan,
+    model: ModelPlan,
+    host: str,
+    metrics_port: int,
+    load_workers: int = 0,
+    machine_name: str | None = None,
+) -> None:
     """One Locust sweep over the model's deployments, with the model's loads and request encoding."""
     _run_child(sweep_args(run_dir, plan, model, host, metrics_port, load_workers, machine_name), "load test")
 
 
-def sweep_args(run_dir: Path, plan: LabPlan, model: ModelPlan, host: str, metrics_port: int, load_workers: int = 0,
-               machine_name: str | None = None) -> list[str]:
+def sweep_args(
+    run_dir: Path,
+    plan: LabPlan,
+    model: ModelPlan,
+    host: str,
+    metrics_port: int,
+    load_workers: int = 0,
+    machine_name: str | None = None,
+) -> list[str]:
     """The `latlab loadtest` command of one model's sweep; with load_workers, as a Locust master with that many
     local worker processes. Past the model's rates it raises the load until each deployment saturates or
     its p99 passes twice the plan's largest SLO (beyond that no SLO of the report can change)."""
     from latlab.cli_options import parse_slos
 
     largest_slo_ms = max(parse_slos(plan.slos)) * 1e3
-    args = [sys.executable, "-m", "latlab.cli", "loadtest", "--host", host, "--out", str(run_dir / model.name),
-            "--run-id", run_dir.name, "--rates", ",".join(f"{r:g}" for r in model.rates),
-            "--max-rate", f"{max(model.rates) * max(1.0, plan.raise_cap):g}",
-            "--slo", f"p99={largest_slo_ms:g}ms", "--sweep",
-            "--slos", plan.slos, "--resolution", f"{plan.resolution:g}", "--confidence", f"{plan.confidence:g}",
-            "--decide-windows", str(plan.decide_windows), "--slo-steps", str(plan.slo_steps),
-            "--slo-seconds", f"{plan.slo_seconds:g}",
-            "--refine-within", f"{plan.refine_within:g}",
-            "--step-seconds", str(plan.step_seconds), "--max-windows", str(plan.max_windows),
-            "--warmup-seconds", str(plan.warmup_seconds), "--metrics-port", str(metrics_port),
-            "--seq-len", str(model.seq_len), *(["--binary"] if model.binary else []),
-            *(["--inputs", str(samples_path(run_dir, model))] if model.samples is not None else []),
-            *(["--workers", str(load_workers)] if load_workers else []),
-            *(["--machine-name", machine_name] if machine_name else [])]
+    args = [
+        sys.executable,
+        "-m",
+        "latlab.cli",
+        "loadtest",
+        "--host",
+        host,
+        "--out",
+        str(run_dir / model.name),
+        "--run-id",
+        run_dir.name,
+        "--rates",
+        ",".join(f"{r:g}" for r in model.rates),
+        "--max-rate",
+        f"{max(model.rates) * max(1.0, plan.raise_cap):g}",
+        "--slo",
+        f"p99={largest_slo_ms:g}ms",
+        "--sweep",
+        "--slos",
+        plan.slos,
+        "--resolution",
+        f"{plan.resolution:g}",
+        "--confidence",
+        f"{plan.confidence:g}",
+        "--decide-windows",
+        str(plan.decide_windows),
+        "--slo-steps",
+        str(plan.slo_steps),
+        "--slo-seconds",
+        f"{plan.slo_seconds:g}",
+        "--refine-within",
+        f"{plan.refine_within:g}",
+        "--step-seconds",
+        str(plan.step_seconds),
+        "--max-windows",
+        str(plan.max_windows),
+        "--warmup-seconds",
+        str(plan.warmup_seconds),
+        "--metrics-port",
+        str(metrics_port),
+        "--seq-len",
+        str(model.seq_len),
+        *(["--binary"] if model.binary else []),
+        *(["--inputs", str(samples_path(run_dir, model))] if model.samples is not None else []),
+        *(["--workers", str(load_workers)] if load_workers else []),
+        *(["--machine-name", machine_name] if machine_name else []),
+    ]
     for name, _, _ in plan.deployments(model):
         args += ["--deployment", name]
     return args

@@ -14,9 +14,17 @@ SAMPLE_ROWS = 16
 """Rows generated from the declared shapes (fewer for big inputs): the requests vary without holding much."""
 SEED = 0
 LAB_TYPES = {
-    "tensor(float16)": "FP16", "tensor(float)": "FP32", "tensor(double)": "FP64",
-    "tensor(int8)": "INT8", "tensor(int16)": "INT16", "tensor(int32)": "INT32", "tensor(int64)": "INT64",
-    "tensor(uint8)": "UINT8", "tensor(uint16)": "UINT16", "tensor(uint32)": "UINT32", "tensor(uint64)": "UINT64",
+    "tensor(float16)": "FP16",
+    "tensor(float)": "FP32",
+    "tensor(double)": "FP64",
+    "tensor(int8)": "INT8",
+    "tensor(int16)": "INT16",
+    "tensor(int32)": "INT32",
+    "tensor(int64)": "INT64",
+    "tensor(uint8)": "UINT8",
+    "tensor(uint16)": "UINT16",
+    "tensor(uint32)": "UINT32",
+    "tensor(uint64)": "UINT64",
     "tensor(bool)": "BOOL",
 }
 """ONNX Runtime's input types the lab generates and sends, with their protocol datatypes."""
@@ -35,20 +43,30 @@ def check_batch_and_types(specs: list[InputSpec]) -> None:
     """Every input a type the lab can send and a dynamic first axis, the batch."""
     for spec in specs:
         if spec.type not in LAB_TYPES:
-            raise ValueError(f"input '{spec.name}' has type {spec.type}, which the lab cannot generate or send "
-                             f"(it takes float, int, uint and bool tensors)")
+            raise ValueError(
+                f"input '{spec.name}' has type {spec.type}, which the lab cannot generate or send "
+                f"(it takes float, int, uint and bool tensors)"
+            )
         if not spec.shape:
-            raise ValueError(f"input '{spec.name}' is a scalar: it has no batch axis (the lab batches requests "
-                             f"along a dynamic first axis)")
+            raise ValueError(
+                f"input '{spec.name}' is a scalar: it has no batch axis (the lab batches requests "
+                f"along a dynamic first axis)"
+            )
         if isinstance(spec.shape[0], int):
-            raise ValueError(f"input '{spec.name}' has no batch axis: its first axis is fixed at {spec.shape[0]} "
-                             f"(the lab batches requests along a dynamic first axis; export the model with one)")
+            raise ValueError(
+                f"input '{spec.name}' has no batch axis: its first axis is fixed at {spec.shape[0]} "
+                f"(the lab batches requests along a dynamic first axis; export the model with one)"
+            )
 
 
 def _dynamic_axes(specs: list[InputSpec]) -> list[tuple[InputSpec, int, str]]:
     """(input, axis, --dim key) of every dynamic axis after the batch: its symbolic name, or INPUT:AXIS."""
-    return [(spec, axis, dim if isinstance(dim, str) else f"{spec.name}:{axis}")
-            for spec in specs for axis, dim in enumerate(spec.shape[1:], 1) if not isinstance(dim, int)]
+    return [
+        (spec, axis, dim if isinstance(dim, str) else f"{spec.name}:{axis}")
+        for spec in specs
+        for axis, dim in enumerate(spec.shape[1:], 1)
+        if not isinstance(dim, int)
+    ]
 
 
 def row_shapes(specs: list[InputSpec], dims: dict[str, int]) -> dict[str, tuple[int, ...]]:
@@ -61,15 +79,24 @@ def row_shapes(specs: list[InputSpec], dims: dict[str, int]) -> dict[str, tuple[
         if key in batch_names and key not in known:
             raise ValueError(f"--dim {key}: '{key}' is the batch axis, which the lab sets itself (batching off and on)")
         if key not in known:
-            raise ValueError(f"--dim {key}: the model has no dynamic axis of that name; its dynamic axes besides "
-                             f"the batch: {', '.join(known) or 'none'}")
+            raise ValueError(
+                f"--dim {key}: the model has no dynamic axis of that name; its dynamic axes besides "
+                f"the batch: {', '.join(known) or 'none'}"
+            )
     for spec, axis, key in axes:
         if key not in dims:
             what = f"('{key}') is dynamic" if isinstance(spec.shape[axis], str) else "is dynamic and unnamed"
-            raise ValueError(f"input '{spec.name}' axis {axis} {what}: give its size with --dim {key}=N "
-                             f"(e.g. --dim {key}=128), or real inputs with --inputs samples.npz")
-    return {spec.name: tuple(d if isinstance(d, int) else dims[d if isinstance(d, str) else f"{spec.name}:{axis}"]
-                             for axis, d in enumerate(spec.shape[1:], 1)) for spec in specs}
+            raise ValueError(
+                f"input '{spec.name}' axis {axis} {what}: give its size with --dim {key}=N "
+                f"(e.g. --dim {key}=128), or real inputs with --inputs samples.npz"
+            )
+    return {
+        spec.name: tuple(
+            d if isinstance(d, int) else dims[d if isinstance(d, str) else f"{spec.name}:{axis}"]
+            for axis, d in enumerate(spec.shape[1:], 1)
+        )
+        for spec in specs
+    }
 
 
 def sample_dims(specs: list[InputSpec], samples: dict[str, np.ndarray], dims: dict[str, int]) -> dict[str, int]:
@@ -79,11 +106,14 @@ def sample_dims(specs: list[InputSpec], samples: dict[str, np.ndarray], dims: di
     for spec, axis, key in _dynamic_axes(specs):
         size = samples[spec.name].shape[axis]
         if key in dims and dims[key] != size:
-            raise ValueError(f"--dim {key}={dims[key]}, but the samples of input '{spec.name}' have {size} on "
-                             f"axis {axis}")
+            raise ValueError(
+                f"--dim {key}={dims[key]}, but the samples of input '{spec.name}' have {size} on axis {axis}"
+            )
         if key in found and found[key][0] != size:
-            raise ValueError(f"inputs '{found[key][1]}' and '{spec.name}' share the axis '{key}', but their "
-                             f"samples have {found[key][0]} and {size} on it")
+            raise ValueError(
+                f"inputs '{found[key][1]}' and '{spec.name}' share the axis '{key}', but their "
+                f"samples have {found[key][0]} and {size} on it"
+            )
         found[key] = (size, spec.name)
     return {**dims, **{key: size for key, (size, _) in found.items()}}
 
@@ -91,10 +121,13 @@ def sample_dims(specs: list[InputSpec], samples: dict[str, np.ndarray], dims: di
 def generate_samples(specs: list[InputSpec], shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
     """Random valid inputs, rows first: floats from N(0, 1), small integer ids, masks of ones (as the load
     generator's random bodies); SAMPLE_ROWS rows, fewer when a row is big."""
+
     def draw(rows: int) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(SEED)
-        return {s.name: random_tensor(rng, {"name": s.name, "datatype": LAB_TYPES[s.type]}, [rows, *shapes[s.name]])
-                for s in specs}
+        return {
+            s.name: random_tensor(rng, {"name": s.name, "datatype": LAB_TYPES[s.type]}, [rows, *shapes[s.name]])
+            for s in specs
+        }
 
     return draw(max(1, min(SAMPLE_ROWS, BODY_BUDGET_BYTES // max(row_bytes(draw(1)), 1))))
 

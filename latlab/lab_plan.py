@@ -28,10 +28,15 @@ class CpuShare:
     """"fair share" or "--cpu-threads" / "--load-workers": who decided."""
 
     def describe(self) -> str:
-        generator = (f"{self.load_workers} Locust worker processes send" if self.load_workers
-                     else "one load-generator process sends")
-        return (f"CPU deployments compute on {self.cpu_threads} ORT thread{'s' if self.cpu_threads > 1 else ''} "
-                f"of this machine's {self.cores} cores; {generator} the load ({self.chosen_by})")
+        generator = (
+            f"{self.load_workers} Locust worker processes send"
+            if self.load_workers
+            else "one load-generator process sends"
+        )
+        return (
+            f"CPU deployments compute on {self.cpu_threads} ORT thread{'s' if self.cpu_threads > 1 else ''} "
+            f"of this machine's {self.cores} cores; {generator} the load ({self.chosen_by})"
+        )
 
 
 def available_cores() -> int:
@@ -49,10 +54,14 @@ def cpu_share(cores: int, cpu_threads: int | None = None, load_workers: int | No
     the machine, each running one Locust worker (up to MAX_LOAD_WORKERS), so that it is not the limit of a
     GPU deployment's sweep. Either figure may be set; the other then follows."""
     if cores < 1 or (cpu_threads is not None and cpu_threads < 1) or (load_workers is not None and load_workers < 0):
-        raise ValueError(f"cores and --cpu-threads must be >= 1 and --load-workers >= 0, got cores={cores}, "
-                         f"cpu_threads={cpu_threads}, load_workers={load_workers}")
-    chosen = " and ".join(n for n, v in (("--cpu-threads", cpu_threads), ("--load-workers", load_workers))
-                          if v is not None) or "fair share"
+        raise ValueError(
+            f"cores and --cpu-threads must be >= 1 and --load-workers >= 0, got cores={cores}, "
+            f"cpu_threads={cpu_threads}, load_workers={load_workers}"
+        )
+    chosen = (
+        " and ".join(n for n, v in (("--cpu-threads", cpu_threads), ("--load-workers", load_workers)) if v is not None)
+        or "fair share"
+    )
     if load_workers is None:
         load_workers = min(MAX_LOAD_WORKERS, cores // 4) if cores >= MANY_CORES else 0
     if cpu_threads is None:
@@ -146,10 +155,15 @@ class LabPlan:
         off, on = {"max_batch_size": 1}, model.batching
         names = [model.name, f"{model.name}-text"] if model.text else [model.name]
         if self.providers == ("cpu",):
-            return [(f"{name}-{mode}", "cpu", settings) for name in names
-                    for mode, settings in (("b1", off), ("batch", on))]
-        return [(f"{name}-{provider}-{mode}", provider, settings) for name in names
-                for provider in self.providers for mode, settings in (("b1", off), ("batch", on))]
+            return [
+                (f"{name}-{mode}", "cpu", settings) for name in names for mode, settings in (("b1", off), ("batch", on))
+            ]
+        return [
+            (f"{name}-{provider}-{mode}", provider, settings)
+            for name in names
+            for provider in self.providers
+            for mode, settings in (("b1", off), ("batch", on))
+        ]
 
     @staticmethod
     def is_text(model: ModelPlan, deployment: str) -> bool:
@@ -162,30 +176,61 @@ class LabPlan:
 MLP = ModelPlan("mlp", {}, rates=(100, 1000, 3000))
 FFN = ModelPlan("ffn", {"d_model": 128, "n_layers": 128}, rates=(100, 1000, 3000))
 # ResNet-18 at 224x224 takes tens of ms per image on one core: a few requests per second saturate it.
-CNN = ModelPlan("cnn", {}, rates=(8, 20, 40), binary=True,
-                batching={"max_batch_size": 8, "max_queue_delay_ms": 5.0})
-MINILM = ModelPlan("minilm", {}, rates=(15, 100, 300), seq_len=16, text=True,
-                   batching={"max_batch_size": 32, "max_queue_delay_ms": 3.0})
+CNN = ModelPlan("cnn", {}, rates=(8, 20, 40), binary=True, batching={"max_batch_size": 8, "max_queue_delay_ms": 5.0})
+MINILM = ModelPlan(
+    "minilm",
+    {},
+    rates=(15, 100, 300),
+    seq_len=16,
+    text=True,
+    batching={"max_batch_size": 32, "max_queue_delay_ms": 3.0},
+)
 
 PLANS = {
     # The main job: four models, batching off and on, on the CPU
     # (1044 s measured on 2 cores with the SLO brackets' 40 s budget, models exported: docs/performance.md).
     "cpu": LabPlan(models=(MLP, FFN, CNN, MINILM)),
     # Same models, fewer and shorter steps (318 s measured on 2 cores, models already exported).
-    "quick": LabPlan(models=(replace(MLP, rates=(250, 1000, 2000)), replace(FFN, rates=(250, 750, 1500, 2500)),
-                             replace(CNN, rates=(10, 20, 30)), replace(MINILM, rates=(25, 100, 250))),
-                     step_seconds=1.5, max_windows=3, warmup_seconds=0.5, refine_within=0.3, resolution=0.3,
-                     slo_steps=4),
+    "quick": LabPlan(
+        models=(
+            replace(MLP, rates=(250, 1000, 2000)),
+            replace(FFN, rates=(250, 750, 1500, 2500)),
+            replace(CNN, rates=(10, 20, 30)),
+            replace(MINILM, rates=(25, 100, 250)),
+        ),
+        step_seconds=1.5,
+        max_windows=3,
+        warmup_seconds=0.5,
+        refine_within=0.3,
+        resolution=0.3,
+        slo_steps=4,
+    ),
     # For a GPU box: every model on CUDA and on the CPU, batching off and on; merge its run folder with
     # a CPU box's in `latlab report`.
     # Rates reach further: the sweep stops where each deployment saturates.
-    "gpu": LabPlan(models=(MLP, FFN, replace(CNN, rates=CNN.rates + (100, 400, 800)),
-                           replace(MINILM, rates=MINILM.rates + (1000, 2000))), providers=("cpu", "cuda")),
+    "gpu": LabPlan(
+        models=(
+            MLP,
+            FFN,
+            replace(CNN, rates=CNN.rates + (100, 400, 800)),
+            replace(MINILM, rates=MINILM.rates + (1000, 2000)),
+        ),
+        providers=("cpu", "cuda"),
+    ),
     # The gpu plan in fewer, shorter steps: fits one call of a borrowed GPU machine (benchmarks/gpu_kit.py).
-    "gpu-quick": LabPlan(models=(replace(MLP, rates=(250, 1000, 2000, 4000)),
-                                 replace(FFN, rates=(250, 1000, 2000, 4000)),
-                                 replace(CNN, rates=(20, 60, 150, 400)),
-                                 replace(MINILM, rates=(50, 250, 600, 1200))),
-                         providers=("cpu", "cuda"), step_seconds=1.5, max_windows=3, warmup_seconds=0.5,
-                         refine_within=0.3, resolution=0.3, slo_steps=4),
+    "gpu-quick": LabPlan(
+        models=(
+            replace(MLP, rates=(250, 1000, 2000, 4000)),
+            replace(FFN, rates=(250, 1000, 2000, 4000)),
+            replace(CNN, rates=(20, 60, 150, 400)),
+            replace(MINILM, rates=(50, 250, 600, 1200)),
+        ),
+        providers=("cpu", "cuda"),
+        step_seconds=1.5,
+        max_windows=3,
+        warmup_seconds=0.5,
+        refine_within=0.3,
+        resolution=0.3,
+        slo_steps=4,
+    ),
 }

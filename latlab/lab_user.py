@@ -62,8 +62,13 @@ class UserModel:
     @property
     def label(self) -> str:
         """How error messages name the model: the option that gave it."""
-        return (f"--onnx {self.onnx}" if self.onnx else f"--module {self.module}" if self.module
-                else f"--model {self.exported}")
+        return (
+            f"--onnx {self.onnx}"
+            if self.onnx
+            else f"--module {self.module}"
+            if self.module
+            else f"--model {self.exported}"
+        )
 
 
 def plan_user_model(base: LabPlan, user: UserModel, models_dir: Path, share: CpuShare) -> LabPlan:
@@ -76,15 +81,23 @@ def plan_user_model(base: LabPlan, user: UserModel, models_dir: Path, share: Cpu
     checked = check_serving(path, name, providers, share, dims, samples, user.label)
     rates = rates or default_rates(checked.batch1_s)
     shapes = ", ".join(f"{n} {list(a.shape[1:])} {a.dtype}" for n, a in checked.samples.items())
-    say(f"your model {name} ({path}) loads and runs on {', '.join(providers)}; a request carries {shapes} "
+    say(
+        f"your model {name} ({path}) loads and runs on {', '.join(providers)}; a request carries {shapes} "
         f"({'rows of ' + str(user.inputs) if user.inputs else 'generated from the declared shapes'}); batch 1 "
         f"takes {checked.batch1_s * 1e3:.3g} ms in process; rates {', '.join(f'{r:g}' for r in rates)} req/s, "
-        f"then raised until each deployment saturates")
+        f"then raised until each deployment saturates"
+    )
     slow = checked.batch1_s > SLOW_REQUEST_S
-    model = ModelPlan(name, onnx=path, rates=rates, samples=checked.samples,
-                      binary=row_bytes(checked.samples) >= BINARY_FROM_BYTES,
-                      batching={"max_batch_size": 8, "max_queue_delay_ms": 5.0} if slow
-                      else {"max_batch_size": 64, "max_queue_delay_ms": 2.0})
+    model = ModelPlan(
+        name,
+        onnx=path,
+        rates=rates,
+        samples=checked.samples,
+        binary=row_bytes(checked.samples) >= BINARY_FROM_BYTES,
+        batching={"max_batch_size": 8, "max_queue_delay_ms": 5.0}
+        if slow
+        else {"max_batch_size": 64, "max_queue_delay_ms": 2.0},
+    )
     return replace(base, models=(model,), providers=providers, bench=False)
 
 
@@ -110,11 +123,14 @@ def resolve_model(user: UserModel, models_dir: Path) -> tuple[str, Path]:
     else:
         name = user.name or user.exported
     if not NAME.fullmatch(name):
-        raise UserError(f"{user.label}: the model's name {name!r} must be letters, digits, '.', '_' or '-' "
-                        f"(it names the deployments); give one with --name")
+        raise UserError(
+            f"{user.label}: the model's name {name!r} must be letters, digits, '.', '_' or '-' "
+            f"(it names the deployments); give one with --name"
+        )
     if name in TAKEN:
-        raise UserError(f"{user.label}: the name {name!r} is taken by the run folder's own {name}/; give another "
-                        f"with --name")
+        raise UserError(
+            f"{user.label}: the name {name!r} is taken by the run folder's own {name}/; give another with --name"
+        )
     if user.onnx is not None:
         if not user.onnx.is_file():
             raise UserError(f"--onnx: {user.onnx} does not exist")
@@ -122,8 +138,10 @@ def resolve_model(user: UserModel, models_dir: Path) -> tuple[str, Path]:
     if user.exported is not None:
         path = models_dir / user.exported / "model.onnx"
         if not path.is_file():
-            raise UserError(f"--model {user.exported}: {path} does not exist; export it first with "
-                            f"`latlab export --onnx FILE --name {user.exported}` (or --module)")
+            raise UserError(
+                f"--model {user.exported}: {path} does not exist; export it first with "
+                f"`latlab export --onnx FILE --name {user.exported}` (or --module)"
+            )
         return name, path.resolve()
     return name, _export_module(user.module, name, models_dir).resolve()
 
@@ -132,8 +150,16 @@ def _export_module(spec: str, name: str, models_dir: Path) -> Path:
     from latlab.export.command import run_export
     from latlab.export.onnx_export import EXTERNAL_DATA_THRESHOLD, ExportError, ParityError
 
-    args = argparse.Namespace(model=None, module=spec, onnx=None, name=name, models_dir=models_dir, fp16=False,
-                              external_data_threshold=EXTERNAL_DATA_THRESHOLD, allow_fixed_batch=False)
+    args = argparse.Namespace(
+        model=None,
+        module=spec,
+        onnx=None,
+        name=name,
+        models_dir=models_dir,
+        fp16=False,
+        external_data_threshold=EXTERNAL_DATA_THRESHOLD,
+        allow_fixed_batch=False,
+    )
     try:
         run_export(args)
     except (ExportError, ParityError) as exc:
@@ -189,8 +215,15 @@ class Checked:
     batch1_s: float
 
 
-def check_serving(path: Path, name: str, providers: tuple[str, ...], share: CpuShare, dims: dict[str, int],
-                  samples: dict[str, np.ndarray] | None, label: str) -> Checked:
+def check_serving(
+    path: Path,
+    name: str,
+    providers: tuple[str, ...],
+    share: CpuShare,
+    dims: dict[str, int],
+    samples: dict[str, np.ndarray] | None,
+    label: str,
+) -> Checked:
     """Load the model as the lab's server will (its batching deployment on each provider), check the
     signature, make or check the inputs, run batch 1 and 2 on each provider and time batch 1."""
     from latlab.server.config import parse_config
@@ -213,8 +246,9 @@ def check_serving(path: Path, name: str, providers: tuple[str, ...], share: CpuS
     return Checked(inputs, min(times))
 
 
-def _inputs_for(specs: list[InputSpec], metadata: dict, dims: dict[str, int],
-                given: dict[str, np.ndarray] | None, label: str) -> dict[str, np.ndarray]:
+def _inputs_for(
+    specs: list[InputSpec], metadata: dict, dims: dict[str, int], given: dict[str, np.ndarray] | None, label: str
+) -> dict[str, np.ndarray]:
     """The samples given, checked against the model, or inputs generated from its declared shapes."""
     from latlab.loadtest.payloads import MAX_BODIES, check_samples
 
@@ -243,13 +277,17 @@ def _try_runs(model: OnnxModel, samples: dict[str, np.ndarray], provider: str, l
             raise UserError(f"{label}: the server would refuse these inputs: {exc}") from None
         except Exception as exc:  # ORT's own exception types: a model that cannot run these inputs
             hint = "; these inputs were generated from its declared shapes: give real ones with --inputs samples.npz"
-            raise UserError(f"{label}: the model fails on {provider} at batch {batch}: {one_line(exc)[:300]}"
-                            f"{hint if generated else ''}") from None
+            raise UserError(
+                f"{label}: the model fails on {provider} at batch {batch}: {one_line(exc)[:300]}"
+                f"{hint if generated else ''}"
+            ) from None
         strays = [n for n, out in outputs.items() if getattr(out, "ndim", 0) == 0 or out.shape[0] != batch]
         if strays:
-            raise UserError(f"{label}: output(s) {', '.join(strays)} do not follow the batch axis (at batch {batch}: "
-                            f"{[list(outputs[n].shape) for n in strays]}), so a batch cannot be split between its "
-                            f"requests")
+            raise UserError(
+                f"{label}: output(s) {', '.join(strays)} do not follow the batch axis (at batch {batch}: "
+                f"{[list(outputs[n].shape) for n in strays]}), so a batch cannot be split between its "
+                f"requests"
+            )
     feeds = {n: a[:1] for n, a in samples.items()}
     times, started = [], time.perf_counter()
     while len(times) < 3 or time.perf_counter() - started < TIMING_BUDGET_S:

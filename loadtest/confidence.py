@@ -89,8 +89,13 @@ def _window(n: int, p: float, centre: float) -> tuple[int, int]:
 
 def _log_pmf(n: int, p: float, lo: int, hi: int) -> np.ndarray:
     """log P[Binomial(n, p) = k] for k = lo..hi: lgamma at lo, then cumulative sums of log pmf(k+1)/pmf(k)."""
-    start = (math.lgamma(n + 1) - math.lgamma(lo + 1) - math.lgamma(n - lo + 1)
-             + lo * math.log(p) + (n - lo) * math.log1p(-p))
+    start = (
+        math.lgamma(n + 1)
+        - math.lgamma(lo + 1)
+        - math.lgamma(n - lo + 1)
+        + lo * math.log(p)
+        + (n - lo) * math.log1p(-p)
+    )
     k = np.arange(lo, hi, dtype=np.float64)
     steps = np.log((n - k) / (k + 1.0)) + (math.log(p) - math.log1p(-p))
     return start + np.concatenate(([0.0], np.cumsum(steps)))
@@ -140,15 +145,16 @@ def _ranks(n: int, q: float, confidence: float) -> tuple[int | None, int | None]
     tail = (1.0 - confidence) / 2.0
     lo, hi = _window(n, q, n * q)
     pmf = np.exp(_log_pmf(n, q, lo, hi))
-    below = np.cumsum(pmf)                  # P[B <= k], k = lo..hi (mass under lo is negligible)
-    above = np.cumsum(pmf[::-1])[::-1]      # P[B >= k]
-    lower = lo + int(np.searchsorted(below, tail, side="right"))   # largest k with P[B <= k] <= tail, plus 1
-    u = lo + int(np.count_nonzero(above > tail))                    # smallest k with P[B >= k] <= tail
+    below = np.cumsum(pmf)  # P[B <= k], k = lo..hi (mass under lo is negligible)
+    above = np.cumsum(pmf[::-1])[::-1]  # P[B >= k]
+    lower = lo + int(np.searchsorted(below, tail, side="right"))  # largest k with P[B <= k] <= tail, plus 1
+    u = lo + int(np.count_nonzero(above > tail))  # smallest k with P[B >= k] <= tail
     return (lower if lower >= 1 else None), (u if u <= hi else None)
 
 
-def percentile_interval(latencies: Sequence[float] | np.ndarray, q: float,
-                        confidence: float = DEFAULT_CONFIDENCE) -> Interval:
+def percentile_interval(
+    latencies: Sequence[float] | np.ndarray, q: float, confidence: float = DEFAULT_CONFIDENCE
+) -> Interval:
     """Two-sided distribution-free CI for the q-quantile: order statistics X_(l) <= x_q <= X_(u) with
     P >= confidence, from Binomial(n, q) (equal tails, each (1-confidence)/2). Bounds are sample values.
 
@@ -212,6 +218,7 @@ def _needed(n: int, over: int, q: float, confidence: float) -> int | None:
 
     def decides(total: int) -> bool:
         return _verdict(total, (over * total + n // 2) // n, q, confidence) == target
+
     return _first(decides, n + 1)
 
 
@@ -228,8 +235,9 @@ def slo_decision(n: int, over: int, q: float = 0.99, confidence: float = DEFAULT
     return Decision(verdict, n, over, q, confidence, needed)
 
 
-def decide(latencies: Sequence[float] | np.ndarray, bound_s: float, q: float = 0.99,
-           confidence: float = DEFAULT_CONFIDENCE) -> Decision:
+def decide(
+    latencies: Sequence[float] | np.ndarray, bound_s: float, q: float = 0.99, confidence: float = DEFAULT_CONFIDENCE
+) -> Decision:
     """slo_decision on the samples: over = count of latencies > bound_s (NaN counts as over: a lost request)."""
     x = np.asarray(latencies, dtype=np.float64).ravel()
     return slo_decision(int(x.size), int(np.count_nonzero(~(x <= bound_s))), q, confidence)
@@ -247,8 +255,9 @@ def min_samples_to_meet(q: float = 0.99, confidence: float = DEFAULT_CONFIDENCE,
     return found
 
 
-def step_confidence(latencies: Sequence[float] | np.ndarray, slos_s: Sequence[float],
-                    confidence: float = DEFAULT_CONFIDENCE) -> dict:
+def step_confidence(
+    latencies: Sequence[float] | np.ndarray, slos_s: Sequence[float], confidence: float = DEFAULT_CONFIDENCE
+) -> dict:
     """What a step's results carry: its p50 and p99 intervals, and per SLO bound the count over it and the
     decision (a report can judge the step again from these, without the raw latencies)."""
     values = _as_latencies(latencies)
@@ -256,9 +265,13 @@ def step_confidence(latencies: Sequence[float] | np.ndarray, slos_s: Sequence[fl
     decisions = []
     for bound in sorted(set(slos_s)):
         decision = decide(values, bound, 0.99, confidence)
-        decisions.append({"slo_p99_s": bound, "verdict": decision.verdict, "over": decision.over,
-                          "needed": decision.needed})
-    return {"level": confidence, "samples": int(len(values)),
-            **{f"{name}_low_s": _finite_or_none(i.low) for name, i in intervals.items()},
-            **{f"{name}_high_s": _finite_or_none(i.high) for name, i in intervals.items()},
-            "slos": decisions}
+        decisions.append(
+            {"slo_p99_s": bound, "verdict": decision.verdict, "over": decision.over, "needed": decision.needed}
+        )
+    return {
+        "level": confidence,
+        "samples": int(len(values)),
+        **{f"{name}_low_s": _finite_or_none(i.low) for name, i in intervals.items()},
+        **{f"{name}_high_s": _finite_or_none(i.high) for name, i in intervals.items()},
+        "slos": decisions,
+    }

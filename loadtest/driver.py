@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 # A worker silent for HEARTBEAT_LIVENESS + 1 heartbeats (1 s each) is missing: 3 s instead of Locust's 4 s.
 locust.runners.HEARTBEAT_LIVENESS = 2
 WATCH_INTERVAL_S = 0.5  # how often the master checks its workers (processes and heartbeats)
-WORKER_LAG_S = 1.5      # workers ship samples every second: wait this long before closing a window
+WORKER_LAG_S = 1.5  # workers ship samples every second: wait this long before closing a window
 
 
 class LoadDriver:
@@ -80,13 +80,28 @@ class LoadDriver:
         return len(self.live_workers) if self.distributed else 1
 
     def _start_workers(self, user_class: type) -> None:
-        locustfile = Path(users.__file__).parent / ("locustfile.py" if user_class is users.OpenLoopUser
-                                                    else "locustfile_closed.py")
+        locustfile = Path(users.__file__).parent / (
+            "locustfile.py" if user_class is users.OpenLoopUser else "locustfile_closed.py"
+        )
         for i in range(self.plan.workers):
             log = self.plan.log_dir / f"worker-{i}.log" if self.plan.log_dir else None
-            self.workers.append(procs.start(
-                [sys.executable, "-m", "locust", "-f", str(locustfile), "--worker", "--master-host", "127.0.0.1",
-                 "--master-port", str(self.plan.master_port)], log_path=log))
+            self.workers.append(
+                procs.start(
+                    [
+                        sys.executable,
+                        "-m",
+                        "locust",
+                        "-f",
+                        str(locustfile),
+                        "--worker",
+                        "--master-host",
+                        "127.0.0.1",
+                        "--master-port",
+                        str(self.plan.master_port),
+                    ],
+                    log_path=log,
+                )
+            )
         expected = self.plan.workers or self.plan.expect_workers
         deadline = time.monotonic() + 60
         while len(self.runner.clients.ready) < expected:
@@ -114,8 +129,12 @@ class LoadDriver:
         """Tell every process its share of the arrivals (open loop; closed loop sends rate 0)."""
         load = self.load if load is None else load
         rate = load / max(self.processes, 1) if self.plan.mode == "open" else 0.0
-        message = {"deployment": deployment, "rate": rate, "poisson": self.plan.poisson,
-                   "payload": asdict(options_of(self.plan))}
+        message = {
+            "deployment": deployment,
+            "rate": rate,
+            "poisson": self.plan.poisson,
+            "payload": asdict(options_of(self.plan)),
+        }
         self.state.update(message)
         if self.distributed:
             for client_id in self.live_workers:
@@ -183,9 +202,17 @@ class LoadDriver:
         self.runner.send_message(users.LOAD_MESSAGE, pause, client_id=client_id)
         in_flight = self.state.recorder.forget_source(client_id)
         left = self.processes
-        event = {"event": "worker_lost", "time": time.time(), "worker": client_id,
-                 "pid": self.state.worker_pids.get(client_id), "reason": reason, "deployment": self.deployment,
-                 "step": self.step_index, "requests_in_flight_lost": in_flight, "workers_left": left}
+        event = {
+            "event": "worker_lost",
+            "time": time.time(),
+            "worker": client_id,
+            "pid": self.state.worker_pids.get(client_id),
+            "reason": reason,
+            "deployment": self.deployment,
+            "step": self.step_index,
+            "requests_in_flight_lost": in_flight,
+            "workers_left": left,
+        }
         if self.plan.mode == "open" and self.deployment and left:
             self._send_rate(self.deployment)
             event["load"] = f"its share of {self.load:g} req/s now goes to {left} worker(s): {self.load / left:g} each"
@@ -195,14 +222,24 @@ class LoadDriver:
             event["load"] = "no worker left"
         self.events.append(event)
         pid = f" (pid {event['pid']})" if event["pid"] else ""
-        self.progress(f"worker {client_id}{pid} LOST during step {self.step_index} of '{self.deployment}': "
-                      f"{reason}; {in_flight} requests in flight unaccounted; {event['load']}")
+        self.progress(
+            f"worker {client_id}{pid} LOST during step {self.step_index} of '{self.deployment}': "
+            f"{reason}; {in_flight} requests in flight unaccounted; {event['load']}"
+        )
 
     def _rejoin(self, client_id: str) -> None:
         self.lost.discard(client_id)
         self._send_rate(self.deployment)
-        self.events.append({"event": "worker_back", "time": time.time(), "worker": client_id,
-                            "deployment": self.deployment, "step": self.step_index, "workers_left": self.processes})
+        self.events.append(
+            {
+                "event": "worker_back",
+                "time": time.time(),
+                "worker": client_id,
+                "deployment": self.deployment,
+                "step": self.step_index,
+                "workers_left": self.processes,
+            }
+        )
         self.progress(f"worker {client_id} is back (heartbeat resumed); {self.processes} workers share the load")
 
     def close(self) -> None:

@@ -36,7 +36,8 @@ def curves_from_prometheus(url: str, run_id: str, lookback: str = "30d") -> dict
         by_deployment[deployment].append((step, end))
     order = sorted(by_deployment, key=lambda name: min(end for _, end in by_deployment[name]))  # as swept
     return {
-        "schema": SCHEMA, "run_id": run_id,
+        "schema": SCHEMA,
+        "run_id": run_id,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(min(ends.values()))),
         "host": UNKNOWN,
         "machine": {"hostname": UNKNOWN, "cpu": UNKNOWN, "cores": None, "memory_gib": None},
@@ -52,9 +53,14 @@ def step_ends(url: str, run_id: str, lookback: str = "30d") -> dict[tuple[str, i
 
 
 def _deployment(url: str, run_id: str, name: str, steps: list[tuple[int, float]]) -> dict:
-    return {"name": name, "model": name, "provider": "?", "batcher": {},
-            "steps": [rebuild_step(url, run_id, name, step, end) for step, end in steps],
-            "stop_reason": "rebuilt from Prometheus"}
+    return {
+        "name": name,
+        "model": name,
+        "provider": "?",
+        "batcher": {},
+        "steps": [rebuild_step(url, run_id, name, step, end) for step, end in steps],
+        "stop_reason": "rebuilt from Prometheus",
+    }
 
 
 def rebuild_step(url: str, run_id: str, deployment: str, step: int, end: float) -> dict:
@@ -68,17 +74,27 @@ def rebuild_step(url: str, run_id: str, deployment: str, step: int, end: float) 
     buckets = f"sum by (le) (last_over_time({STEP_HISTOGRAM}_bucket{selector}[{STEP_MARGIN_S}s]))"
     percentiles = {key: _one_value(url, f"histogram_quantile({q}, {buckets})", at) for key, q in QUANTILES.items()}
     count, total = last(f"{STEP_HISTOGRAM}_count"), last(f"{STEP_HISTOGRAM}_sum")
-    errors, bound, stable = (last("latlab_loadtest_step_errors"), last("latlab_loadtest_step_generator_bound"),
-                             last("latlab_loadtest_step_stable"))
+    errors, bound, stable = (
+        last("latlab_loadtest_step_errors"),
+        last("latlab_loadtest_step_generator_bound"),
+        last("latlab_loadtest_step_stable"),
+    )
     rebuilt = {
         "target_rps": last("latlab_loadtest_step_target_rps"),
         "offered_rps": last("latlab_loadtest_step_offered_rps"),
         "achieved_rps": last("latlab_loadtest_step_achieved_rps"),
         "sent": None if count is None else int(count),  # the window's histogram holds one sample per arrival sent
-        "ok": None, "errors": None if errors is None else int(errors), "dropped": None, "late": None,
-        "incomplete": None, **percentiles, "max_s": None,
+        "ok": None,
+        "errors": None if errors is None else int(errors),
+        "dropped": None,
+        "late": None,
+        "incomplete": None,
+        **percentiles,
+        "max_s": None,
         "mean_s": total / count if count else None,
-        "duration_s": None, "avg_batch_size": None, "generator_cpu_percent": None,
+        "duration_s": None,
+        "avg_batch_size": None,
+        "generator_cpu_percent": None,
         "generator_bound": None if bound is None else bool(bound),
     }
     if stable is not None:

@@ -56,8 +56,11 @@ class LeanClient:
         self._idle: list[socket.socket] = []
 
     def prepare(self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> Prepared:
-        lines = [f"{method} {self._prefix}{path} HTTP/1.1", f"Host: {self._host_header}",
-                 f"Content-Length: {len(body)}"]
+        lines = [
+            f"{method} {self._prefix}{path} HTTP/1.1",
+            f"Host: {self._host_header}",
+            f"Content-Length: {len(body)}",
+        ]
         lines += [f"{name}: {value}" for name, value in (headers or {}).items() if name.lower() != "content-length"]
         return Prepared(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
 
@@ -125,7 +128,7 @@ def _read_answer(sock: socket.socket, received: bytes) -> tuple[Answer, bool]:
     for line in lines[1:]:
         name, _, value = line.partition(":")
         headers[name.strip().lower()] = value.strip()
-    body = buffer[end + len(_HEAD_END):]
+    body = buffer[end + len(_HEAD_END) :]
     keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
     if "chunked" in headers.get("transfer-encoding", "").lower():
         body = _read_chunked(sock, body)
@@ -149,18 +152,18 @@ def _read_chunked(sock: socket.socket, buffer: bytearray) -> bytearray:
         while (eol := buffer.find(b"\r\n")) < 0:
             buffer += _recv(sock)
         size = int(bytes(buffer[:eol]).split(b";")[0], 16)
-        del buffer[:eol + 2]
+        del buffer[: eol + 2]
         if size == 0:  # trailers, if any, end with an empty line
             while (end := buffer.find(b"\r\n")) != 0:
                 if end < 0:
                     buffer += _recv(sock)
                 else:
-                    del buffer[:end + 2]
+                    del buffer[: end + 2]
             return body
         while len(buffer) < size + 2:
             buffer += _recv(sock)
         body += buffer[:size]
-        del buffer[:size + 2]
+        del buffer[: size + 2]
 
 
 def _recv(sock: socket.socket) -> bytes:

@@ -50,8 +50,14 @@ class OverloadPlan:
     recovery_window_seconds: float = 0.5
 
 
-def run_overload(phase: Callable[..., dict], overload: OverloadPlan, start_rate: float, probe_seconds: float,
-                 info: dict, outstanding: Callable[[], int]) -> dict:
+def run_overload(
+    phase: Callable[..., dict],
+    overload: OverloadPlan,
+    start_rate: float,
+    probe_seconds: float,
+    info: dict,
+    outstanding: Callable[[], int],
+) -> dict:
     """All the phases; returns the overload figures. `outstanding()`: requests still unanswered after the
     last phase and a drain (the ones the server left hanging)."""
     capacity = overload.capacity_rps or _measure_capacity(phase, start_rate, probe_seconds)
@@ -61,10 +67,19 @@ def run_overload(phase: Callable[..., dict], overload: OverloadPlan, start_rate:
     drain_s = drain_seconds(info, capacity, overload.recovery_load)
     seconds = max(overload.recovery_seconds, (drain_s or 0.0) + TAIL_REQUESTS / base_rate)
     windows = max(3, math.ceil(seconds / overload.recovery_window_seconds))
-    recovery = phase("recovery", base_rate, windows * overload.recovery_window_seconds, windows, drain=False,
-                     spans=True)
-    return overload_figures(capacity, overload.factor, info, baseline, burst, recovery, hanging=outstanding(),
-                            recovery_load=overload.recovery_load)
+    recovery = phase(
+        "recovery", base_rate, windows * overload.recovery_window_seconds, windows, drain=False, spans=True
+    )
+    return overload_figures(
+        capacity,
+        overload.factor,
+        info,
+        baseline,
+        burst,
+        recovery,
+        hanging=outstanding(),
+        recovery_load=overload.recovery_load,
+    )
 
 
 def admitted_backlog(info: dict) -> int | None:
@@ -93,12 +108,19 @@ def _measure_capacity(phase: Callable[..., dict], start: float, seconds: float) 
         if step["achieved_rps"] < SATURATED_BELOW * step["offered_rps"]:
             return step["achieved_rps"]
         rate *= 2
-    raise LookupError(f"the server did not saturate up to {rate / 2:g} req/s: give --capacity, or start "
-                      "--rates higher")
+    raise LookupError(f"the server did not saturate up to {rate / 2:g} req/s: give --capacity, or start --rates higher")
 
 
-def overload_figures(capacity: float, factor: float, info: dict, baseline: dict, burst: dict,
-                     recovery: dict, hanging: int, recovery_load: float | None = None) -> dict:
+def overload_figures(
+    capacity: float,
+    factor: float,
+    info: dict,
+    baseline: dict,
+    burst: dict,
+    recovery: dict,
+    hanging: int,
+    recovery_load: float | None = None,
+) -> dict:
     """What the burst did and how soon the server recovered, as one dict with a one-line summary.
     `hanging`: requests still unanswered 10 s after the load stopped; `recovery_load`: the recovery's rate as a
     fraction of the capacity (for the expected drain time)."""
@@ -107,26 +129,37 @@ def overload_figures(capacity: float, factor: float, info: dict, baseline: dict,
     timeout_s = (info.get("batcher") or {}).get("timeout_ms", float("nan")) / 1000.0
     recovery_s, good_after = recovery_time(recovery, baseline["p99_s"])
     figures = {
-        "factor": factor, "capacity_rps": capacity, "offered_rps": burst["offered_rps"],
-        "achieved_rps": burst["achieved_rps"], "burst_seconds": burst["duration_s"],
-        "rejected": rejected.get("count", 0), "rejected_p99_s": rejected.get("p99_s"),
+        "factor": factor,
+        "capacity_rps": capacity,
+        "offered_rps": burst["offered_rps"],
+        "achieved_rps": burst["achieved_rps"],
+        "burst_seconds": burst["duration_s"],
+        "rejected": rejected.get("count", 0),
+        "rejected_p99_s": rejected.get("p99_s"),
         "rejected_response_p50_s": rejected.get("response_p50_s"),
         "rejected_response_p99_s": rejected.get("response_p99_s"),
         "rejected_response_max_s": rejected.get("response_max_s"),
         "rejected_without_retry_after": rejected.get("count", 0) - rejected.get("with_retry_after", 0),
-        "accepted": accepted.get("count", 0), "accepted_p50_s": accepted.get("p50_s"),
+        "accepted": accepted.get("count", 0),
+        "accepted_p50_s": accepted.get("p50_s"),
         "accepted_p99_s": accepted.get("p99_s"),
-        "accepted_max_s": accepted.get("max_s"), "accepted_response_max_s": accepted.get("response_max_s"),
+        "accepted_max_s": accepted.get("max_s"),
+        "accepted_response_max_s": accepted.get("response_max_s"),
         "timeout_s": timeout_s,
         "timeouts": by_status.get("504", {}).get("count", 0),
-        "unanswered": by_status.get("0", {}).get("count", 0), "hanging": hanging,
+        "unanswered": by_status.get("0", {}).get("count", 0),
+        "hanging": hanging,
         "other_statuses": {code: s["count"] for code, s in by_status.items() if code not in ("200", "503", "504", "0")},
-        "queue_depth_max": burst["queue_depth_max"], "queue_capacity": burst["queue_capacity"],
+        "queue_depth_max": burst["queue_depth_max"],
+        "queue_capacity": burst["queue_capacity"],
         "baseline_p99_s": baseline["p99_s"],
-        "recovery_s": recovery_s, "recovery_good_windows_after": good_after,
+        "recovery_s": recovery_s,
+        "recovery_good_windows_after": good_after,
         "recovery_gap_s": recovery["start_time"] - burst["end_time"],
-        "generator_bound": burst["generator_bound"], "generator_cpu_percent": burst["generator_cpu_percent"],
-        "dropped": burst["dropped"], "late": burst["late"],
+        "generator_bound": burst["generator_bound"],
+        "generator_cpu_percent": burst["generator_cpu_percent"],
+        "dropped": burst["dropped"],
+        "late": burst["late"],
         **goodput(capacity, baseline, burst),
         "drain_s": drain_seconds(info, capacity, recovery_load) if recovery_load is not None else None,
         "recovery_window_s": recovery["window_seconds"],
@@ -148,13 +181,20 @@ def goodput(capacity: float, baseline: dict, burst: dict) -> dict:
     served = server.get("ok_count")
     source = "server" if served is not None and server.get("seconds") else "generator"
     rate = served / server["seconds"] if source == "server" else burst["achieved_rps"]
-    slowdown = (server["compute_s"] / before["compute_s"]
-                if server.get("compute_s") and before.get("compute_s") else None)
-    return {"goodput_rps": rate, "goodput_fraction": rate / capacity if capacity else None, "goodput_source": source,
-            "busy_share": server.get("busy_share"), "compute_slowdown": slowdown,
-            "server_cpu_cores": server.get("process_cpu_cores"),
-            "refused_rps": server["rejected_count"] / server["seconds"] if server.get("rejected_count") is not None
-            and server.get("seconds") else None}
+    slowdown = (
+        server["compute_s"] / before["compute_s"] if server.get("compute_s") and before.get("compute_s") else None
+    )
+    return {
+        "goodput_rps": rate,
+        "goodput_fraction": rate / capacity if capacity else None,
+        "goodput_source": source,
+        "busy_share": server.get("busy_share"),
+        "compute_slowdown": slowdown,
+        "server_cpu_cores": server.get("process_cpu_cores"),
+        "refused_rps": server["rejected_count"] / server["seconds"]
+        if server.get("rejected_count") is not None and server.get("seconds")
+        else None,
+    }
 
 
 def recovery_time(recovery: dict, baseline_p99_s: float) -> tuple[float | None, str]:
@@ -174,29 +214,40 @@ def recovery_time(recovery: dict, baseline_p99_s: float) -> tuple[float | None, 
 def normal(pooled: dict, bound_s: float) -> bool:
     """Pooled requests served normally: enough of them to have a p99, none failed, full throughput, p99 within
     the bound (up to 1 in 100 may be slow)."""
-    return (pooled["samples"] >= MIN_SAMPLES_P99 and pooled["errors"] == 0 and pooled["p99_s"] is not None
-            and pooled["p99_s"] <= bound_s and pooled["achieved_rps"] >= SATURATED_BELOW * pooled["offered_rps"])
+    return (
+        pooled["samples"] >= MIN_SAMPLES_P99
+        and pooled["errors"] == 0
+        and pooled["p99_s"] is not None
+        and pooled["p99_s"] <= bound_s
+        and pooled["achieved_rps"] >= SATURATED_BELOW * pooled["offered_rps"]
+    )
 
 
 def _summary(f: dict) -> str:
     def ms(value: float | None) -> str:
         return f"{value * 1e3:.1f} ms" if value is not None and value == value else "n/a"
-    queue = (f"max queue depth {f['queue_depth_max']:g} of bound {f['queue_capacity']:g}"
-             if f["queue_depth_max"] is not None and f["queue_capacity"] is not None else "queue depth not exported")
+
+    queue = (
+        f"max queue depth {f['queue_depth_max']:g} of bound {f['queue_capacity']:g}"
+        if f["queue_depth_max"] is not None and f["queue_capacity"] is not None
+        else "queue depth not exported"
+    )
     recovery = f"recovery {f['recovery_s']:.1f} s" if f["recovery_s"] is not None else "NO recovery"
     if f["drain_s"] is not None:
         recovery += f" (full backlog drains in {f['drain_s']:.1f} s)"
     share = f"{f['goodput_fraction']:.0%}" if f["goodput_fraction"] is not None else "n/a"
-    goodput_text = (f"goodput {f['goodput_rps']:.0f} req/s = {share} of capacity"
-                    + (" (all clients, server-counted)" if f["goodput_source"] == "server" else ""))
+    goodput_text = f"goodput {f['goodput_rps']:.0f} req/s = {share} of capacity" + (
+        " (all clients, server-counted)" if f["goodput_source"] == "server" else ""
+    )
     missing = f["rejected_without_retry_after"]
     retry_after = f"Retry-After missing on {missing}" if missing else "Retry-After on all"
-    return (f"overload {f['factor']:g}x ({f['offered_rps']:.0f} req/s offered vs capacity {f['capacity_rps']:.0f}, "
-            f"{f['burst_seconds']:.0f} s): served {f['achieved_rps']:.0f} req/s; {goodput_text}; "
-            f"{f['rejected']} rejected, 503 p99 {ms(f['rejected_p99_s'])} "
-            f"(response {ms(f['rejected_response_p99_s'])}), "
-            f"{retry_after}; {queue}; "
-            f"{f['accepted']} accepted, p99 {ms(f['accepted_p99_s'])}, max {ms(f['accepted_max_s'])} "
-            f"(timeout {ms(f['timeout_s'])}, timeouts {f['timeouts']}, unanswered {f['unanswered']}, "
-            f"left hanging {f['hanging']}); {recovery}"
-            + (" [generator-bound]" if f["generator_bound"] else ""))
+    return (
+        f"overload {f['factor']:g}x ({f['offered_rps']:.0f} req/s offered vs capacity {f['capacity_rps']:.0f}, "
+        f"{f['burst_seconds']:.0f} s): served {f['achieved_rps']:.0f} req/s; {goodput_text}; "
+        f"{f['rejected']} rejected, 503 p99 {ms(f['rejected_p99_s'])} "
+        f"(response {ms(f['rejected_response_p99_s'])}), "
+        f"{retry_after}; {queue}; "
+        f"{f['accepted']} accepted, p99 {ms(f['accepted_p99_s'])}, max {ms(f['accepted_max_s'])} "
+        f"(timeout {ms(f['timeout_s'])}, timeouts {f['timeouts']}, unanswered {f['unanswered']}, "
+        f"left hanging {f['hanging']}); {recovery}" + (" [generator-bound]" if f["generator_bound"] else "")
+    )

@@ -21,9 +21,18 @@ BODY_BUDGET_BYTES = 16 * 2**20
 to vary the inputs without holding hundreds of MB per user."""
 
 _NUMPY_TYPES = {
-    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
-    "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
-    "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
 }
 
 
@@ -51,8 +60,14 @@ class PayloadOptions:
 
 def options_of(plan) -> PayloadOptions:
     """The payload options a sweep plan (SweepPlan) asks for: what every load-generator user sends."""
-    return PayloadOptions(binary=plan.binary, seq_len=plan.seq_len, client=plan.client, text=plan.text,
-                          seq_len_max=plan.seq_len_max, inputs=plan.inputs)
+    return PayloadOptions(
+        binary=plan.binary,
+        seq_len=plan.seq_len,
+        client=plan.client,
+        text=plan.text,
+        seq_len_max=plan.seq_len_max,
+        inputs=plan.inputs,
+    )
 
 
 @dataclass(frozen=True)
@@ -83,8 +98,10 @@ def random_bodies(metadata: dict, seed: int, options: PayloadOptions = PayloadOp
 def require_text(metadata: dict) -> None:
     """ValueError naming the model unless it takes text (a BYTES input: a text deployment's sentences)."""
     if not any(spec["datatype"] == "BYTES" for spec in metadata["inputs"]):
-        raise ValueError(f"--text: model '{metadata.get('name')}' takes no text (BYTES) input; its inputs are "
-                         f"{[spec['name'] for spec in metadata['inputs']]} (serve it with a [deployments.tokenizer])")
+        raise ValueError(
+            f"--text: model '{metadata.get('name')}' takes no text (BYTES) input; its inputs are "
+            f"{[spec['name'] for spec in metadata['inputs']]} (serve it with a [deployments.tokenizer])"
+        )
 
 
 def _body(metadata: dict, rng: np.random.Generator, options: PayloadOptions) -> Body:
@@ -110,14 +127,17 @@ def load_samples(path: str | Path) -> dict[str, np.ndarray]:
     except FileNotFoundError:
         raise ValueError(f"sample file {path} does not exist") from None
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise ValueError(f"sample file {path} is not an .npz of named arrays (numpy.savez): "
-                         f"{_first_line(exc)}") from None
+        raise ValueError(
+            f"sample file {path} is not an .npz of named arrays (numpy.savez): {_first_line(exc)}"
+        ) from None
     if not samples:
         raise ValueError(f"sample file {path} holds no arrays")
     rows = {name: array.shape[0] if array.ndim else 0 for name, array in samples.items()}
     if min(rows.values()) < 1 or len(set(rows.values())) != 1:
-        raise ValueError(f"sample file {path}: every array needs the same number of rows (at least 1) on its first "
-                         f"axis, the batch; got {rows}")
+        raise ValueError(
+            f"sample file {path}: every array needs the same number of rows (at least 1) on its first "
+            f"axis, the batch; got {rows}"
+        )
     return samples
 
 
@@ -145,8 +165,10 @@ def check_samples(metadata: dict, samples: dict[str, np.ndarray]) -> None:
             raise ValueError(f"input '{spec['name']}' is {datatype}, but its samples are {array.dtype}")
         shape = spec["shape"]
         if array.ndim != len(shape) or any(d > 0 and d != n for d, n in zip(shape[1:], array.shape[1:])):
-            raise ValueError(f"input '{spec['name']}' has shape {shape} (-1: any), but its samples have "
-                             f"{list(array.shape)} (rows first)")
+            raise ValueError(
+                f"input '{spec['name']}' has shape {shape} (-1: any), but its samples have "
+                f"{list(array.shape)} (rows first)"
+            )
 
 
 def sample_bodies(metadata: dict, samples: dict[str, np.ndarray], binary: bool = False) -> list[Body]:
@@ -155,8 +177,15 @@ def sample_bodies(metadata: dict, samples: dict[str, np.ndarray], binary: bool =
     rows = next(iter(samples.values())).shape[0]
     bodies = []
     for row in range(min(rows, MAX_BODIES)):
-        tensors = [(spec["name"], spec["datatype"], [1, *samples[spec["name"]].shape[1:]],
-                    samples[spec["name"]][row:row + 1]) for spec in metadata["inputs"]]
+        tensors = [
+            (
+                spec["name"],
+                spec["datatype"],
+                [1, *samples[spec["name"]].shape[1:]],
+                samples[spec["name"]][row : row + 1],
+            )
+            for spec in metadata["inputs"]
+        ]
         bodies.append(encode_body(tensors, binary))
         if sum(len(b.data) for b in bodies) >= BODY_BUDGET_BYTES:
             break
@@ -179,17 +208,28 @@ def encode_body(tensors: list[tuple[str, str, list[int], np.ndarray]], binary: b
     """(name, datatype, shape, array) tensors as a JSON body or with the binary tensor extension
     (BYTES elements: a 4-byte little-endian length, then the bytes)."""
     if not binary:
-        doc = {"inputs": [{"name": n, "shape": s, "datatype": t,
-                           "data": _json_strings(a) if t == "BYTES" else a.reshape(-1)} for n, t, s, a in tensors]}
+        doc = {
+            "inputs": [
+                {"name": n, "shape": s, "datatype": t, "data": _json_strings(a) if t == "BYTES" else a.reshape(-1)}
+                for n, t, s, a in tensors
+            ]
+        }
         return Body(orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY), JSON_HEADERS)
-    raws = [_bytes_wire(a) if t == "BYTES" else np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<"),
-                                                                                copy=False).tobytes()
-            for _, t, _, a in tensors]
-    header = orjson.dumps({
-        "inputs": [{"name": n, "shape": s, "datatype": t, "parameters": {"binary_data_size": len(raw)}}
-                   for (n, t, s, _), raw in zip(tensors, raws)],
-        "parameters": {"binary_data_output": True},
-    })
+    raws = [
+        _bytes_wire(a)
+        if t == "BYTES"
+        else np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+        for _, t, _, a in tensors
+    ]
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {"name": n, "shape": s, "datatype": t, "parameters": {"binary_data_size": len(raw)}}
+                for (n, t, s, _), raw in zip(tensors, raws)
+            ],
+            "parameters": {"binary_data_output": True},
+        }
+    )
     raw = b"".join(raws)
     return Body(header + raw, {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(header))})
 
@@ -214,8 +254,10 @@ def random_sentences(rng: np.random.Generator, shape: list[int], options: Payloa
     """A BYTES tensor of real-looking UTF-8 sentences, each `seq_len` tokens long (or drawn up to seq_len_max)."""
     words = random.Random(int(rng.integers(2**32)))
     array = np.empty(int(np.prod(shape)), dtype=object)
-    array[:] = [sentence(words, token_length(words, options.seq_len, options.seq_len_max)).encode("utf-8")
-                for _ in range(array.size)]
+    array[:] = [
+        sentence(words, token_length(words, options.seq_len, options.seq_len_max)).encode("utf-8")
+        for _ in range(array.size)
+    ]
     return array.reshape(shape)
 
 

@@ -22,7 +22,7 @@ def geometric_buckets(start: float, stop: float, factor: float) -> tuple[float, 
 
     Rounded to 6 significant digits so `le` labels stay readable (the factor moves by under 1e-5)."""
     count = math.ceil(math.log(stop / start) / math.log(factor)) + 1
-    return tuple(float(f"{start * factor ** i:.6g}") for i in range(count))
+    return tuple(float(f"{start * factor**i:.6g}") for i in range(count))
 
 
 # histogram_quantile interpolates linearly inside a bucket, so its error is at most one bucket's width:
@@ -54,8 +54,7 @@ class BatchHistogram(Collector):
     prometheus_client's Histogram.observe scans its buckets one by one: about 4 µs a sample with these
     289 buckets, so filling a busy step's histogram would stall the gevent loop for a tenth of a second."""
 
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
-                 buckets: Sequence[float]) -> None:
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], buckets: Sequence[float]) -> None:
         self._name = name
         self._documentation = documentation
         self._labelnames = tuple(labelnames)
@@ -121,34 +120,57 @@ class LoadGenMetrics:
     def __init__(self, registry: CollectorRegistry, run_id: str) -> None:
         self.run_id = run_id
         self.latency = BatchHistogram(
-            "latlab_loadtest_latency_seconds", "Request latency from the intended send time (open loop).",
-            RUN_LABELS, LATENCY_BUCKETS_S)
+            "latlab_loadtest_latency_seconds",
+            "Request latency from the intended send time (open loop).",
+            RUN_LABELS,
+            LATENCY_BUCKETS_S,
+        )
         self.step_latency = BatchHistogram(
             "latlab_loadtest_step_latency_seconds",
             "Latency from the intended send time of exactly one step's measurement window.",
-            STEP_LABELS, LATENCY_BUCKETS_S)
+            STEP_LABELS,
+            LATENCY_BUCKETS_S,
+        )
         registry.register(self.latency)
         registry.register(self.step_latency)
-        self.requests = Counter("latlab_loadtest_requests", "Completed requests by outcome (ok or error).",
-                                RUN_LABELS + ("outcome",), registry=registry)
-        self.dropped = Counter("latlab_loadtest_dropped", "Arrivals not sent: too many requests outstanding.",
-                               RUN_LABELS, registry=registry)
-        self.late = Counter("latlab_loadtest_late", "Arrivals sent later than the recorder's threshold.",
-                            RUN_LABELS, registry=registry)
-        self.target_rps = Gauge("latlab_loadtest_target_rps", "Arrival rate asked for now (requests/s).",
-                                RUN_LABELS, registry=registry)
+        self.requests = Counter(
+            "latlab_loadtest_requests",
+            "Completed requests by outcome (ok or error).",
+            RUN_LABELS + ("outcome",),
+            registry=registry,
+        )
+        self.dropped = Counter(
+            "latlab_loadtest_dropped",
+            "Arrivals not sent: too many requests outstanding.",
+            RUN_LABELS,
+            registry=registry,
+        )
+        self.late = Counter(
+            "latlab_loadtest_late", "Arrivals sent later than the recorder's threshold.", RUN_LABELS, registry=registry
+        )
+        self.target_rps = Gauge(
+            "latlab_loadtest_target_rps", "Arrival rate asked for now (requests/s).", RUN_LABELS, registry=registry
+        )
         self.users = Gauge("latlab_loadtest_users", "Locust users generating the load.", RUN_LABELS, registry=registry)
         self.step = Gauge("latlab_loadtest_step", "Index of the sweep step running now.", RUN_LABELS, registry=registry)
-        self.step_gauges = {key: Gauge(name, doc, STEP_LABELS, registry=registry)
-                            for key, (name, doc) in STEP_GAUGES.items()}
-        self.step_end = Gauge("latlab_loadtest_step_end_timestamp_seconds",
-                              "Unix time the step's measurement window ended.", STEP_LABELS, registry=registry)
+        self.step_gauges = {
+            key: Gauge(name, doc, STEP_LABELS, registry=registry) for key, (name, doc) in STEP_GAUGES.items()
+        }
+        self.step_end = Gauge(
+            "latlab_loadtest_step_end_timestamp_seconds",
+            "Unix time the step's measurement window ended.",
+            STEP_LABELS,
+            registry=registry,
+        )
         self._registry = registry
         self._recorded: set[tuple[str, str, str]] = set()
         counters = (self.requests, self.dropped, self.late)
         gauges = (self.target_rps, self.users, self.step, self.step_end, *self.step_gauges.values())
-        self._small_names = ({f"{c._name}_total" for c in counters} | {f"{c._name}_created" for c in counters}
-                             | {g._name for g in gauges})
+        self._small_names = (
+            {f"{c._name}_total" for c in counters}
+            | {f"{c._name}_created" for c in counters}
+            | {g._name for g in gauges}
+        )
 
     def observe(self, deployment: str, latencies_s: Sequence[float], oks: Sequence[bool]) -> None:
         """A batch of completed requests: their latencies (from intended send) and whether each succeeded."""
@@ -171,8 +193,9 @@ class LoadGenMetrics:
         self.target_rps.labels(self.run_id, deployment).set(target_rps)
         self.users.labels(self.run_id, deployment).set(users)
 
-    def record_step(self, deployment: str, step: int, latencies_s: Sequence[float], stats: dict,
-                    *, ended_at: float | None = None) -> None:
+    def record_step(
+        self, deployment: str, step: int, latencies_s: Sequence[float], stats: dict, *, ended_at: float | None = None
+    ) -> None:
         """Freeze one measured step: its window's every latency and its results.json statistics.
 
         ended_at is the unix time the window ended (now when not given). The end timestamp is written

@@ -88,8 +88,9 @@ class Recorder:
         self._outstanding[key] = (intended, sent)
         return key
 
-    def end(self, key: int, done: float, ok: bool, status: int | None = None, retry_after: bool = False,
-            error: str = "") -> None:
+    def end(
+        self, key: int, done: float, ok: bool, status: int | None = None, retry_after: bool = False, error: str = ""
+    ) -> None:
         """The answer came (or none did: status 0, `error` says why); `retry_after`: it carried that header.
         The generator's hot path: columns are appended directly, `on_completed` hears of it in batches."""
         intended, sent = self._outstanding.pop(key)
@@ -134,8 +135,9 @@ class Recorder:
         self.flush_completed()
         start, self._shipped = self._shipped, len(self.intended)
         payload = {name: getattr(self, name)[start:] for name in self.COLUMNS if name != "source"}
-        payload.update(dropped=self.dropped, late=self.late,
-                       outstanding=[intended for intended, _ in self._outstanding.values()])
+        payload.update(
+            dropped=self.dropped, late=self.late, outstanding=[intended for intended, _ in self._outstanding.values()]
+        )
         self.dropped, self.late = [], []
         return payload
 
@@ -220,12 +222,15 @@ class Recorder:
             stats = percentiles(latency[of_code])
             times = response[of_code]
             result[str(code)] = {
-                "count": int(np.count_nonzero(of_code)), "p50_s": stats["p50_s"], "p99_s": stats["p99_s"],
+                "count": int(np.count_nonzero(of_code)),
+                "p50_s": stats["p50_s"],
+                "p99_s": stats["p99_s"],
                 "max_s": stats["max_s"],
                 "response_p50_s": float(np.percentile(times, 50, method="inverted_cdf")),
                 "response_p99_s": float(np.percentile(times, 99, method="inverted_cdf")),
                 "response_max_s": float(times.max()),
-                "with_retry_after": int(np.count_nonzero(retry_after[of_code]))}
+                "with_retry_after": int(np.count_nonzero(retry_after[of_code])),
+            }
         if errors and "0" in result:
             result["0"]["errors"] = {kind: errors.count(kind) for kind in sorted(set(errors))}
         return result
@@ -244,19 +249,34 @@ def recovery_spans(recorder: Recorder, samples: list[int], start: float, width: 
             held += samples[j]
             j += 1
         t = start + k * width
-        spans.append({"t_s": k * width, "run": recorder.window(t, start + j * width, now).as_dict(),
-                      "rest": recorder.window(t, end, now).as_dict()})
+        spans.append(
+            {
+                "t_s": k * width,
+                "run": recorder.window(t, start + j * width, now).as_dict(),
+                "rest": recorder.window(t, end, now).as_dict(),
+            }
+        )
     return spans
 
 
 def percentiles(latencies: np.ndarray) -> dict[str, float]:
     """Exact order statistics (nearest rank: each is a latency that was observed)."""
     if latencies.size == 0:
-        return {"p50_s": float("nan"), "p90_s": float("nan"), "p99_s": float("nan"),
-                "max_s": float("nan"), "mean_s": float("nan")}
+        return {
+            "p50_s": float("nan"),
+            "p90_s": float("nan"),
+            "p99_s": float("nan"),
+            "max_s": float("nan"),
+            "mean_s": float("nan"),
+        }
     p50, p90, p99 = np.percentile(latencies, [50, 90, 99], method="inverted_cdf")
-    return {"p50_s": float(p50), "p90_s": float(p90), "p99_s": float(p99),
-            "max_s": float(latencies.max()), "mean_s": float(latencies.mean())}
+    return {
+        "p50_s": float(p50),
+        "p90_s": float(p90),
+        "p99_s": float(p99),
+        "max_s": float(latencies.max()),
+        "mean_s": float(latencies.mean()),
+    }
 
 
 def _count_in(times: list[float], start: float, end: float) -> int:

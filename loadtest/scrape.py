@@ -35,8 +35,11 @@ def batch_totals(metrics_text: str, deployment: str) -> tuple[float, float]:
     samples = batches = 0.0
     for family in text_string_to_metric_families(metrics_text):
         if family.name in (TRITON_INFERENCES, TRITON_EXECUTIONS):
-            total = sum(s.value for s in family.samples
-                        if s.labels.get("model") == deployment and s.name in (family.name, family.name + "_total"))
+            total = sum(
+                s.value
+                for s in family.samples
+                if s.labels.get("model") == deployment and s.name in (family.name, family.name + "_total")
+            )
             if family.name == TRITON_INFERENCES:
                 samples += total
             else:
@@ -139,15 +142,21 @@ def describe(host: str, deployment: str) -> dict:
         return {**config, **({"server": server} if server and "server" not in config else {})}
     metadata = fetch(host, metadata_path, timeout=10)
     if metadata.status_code != 200:
-        raise LookupError(f"server at {host} has no model '{deployment}': GET {metadata_path} answered "
-                          f"{metadata.status_code} {metadata.text.strip()[:200]}")
+        raise LookupError(
+            f"server at {host} has no model '{deployment}': GET {metadata_path} answered "
+            f"{metadata.status_code} {metadata.text.strip()[:200]}"
+        )
     found = _json_or_none(metadata)
     if not isinstance(found, dict):
-        raise LookupError(f"server at {host}: GET {metadata_path} answered 200 but not a JSON object: "
-                          f"{metadata.text.strip()[:200]}")
-    info: dict = {"name": deployment, "model": str(found.get("name") or deployment),  # the name the server gives it
-                  **({"platform": found["platform"]} if found.get("platform") else {}),
-                  **({"server": server} if server else {})}
+        raise LookupError(
+            f"server at {host}: GET {metadata_path} answered 200 but not a JSON object: {metadata.text.strip()[:200]}"
+        )
+    info: dict = {
+        "name": deployment,
+        "model": str(found.get("name") or deployment),  # the name the server gives it
+        **({"platform": found["platform"]} if found.get("platform") else {}),
+        **({"server": server} if server else {}),
+    }
     batcher = triton_batcher(config) if isinstance(config, dict) else None
     if batcher is not None:
         info.update(batcher=batcher, server_config=config)
@@ -155,8 +164,13 @@ def describe(host: str, deployment: str) -> dict:
         if provider:
             info.update(provider=provider, provider_from="Triton model config (instance_group kind)")
     else:
-        answer = (f"answered {response.status_code}" if response.status_code != 200
-                  else "answered no JSON" if config is None else "answered a config that is not latlab's")
+        answer = (
+            f"answered {response.status_code}"
+            if response.status_code != 200
+            else "answered no JSON"
+            if config is None
+            else "answered a config that is not latlab's"
+        )
         info["settings_unknown"] = f"GET {config_path} {answer}"
     return info
 
@@ -164,8 +178,9 @@ def describe(host: str, deployment: str) -> dict:
 def triton_batcher(config: dict) -> dict | None:
     """latlab's batcher fields from a Triton model configuration (GET .../config on Triton): its maximum batch
     (no dynamic batcher: every request runs alone), queue delay and instance count; None for any other JSON."""
-    if "max_batch_size" not in config or not any(k in config for k in ("dynamic_batching", "instance_group",
-                                                                       "backend", "platform")):
+    if "max_batch_size" not in config or not any(
+        k in config for k in ("dynamic_batching", "instance_group", "backend", "platform")
+    ):
         return None
     dynamic = config.get("dynamic_batching")
     size = int(config.get("max_batch_size") or 0)
@@ -259,8 +274,10 @@ def extras_notice(host: str, info: dict, source: MetricsSource, given: bool = Fa
         key.append("triton-config")
     if source.kind is None:
         hint = "check --server-metrics" if given else "give --server-metrics URL where it exports Triton's metrics"
-        parts.append(f"no server figures ({source.note}; {hint}): no server-side batch sizes or time breakdown, "
-                     "the report shows the client side only")
+        parts.append(
+            f"no server figures ({source.note}; {hint}): no server-side batch sizes or time breakdown, "
+            "the report shows the client side only"
+        )
         key.append("no-metrics")
     elif source.kind == "triton":
         parts.append(f"server figures and batch sizes from {source.note}")
@@ -270,8 +287,9 @@ def extras_notice(host: str, info: dict, source: MetricsSource, given: bool = Fa
     return "|".join(key), f"server at {host.rstrip('/')}: " + "; ".join(parts)
 
 
-def scrape_batches(host: str, deployment: str, timeout: float = 5.0,
-                   url: str | None = None) -> tuple[float, float] | None:
+def scrape_batches(
+    host: str, deployment: str, timeout: float = 5.0, url: str | None = None
+) -> tuple[float, float] | None:
     """Batch totals so far (from `url`, default the server's /metrics), or None when they cannot be read (the
     step's average is then unknown)."""
     try:
@@ -326,8 +344,11 @@ class QueueWatch:
         """Stop sampling; the step's queue figures (None where the server exports no such gauge)."""
         if self._greenlet is not None:
             self._greenlet.kill()
-        return {"queue_depth_max": max(self.depths, default=None), "queue_capacity": self.capacity,
-                "queue_samples": len(self.depths)}
+        return {
+            "queue_depth_max": max(self.depths, default=None),
+            "queue_capacity": self.capacity,
+            "queue_samples": len(self.depths),
+        }
 
 
 # --- the server's own account of a step: where a request's time went, how busy the process and device were ---
@@ -382,8 +403,11 @@ def metric_sums(metrics_text: str, deployment: str) -> dict[str, float]:
         for sample in family.samples:
             if sample.name == PROCESS_CPU:
                 found[PROCESS_CPU] = sample.value
-            elif (sample.name == REQUESTS and sample.labels.get("deployment") == deployment
-                  and sample.labels.get("outcome") in OUTCOMES):
+            elif (
+                sample.name == REQUESTS
+                and sample.labels.get("deployment") == deployment
+                and sample.labels.get("outcome") in OUTCOMES
+            ):
                 key = f"{REQUESTS}:{sample.labels['outcome']}"
                 found[key] = found.get(key, 0.0) + sample.value
             elif sample.name in wanted and sample.labels.get("deployment") == deployment:
@@ -391,8 +415,9 @@ def metric_sums(metrics_text: str, deployment: str) -> dict[str, float]:
     return found
 
 
-def server_step(before: tuple[float, str] | None, after: tuple[float, str] | None, deployment: str,
-                instances: int = 1) -> dict | None:
+def server_step(
+    before: tuple[float, str] | None, after: tuple[float, str] | None, deployment: str, instances: int = 1
+) -> dict | None:
     """Mean seconds per request of each server histogram between two (monotonic time, /metrics text)
     snapshots, the process's CPU use in cores and the share of time the deployment's instances ran batches.
     None when a snapshot is missing; a histogram the server does not export (or that saw nothing) is absent.

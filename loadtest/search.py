@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
-MIN_REQUESTS = 500          # fewer samples than this cannot support a p99
-SATURATED_BELOW = 0.9       # achieved / offered: a sweep stops below this
+MIN_REQUESTS = 500  # fewer samples than this cannot support a p99
+SATURATED_BELOW = 0.9  # achieved / offered: a sweep stops below this
 SEARCH_SATURATED_BELOW = 0.95  # the search is stricter: a short window hides a slight overload's latency
 
 
@@ -36,12 +36,18 @@ class SearchResult:
 def meets(step: dict, slo_p99_s: float) -> bool:
     """The step met the SLO: p99 within bound, no errors, nothing dropped, not saturated."""
     p99 = step.get("p99_s")
-    return (p99 is not None and p99 == p99 and p99 <= slo_p99_s and not step["errors"] and not step["dropped"]
-            and step["achieved_rps"] >= SEARCH_SATURATED_BELOW * step["offered_rps"])
+    return (
+        p99 is not None
+        and p99 == p99
+        and p99 <= slo_p99_s
+        and not step["errors"]
+        and not step["dropped"]
+        and step["achieved_rps"] >= SEARCH_SATURATED_BELOW * step["offered_rps"]
+    )
 
 
 def slo_verdict(step: dict, slo_p99_s: float) -> str:
-    """"met", "broken" or "undecided": the rule every table and the sweep's SLO brackets judge a step by.
+    """ "met", "broken" or "undecided": the rule every table and the sweep's SLO brackets judge a step by.
     Errors, dropped arrivals or an offered rate not kept up with (open loop) break any SLO. Otherwise the
     step's decision at its confidence (`confidence.slos`, loadtest/confidence.py): met only when the count of
     requests over the bound is small enough for their number, broken when it is too large, else undecided.
@@ -127,9 +133,16 @@ def next_slo_rate(bracket: Bracket, resolution: float, floor_rps: float) -> floa
     return (bracket.low * bracket.high) ** 0.5
 
 
-def bracket_slos(slos_s: tuple[float, ...], steps: list[dict], measure: Callable[[float], dict],
-                 single: Callable[[], dict], resolution: float, floor_rps: float, budget: int,
-                 time_left: Callable[[], bool] = lambda: True) -> dict:
+def bracket_slos(
+    slos_s: tuple[float, ...],
+    steps: list[dict],
+    measure: Callable[[float], dict],
+    single: Callable[[], dict],
+    resolution: float,
+    floor_rps: float,
+    budget: int,
+    time_left: Callable[[], bool] = lambda: True,
+) -> dict:
     """Narrow every SLO's bracket to `resolution` with extra steps (`measure(rate)` appends each to `steps`; one
     step serves every SLO), at most `budget` steps in all, each spent on the widest bracket left (a budget that
     runs out leaves every SLO narrowed some way, not the tightest one exact and the others as listed). Below the
@@ -155,13 +168,23 @@ def bracket_slos(slos_s: tuple[float, ...], steps: list[dict], measure: Callable
             break
         measure(rate)
         extra += 1
-    records = [bracket_record(slo_bracket(steps, slo), found.get("single_request"), resolution, floor_rps,
-                              tail_flat(steps, lowest)) for slo in sorted(slos_s)]
+    records = [
+        bracket_record(
+            slo_bracket(steps, slo), found.get("single_request"), resolution, floor_rps, tail_flat(steps, lowest)
+        )
+        for slo in sorted(slos_s)
+    ]
     return {**found, "slo_brackets": records, "slo_steps": extra, "slo_budget_spent": spent}
 
 
-def _widest_next(slos_s: tuple[float, ...], steps: list[dict], single: Callable[[], dict], resolution: float,
-                 floor_rps: float, lowest: float) -> float | None:
+def _widest_next(
+    slos_s: tuple[float, ...],
+    steps: list[dict],
+    single: Callable[[], dict],
+    resolution: float,
+    floor_rps: float,
+    lowest: float,
+) -> float | None:
     """The next rate of the SLO whose bracket is widest (ratio of its ends; below every step, of the lowest
     broken to the floor), the tightest SLO first among equals; None when no bracket can narrow."""
     candidates = []
@@ -194,27 +217,44 @@ def tail_flat(steps: list[dict], below: float) -> dict | None:
     return low if low["p99_s"] >= TAIL_FLAT * high["p99_s"] else None
 
 
-def bracket_record(bracket: Bracket, single: dict | None, resolution: float, floor_rps: float,
-                   flat: dict | None = None) -> dict:
+def bracket_record(
+    bracket: Bracket, single: dict | None, resolution: float, floor_rps: float, flat: dict | None = None
+) -> dict:
     """One SLO's bracket as results record it: its ends' rates, its width, and what it means in words."""
     if bracket.met is None and single is not None and breaks(single, bracket.slo_p99_s):
         meaning = NEVER
     elif bracket.met is None and bracket.broke is not None and flat is not None:
-        meaning = (f"{FLAT} {_rate(flat):.3g} req/s: the p99 stopped falling with the load "
-                   f"({flat['p99_s'] * 1e3:.1f} ms there)")
+        meaning = (
+            f"{FLAT} {_rate(flat):.3g} req/s: the p99 stopped falling with the load "
+            f"({flat['p99_s'] * 1e3:.1f} ms there)"
+        )
     elif bracket.met is None:
-        meaning = f"below the lowest rate measured (the search stops at {floor_rps:.3g} req/s)" if bracket.broke \
+        meaning = (
+            f"below the lowest rate measured (the search stops at {floor_rps:.3g} req/s)"
+            if bracket.broke
             else "not measured"
+        )
     elif bracket.broke is None:
         meaning = "met at every rate measured"
     else:
-        meaning = "within the resolution" if bracket.width() <= resolution else "wider than the resolution (the " \
-            "step or time budget ran out)"
+        meaning = (
+            "within the resolution"
+            if bracket.width() <= resolution
+            else "wider than the resolution (the step or time budget ran out)"
+        )
     upper = slo_verdict(bracket.broke, bracket.slo_p99_s) if bracket.broke else None
     needed = (step_decision(bracket.broke, bracket.slo_p99_s) or {}).get("needed") if upper == "undecided" else None
-    return {"slo_p99_s": bracket.slo_p99_s, "met_rps": bracket.low, "broke_rps": bracket.high,
-            "width": bracket.width(), "resolution": resolution, "floor_rps": floor_rps, "meaning": meaning,
-            "broke_verdict": upper, "needed": needed}
+    return {
+        "slo_p99_s": bracket.slo_p99_s,
+        "met_rps": bracket.low,
+        "broke_rps": bracket.high,
+        "width": bracket.width(),
+        "resolution": resolution,
+        "floor_rps": floor_rps,
+        "meaning": meaning,
+        "broke_verdict": upper,
+        "needed": needed,
+    }
 
 
 NEVER = "never: breaks it one request at a time"
@@ -245,8 +285,14 @@ def validity(step: dict) -> list[str]:
     return reasons
 
 
-def slo_search(measure: Callable[[float], dict], slo_p99_s: float, start: float, resolution: float = 0.05,
-               max_probes: int = 16, min_rate: float = 1.0) -> SearchResult:
+def slo_search(
+    measure: Callable[[float], dict],
+    slo_p99_s: float,
+    start: float,
+    resolution: float = 0.05,
+    max_probes: int = 16,
+    min_rate: float = 1.0,
+) -> SearchResult:
     """Double from `start` until the SLO breaks (or halve until it holds), then bisect the bracket
     until its width is within `resolution` of the passing rate."""
     probes: list[dict] = []
@@ -295,7 +341,7 @@ def is_stable(windows: list[dict]) -> bool:
     if len(windows) < 3:
         return False
     for i, a in enumerate(windows):
-        for b in windows[i + 1:]:
+        for b in windows[i + 1 :]:
             if not _counts_agree(a.get("ok"), b.get("ok")) or not _intervals_overlap(a, b):
                 return False
     return True
@@ -314,5 +360,6 @@ def _intervals_overlap(a: dict, b: dict) -> bool:
     def bounds(w: dict) -> tuple[float, float]:
         low, high = w.get("p99_low_s"), w.get("p99_high_s")
         return (0.0 if low is None else low, float("inf") if high is None else high)
+
     (a_low, a_high), (b_low, b_high) = bounds(a), bounds(b)
     return a_low <= b_high and b_low <= a_high

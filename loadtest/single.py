@@ -21,8 +21,9 @@ BUDGET_S = 30.0
 """A deployment slower than this per 300 requests gets fewer; the result says how many it got."""
 
 
-def one_at_a_time(host: str, deployment: str, options: PayloadOptions, requests: int = REQUESTS,
-                  budget_s: float = BUDGET_S) -> dict:
+def one_at_a_time(
+    host: str, deployment: str, options: PayloadOptions, requests: int = REQUESTS, budget_s: float = BUDGET_S
+) -> dict:
     """Send `requests` infer requests back to back, each after the previous answer (fewer when `budget_s` runs
     out); their latency percentiles, error count and whether there were enough for a p99."""
     metadata = fetch(host, f"/v2/models/{deployment}").json()
@@ -52,9 +53,13 @@ def summary(latencies: list[float], errors: int) -> dict:
     exact percentiles (recorder.percentiles), so they read like every step's."""
     values = np.asarray(latencies, dtype=float)
     if not len(values):
-        return {"requests": 0, "errors": errors, "p50_s": None, "p99_s": None, "max_s": None,
-                "too_few_samples": True}
+        return {"requests": 0, "errors": errors, "p50_s": None, "p99_s": None, "max_s": None, "too_few_samples": True}
     figures = percentiles(values)
-    return {"requests": int(len(values)), "errors": int(errors), "p50_s": figures["p50_s"],
-            "p99_s": figures["p99_s"], "max_s": figures["max_s"],
-            "too_few_samples": bool(len(values) < MIN_SAMPLES_P99)}
+    return {
+        "requests": int(len(values)),
+        "errors": int(errors),
+        "p50_s": figures["p50_s"],
+        "p99_s": figures["p99_s"],
+        "max_s": figures["max_s"],
+        "too_few_samples": bool(len(values) < MIN_SAMPLES_P99),
+    }

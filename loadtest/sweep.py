@@ -30,11 +30,11 @@ from latlab.loadtest.search import SATURATED_BELOW, bracket_slos, is_stable, slo
 from latlab.loadtest.single import one_at_a_time
 
 GENERATOR_BOUND_CPU = 90.0  # % of one core used by a generator process during a step
-SERVER_BACK_S = 10.0        # after an interrupted step, how long to wait for the server to answer again
-LONGEST_WINDOW_S = 10.0     # a low rate's windows grow to hold MIN_SAMPLES_P99 requests in three, up to this
-RAISE_BY = 1.5              # past the listed rates, each step offers this much more until saturation or the cap
-ANSWER_GRACE_S = 1.0        # a step's figures wait this long at most for answers to its last requests
-QUEUE_SAMPLE_S = 1.0        # overload: the queue is full for most of a burst, a sample a second shows it
+SERVER_BACK_S = 10.0  # after an interrupted step, how long to wait for the server to answer again
+LONGEST_WINDOW_S = 10.0  # a low rate's windows grow to hold MIN_SAMPLES_P99 requests in three, up to this
+RAISE_BY = 1.5  # past the listed rates, each step offers this much more until saturation or the cap
+ANSWER_GRACE_S = 1.0  # a step's figures wait this long at most for answers to its last requests
+QUEUE_SAMPLE_S = 1.0  # overload: the queue is full for most of a burst, a sample a second shows it
 
 
 @dataclass
@@ -130,8 +130,13 @@ class _Progress:
             self.say(line)
 
 
-def run_sweep(plan: SweepPlan, out_path: Path, run_id: str, progress: Callable[[str], None] = _print,
-              run_one: Callable[..., dict] | None = None) -> dict:
+def run_sweep(
+    plan: SweepPlan,
+    out_path: Path,
+    run_id: str,
+    progress: Callable[[str], None] = _print,
+    run_one: Callable[..., dict] | None = None,
+) -> dict:
     """Sweep (or search) every deployment in turn; write and return the results document.
     `run_one(plan, driver, metrics, deployment, progress)` replaces the sweep of one deployment
     (the overload test uses it)."""
@@ -141,13 +146,25 @@ def run_sweep(plan: SweepPlan, out_path: Path, run_id: str, progress: Callable[[
     if plan.metrics_port:
         start_exporter(metrics, plan.metrics_port)
         progress(f"load generator metrics on http://127.0.0.1:{plan.metrics_port}/metrics")
-    doc = {"run_id": run_id, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": plan.host,
-           "machine": machine.describe(plan.machine_name), "mode": plan.mode,
-           "arrivals": ("poisson" if plan.poisson else "constant") if plan.mode == "open" else "closed loop",
-           "payload": {"encoding": "binary" if plan.binary else "json", "seq_len": plan.seq_len,
-                       "client": plan.client, "text": plan.text, "seq_len_max": plan.seq_len_max,
-                       **({"inputs": plan.inputs} if plan.inputs else {})},
-           "slo_p99_s": plan.slo_p99_s, "deployments": [], "events": []}
+    doc = {
+        "run_id": run_id,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "host": plan.host,
+        "machine": machine.describe(plan.machine_name),
+        "mode": plan.mode,
+        "arrivals": ("poisson" if plan.poisson else "constant") if plan.mode == "open" else "closed loop",
+        "payload": {
+            "encoding": "binary" if plan.binary else "json",
+            "seq_len": plan.seq_len,
+            "client": plan.client,
+            "text": plan.text,
+            "seq_len_max": plan.seq_len_max,
+            **({"inputs": plan.inputs} if plan.inputs else {}),
+        },
+        "slo_p99_s": plan.slo_p99_s,
+        "deployments": [],
+        "events": [],
+    }
     driver = LoadDriver(plan, metrics, progress)
     doc["events"] = driver.events  # the fleet's events (a worker lost), as they happen
     try:
@@ -168,8 +185,9 @@ class ServerGone(requests.ConnectionError):
     """The server stopped answering during a step and did not come back."""
 
 
-def _run_deployment(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, deployment: str,
-                    progress: Callable[[str], None]) -> dict:
+def _run_deployment(
+    plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, deployment: str, progress: Callable[[str], None]
+) -> dict:
     info = _describe(plan, deployment, progress)
     steps: list[dict] = []
 
@@ -185,9 +203,14 @@ def _run_deployment(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics
         search, stop_reason = _search(plan, driver, measure)
         progress(f"{deployment}: {stop_reason}")
         saturated = bool(search) and not any("no upper bound" in r for r in search["reasons"])
-        return {**info, "steps": sorted(steps, key=lambda s: s["target"]), "search": search,
-                "stop_reason": stop_reason, "saturated": saturated,
-                "rate_cap_rps": max((p["target"] for p in search["probes"]), default=None) if search else None}
+        return {
+            **info,
+            "steps": sorted(steps, key=lambda s: s["target"]),
+            "search": search,
+            "stop_reason": stop_reason,
+            "saturated": saturated,
+            "rate_cap_rps": max((p["target"] for p in search["probes"]), default=None) if search else None,
+        }
     stop_reason, saturated = _sweep_rates(plan, measure)
     progress(f"{deployment}: {stop_reason}")
     cap = max(plan.max_rate, max(plan.loads)) if plan.mode == "open" else None
@@ -222,10 +245,17 @@ def _sweep_rates(plan: SweepPlan, measure: Callable[[float], dict]) -> tuple[str
     return (f"rate cap {plan.max_rate:g} reached" if capped else "all loads done") + ": not saturated", False
 
 
-def _bracket_slos(plan: SweepPlan, driver: LoadDriver, deployment: str, measure: Callable[[float], dict],
-                  steps: list[dict], progress: Callable[[str], None]) -> dict:
+def _bracket_slos(
+    plan: SweepPlan,
+    driver: LoadDriver,
+    deployment: str,
+    measure: Callable[[float], dict],
+    steps: list[dict],
+    progress: Callable[[str], None],
+) -> dict:
     """Every SLO's bracket narrowed to plan.resolution with extra steps (search.bracket_slos); each extra step,
     and the one-at-a-time probe, after the previous step's backlog has drained."""
+
     def step(rate: float) -> dict:
         driver.drain()
         return measure(rate)
@@ -242,8 +272,9 @@ def _bracket_slos(plan: SweepPlan, driver: LoadDriver, deployment: str, measure:
         return not plan.max_slo_seconds or time.monotonic() < deadline
 
     try:
-        return bracket_slos(plan.slos_s, steps, step, single, plan.resolution, lowest_rate(plan), plan.max_slo_steps,
-                            time_left)
+        return bracket_slos(
+            plan.slos_s, steps, step, single, plan.resolution, lowest_rate(plan), plan.max_slo_steps, time_left
+        )
     except ServerGone as exc:
         progress(f"{deployment}: SLO brackets stopped: {exc}")
         return {}
@@ -257,8 +288,10 @@ def lowest_rate(plan: SweepPlan) -> float:
 def single_line(deployment: str, single: dict) -> str:
     if not single["requests"]:
         return f"{deployment:>14}  one at a time: no request answered"
-    return (f"{deployment:>14}  one at a time: {single['requests']} requests  p50 {single['p50_s'] * 1e3:7.2f} ms  "
-            f"p99 {single['p99_s'] * 1e3:7.2f} ms  errors {single['errors']}")
+    return (
+        f"{deployment:>14}  one at a time: {single['requests']} requests  p50 {single['p50_s'] * 1e3:7.2f} ms  "
+        f"p99 {single['p99_s'] * 1e3:7.2f} ms  errors {single['errors']}"
+    )
 
 
 def _next_load(plan: SweepPlan, listed: list[float], passed: float | None, failed: float | None) -> float | None:
@@ -277,6 +310,7 @@ def _next_load(plan: SweepPlan, listed: list[float], passed: float | None, faile
 
 def _search(plan: SweepPlan, driver: LoadDriver, measure: Callable[[float], dict]) -> tuple[dict | None, str]:
     """The SLO search's result and its one-line summary (or why it stopped)."""
+
     def probe(rate: float) -> dict:
         driver.drain()  # a failed probe's backlog must not spill into the next one
         step = measure(rate)
@@ -284,6 +318,7 @@ def _search(plan: SweepPlan, driver: LoadDriver, measure: Callable[[float], dict
             driver.drain()
             step = measure(rate)
         return step
+
     try:
         result = slo_search(probe, plan.slo_p99_s, start=plan.loads[0], resolution=plan.search_resolution)
     except ServerGone as exc:
@@ -293,19 +328,37 @@ def _search(plan: SweepPlan, driver: LoadDriver, measure: Callable[[float], dict
 
 def overload_runner(overload: OverloadPlan) -> Callable[..., dict]:
     """What `run_sweep(run_one=...)` calls per deployment for the overload test instead of a sweep."""
-    def run_one(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, deployment: str,
-                progress: Callable[[str], None]) -> dict:
+
+    def run_one(
+        plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, deployment: str, progress: Callable[[str], None]
+    ) -> dict:
         info = _describe(plan, deployment, progress)
         steps: list[dict] = []
 
-        def phase(name: str, load: float, seconds: float, windows: int = 3, warmup: float = 0.0,
-                  drain: bool = True, spans: bool = False) -> dict:
+        def phase(
+            name: str,
+            load: float,
+            seconds: float,
+            windows: int = 3,
+            warmup: float = 0.0,
+            drain: bool = True,
+            spans: bool = False,
+        ) -> dict:
             if drain:
                 driver.drain()
-            timing = replace(plan, warmup_seconds=warmup, window_seconds=seconds / windows, min_windows=windows,
-                             max_windows=windows, stop_at_saturation=False, queue_sample_seconds=QUEUE_SAMPLE_S)
-            step = {"phase": name, **measure_step(timing, driver, metrics, deployment, load, index=len(steps),
-                                                  spans=spans)}
+            timing = replace(
+                plan,
+                warmup_seconds=warmup,
+                window_seconds=seconds / windows,
+                min_windows=windows,
+                max_windows=windows,
+                stop_at_saturation=False,
+                queue_sample_seconds=QUEUE_SAMPLE_S,
+            )
+            step = {
+                "phase": name,
+                **measure_step(timing, driver, metrics, deployment, load, index=len(steps), spans=spans),
+            }
             steps.append(step)
             progress(f"{name:>9}: {progress_line(deployment, step, 'open').strip()}")
             return step
@@ -317,6 +370,7 @@ def overload_runner(overload: OverloadPlan) -> Callable[..., dict]:
         figures = run_overload(phase, overload, plan.loads[0], plan.window_seconds * 3, info, outstanding)
         progress(f"{deployment}: {figures['summary']}")
         return {**info, "steps": steps, "overload": figures, "stop_reason": figures["summary"]}
+
     return run_one
 
 
@@ -343,14 +397,24 @@ def _wait_for_server(host: str, deployment: str, step: dict, progress: Callable[
     try:
         fetch(host, f"/v2/models/{deployment}", attempts=int(SERVER_BACK_S), pause_s=1.0)
     except requests.ConnectionError as exc:
-        raise ServerGone(f"the server stopped answering ({step['interruption']}) and was not back within "
-                         f"{SERVER_BACK_S:g} s: {exc}") from None
-    progress(f"{deployment}: step at {step['target']:g} was interrupted ({step['interruption']}); "
-             "the server answers again, going on")
+        raise ServerGone(
+            f"the server stopped answering ({step['interruption']}) and was not back within {SERVER_BACK_S:g} s: {exc}"
+        ) from None
+    progress(
+        f"{deployment}: step at {step['target']:g} was interrupted ({step['interruption']}); "
+        "the server answers again, going on"
+    )
 
 
-def measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, deployment: str,
-                 load: float, index: int, spans: bool = False) -> dict:
+def measure_step(
+    plan: SweepPlan,
+    driver: LoadDriver,
+    metrics: LoadGenMetrics,
+    deployment: str,
+    load: float,
+    index: int,
+    spans: bool = False,
+) -> dict:
     """Warm up, then measure windows until the last three agree (or max_windows); the step's figures
     come from the last three windows together, its `timeline` has every window. With `spans` (the overload
     test's recovery): the plan's windows as they are, short for time resolution, and `recovery_spans`, the
@@ -360,8 +424,12 @@ def measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, d
         plan = replace(plan, window_seconds=window_for(plan, load))
     driver.step_index = index
     driver.set_load(deployment, load)
-    metrics.set_load(deployment, index, load if plan.mode == "open" else 0.0,
-                     int(load) if plan.mode == "closed" else driver.runner.user_count)
+    metrics.set_load(
+        deployment,
+        index,
+        load if plan.mode == "open" else 0.0,
+        int(load) if plan.mode == "closed" else driver.runner.user_count,
+    )
     source = metrics_source(plan.host, plan.server_metrics)  # asked once per run: none, latlab's or Triton's
     queue = QueueWatch(plan.host, deployment, plan.queue_sample_seconds if source.kind == "latlab" else 0.0)
     gevent.sleep(plan.warmup_seconds)
@@ -378,8 +446,11 @@ def measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, d
     cpu = driver.generator_cpu()
     _await_answers(recorder, end)
     stats, latencies, per_source = recorder.window_detail(first, end, time.time())
-    pooled = (recovery_spans(recorder, [w["samples"] for w in windows], start, plan.window_seconds, time.time())
-              if spans else None)
+    pooled = (
+        recovery_spans(recorder, [w["samples"] for w in windows], start, plan.window_seconds, time.time())
+        if spans
+        else None
+    )
     batches_after = scrape_batches(plan.host, deployment, url=source.url) if source.url else None
     server_after = snapshot(plan.host, url=source.url) if source.url else None
     by_status = recorder.by_status(first, end)
@@ -409,8 +480,9 @@ def measure_step(plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, d
         "start_time": start,
         "end_time": end,
         "timeline": windows,
-        "confidence": step_confidence(latencies, [*plan.slos_s, *([plan.slo_p99_s] if plan.slo_p99_s else [])],
-                                      plan.confidence),
+        "confidence": step_confidence(
+            latencies, [*plan.slos_s, *([plan.slo_p99_s] if plan.slo_p99_s else [])], plan.confidence
+        ),
         **({"recovery_spans": pooled} if spans else {}),
     }
     metrics.record_step(deployment, index, latencies, step, ended_at=end)
@@ -457,8 +529,12 @@ def _next_window(plan: SweepPlan, recorder: Recorder, start: float, lag: float, 
     window_start = edge - plan.window_seconds
     stats, latencies, _ = recorder.window_detail(window_start, edge, time.time())
     p99 = percentile_interval(latencies, 0.99, plan.confidence)
-    return {"t_s": window_start - start, **stats.as_dict(), "p99_low_s": p99.as_dict()["low"],
-            "p99_high_s": p99.as_dict()["high"]}
+    return {
+        "t_s": window_start - start,
+        **stats.as_dict(),
+        "p99_low_s": p99.as_dict()["low"],
+        "p99_high_s": p99.as_dict()["high"],
+    }
 
 
 def _extend_until_decided(plan: SweepPlan, recorder: Recorder, start: float, lag: float, windows: list[dict]) -> int:
@@ -475,8 +551,11 @@ def _extend_until_decided(plan: SweepPlan, recorder: Recorder, start: float, lag
         # largest bound, so none that will end over it passes for within it (and the step for decided).
         gevent.sleep(max(0.0, end + max(plan.slos_s) + lag - time.time()))
         _, latencies, _ = recorder.window_detail(end - counted * plan.window_seconds, end, time.time())
-        open_ = [d for d in (decide(latencies, slo, 0.99, plan.confidence) for slo in plan.slos_s)
-                 if d.verdict == "undecided"]
+        open_ = [
+            d
+            for d in (decide(latencies, slo, 0.99, plan.confidence) for slo in plan.slos_s)
+            if d.verdict == "undecided"
+        ]
         reachable = len(latencies) * (counted + plan.decide_windows - added) / counted
         if not any(d.needed is not None and d.needed <= reachable for d in open_):
             break  # decided, or the windows left could not bring enough requests to decide
@@ -519,6 +598,8 @@ def progress_line(deployment: str, step: dict, mode: str) -> str:
         flags += f"  [workers lost: {', '.join(step['workers_lost'])}]"
     batch = f"{step['avg_batch_size']:.1f}" if step["avg_batch_size"] else "-"
     load = f"offered {step['offered_rps']:7.0f}/s" if mode == "open" else f"users {step['users']:4d}"
-    return (f"{deployment:>14}  {load}  achieved {step['achieved_rps']:7.0f}/s  "
-            f"p50 {step['p50_s'] * 1e3:7.2f} ms  p99 {step['p99_s'] * 1e3:7.2f} ms  "
-            f"errors {step['errors']}  batch {batch}{flags}")
+    return (
+        f"{deployment:>14}  {load}  achieved {step['achieved_rps']:7.0f}/s  "
+        f"p50 {step['p50_s'] * 1e3:7.2f} ms  p99 {step['p99_s'] * 1e3:7.2f} ms  "
+        f"errors {step['errors']}  batch {batch}{flags}"
+    )

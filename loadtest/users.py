@@ -61,18 +61,40 @@ def _add_arguments(parser) -> None:
     parser.add_argument("--latlab-rate", type=float, default=10.0, help="open loop: arrivals/s of this process")
     parser.add_argument("--latlab-constant", action="store_true", help="constant gaps instead of Poisson")
     parser.add_argument("--latlab-binary", action="store_true", help="send tensors with the binary extension")
-    parser.add_argument("--latlab-seq-len", type=int, default=8,
-                        help="length of dynamic non-batch dimensions; a text input's sentence length in tokens")
-    parser.add_argument("--latlab-seq-len-max", type=int, default=0,
-                        help="above --latlab-seq-len: sentence lengths drawn uniformly up to this many tokens")
-    parser.add_argument("--latlab-text", action="store_true",
-                        help="the deployment must take text (a BYTES input of sentences): refuse it otherwise")
-    parser.add_argument("--latlab-inputs", default="",
-                        help="an .npz of sample inputs to send instead of random ones, one request per row")
-    parser.add_argument("--latlab-client", choices=("lean", "locust"), default="lean",
-                        help="infer requests via latlab's lean HTTP client (http:// only) or Locust's FastHttpSession")
-    parser.add_argument("--latlab-metrics-port", type=int, default=0,
-                        help="master/standalone: serve client-side Prometheus metrics (whole fleet) on this port")
+    parser.add_argument(
+        "--latlab-seq-len",
+        type=int,
+        default=8,
+        help="length of dynamic non-batch dimensions; a text input's sentence length in tokens",
+    )
+    parser.add_argument(
+        "--latlab-seq-len-max",
+        type=int,
+        default=0,
+        help="above --latlab-seq-len: sentence lengths drawn uniformly up to this many tokens",
+    )
+    parser.add_argument(
+        "--latlab-text",
+        action="store_true",
+        help="the deployment must take text (a BYTES input of sentences): refuse it otherwise",
+    )
+    parser.add_argument(
+        "--latlab-inputs",
+        default="",
+        help="an .npz of sample inputs to send instead of random ones, one request per row",
+    )
+    parser.add_argument(
+        "--latlab-client",
+        choices=("lean", "locust"),
+        default="lean",
+        help="infer requests via latlab's lean HTTP client (http:// only) or Locust's FastHttpSession",
+    )
+    parser.add_argument(
+        "--latlab-metrics-port",
+        type=int,
+        default=0,
+        help="master/standalone: serve client-side Prometheus metrics (whole fleet) on this port",
+    )
     parser.add_argument("--latlab-run", default="locust", help="run label of those metrics")
 
 
@@ -80,29 +102,43 @@ def _add_arguments(parser) -> None:
 def _init_state(environment, **_kwargs) -> None:
     options = environment.parsed_options
     if getattr(environment, "latlab", None) is None:
-        environment.latlab = LoadState(options.latlab_deployment if options else "",
-                                       options.latlab_rate if options else 10.0,
-                                       poisson=not (options and options.latlab_constant))
+        environment.latlab = LoadState(
+            options.latlab_deployment if options else "",
+            options.latlab_rate if options else 10.0,
+            poisson=not (options and options.latlab_constant),
+        )
         if options is not None:
-            environment.latlab.payload = PayloadOptions(options.latlab_binary, options.latlab_seq_len,
-                                                        options.latlab_client, options.latlab_text,
-                                                        options.latlab_seq_len_max, options.latlab_inputs)
+            environment.latlab.payload = PayloadOptions(
+                options.latlab_binary,
+                options.latlab_seq_len,
+                options.latlab_client,
+                options.latlab_text,
+                options.latlab_seq_len_max,
+                options.latlab_inputs,
+            )
     state: LoadState = environment.latlab
     if isinstance(environment.runner, WorkerRunner):
         environment.runner.register_message(LOAD_MESSAGE, lambda environment, msg, **_: state.update(msg.data))
+
         def ship(client_id, data) -> None:
             data["latlab"] = {**state.recorder.drain(), "pid": os.getpid(), "cpu": cpu_reading()}
+
         environment.events.report_to_master.add_listener(ship)
     elif isinstance(environment.runner, MasterRunner):
+
         def absorb(client_id, data, **_kwargs) -> None:
             if "latlab" in data:
                 state.worker_pids[client_id] = data["latlab"]["pid"]
                 state.recorder.absorb(client_id, data["latlab"])
                 if "cpu" in data["latlab"]:  # absent from workers of an older latlab
                     state.worker_cpu.reported(client_id, data["latlab"]["cpu"])
+
         environment.events.worker_report.add_listener(absorb)
-    if options is not None and getattr(options, "latlab_metrics_port", 0) and not isinstance(
-            environment.runner, WorkerRunner):
+    if (
+        options is not None
+        and getattr(options, "latlab_metrics_port", 0)
+        and not isinstance(environment.runner, WorkerRunner)
+    ):
         _export_metrics(state, options.latlab_metrics_port, options.latlab_run)
 
 
@@ -122,6 +158,7 @@ def _export_metrics(state: LoadState, port: int, run_id: str) -> None:
         while True:
             gevent.sleep(10)
             state.recorder.forget_before(time.time() - 60)
+
     gevent.spawn(trim)
 
 
@@ -168,9 +205,16 @@ class _InferenceUser(FastHttpUser):
             done = time.time()
             recorder.end(key, done, status == 200, status, retry_after, error)
         if self.lean is not None:  # Locust's own statistics (its web UI and CSV) see every request too
-            self.environment.events.request.fire(request_type="POST", name=self.deployment, context={},
-                                                 response_time=(done - sent) * 1000.0, response=None,
-                                                 response_length=received, exception=failure, url=self.path)
+            self.environment.events.request.fire(
+                request_type="POST",
+                name=self.deployment,
+                context={},
+                response_time=(done - sent) * 1000.0,
+                response=None,
+                response_length=received,
+                exception=failure,
+                url=self.path,
+            )
 
     def _post_lean(self, which: int) -> tuple[int, bool, int, Exception | None]:
         answer = self.lean.send(self.requests[which])
@@ -182,16 +226,21 @@ class _InferenceUser(FastHttpUser):
     def _post_locust(self, which: int) -> tuple[int, bool, int, str]:
         """Through Locust's client, which reports to Locust's statistics itself."""
         body, error = self.bodies[which], ""
-        with self.client.post(self.path, data=body.data, headers=body.headers,
-                              name=self.deployment, catch_response=True) as response:
+        with self.client.post(
+            self.path, data=body.data, headers=body.headers, name=self.deployment, catch_response=True
+        ) as response:
             status = response.status_code or 0  # 0: no HTTP answer (refused, reset, timed out)
             if status == 0:
                 error = type(response.error).__name__
                 response.failure(f"no answer: {response.error!r}")
             elif status != 200:
                 response.failure(f"HTTP {status}: {(response.text or '')[:200]}")
-            return (status, bool(response.headers and response.headers.get("Retry-After")),
-                    len(response.content or b""), error)
+            return (
+                status,
+                bool(response.headers and response.headers.get("Retry-After")),
+                len(response.content or b""),
+                error,
+            )
 
 
 class RequestFailed(Exception):
@@ -228,7 +277,6 @@ class OpenLoopUser(_InferenceUser):
                 self.state.recorder.drop(next_at)
                 continue
             self.inflight.spawn(self._send, next_at)
-
 
     def _wait_until(self, when: float) -> bool:
         """Sleep until `when` in short slices; False if the load changed meanwhile."""

@@ -11,11 +11,25 @@ from latlab.report import costs
 from latlab.report import verdict
 from latlab.report.best import Best, best_per_provider, best_rate_text
 from latlab.report.sections import p99_interval
-from latlab.report.verdict import (PROVIDER_HINT, UNKNOWN, by_server, group_name, is_cpu, is_gpu, max_rate_under,
-                                   provider_of, server_name, server_names, unmet_clause, unmet_text)
+from latlab.report.verdict import (
+    PROVIDER_HINT,
+    UNKNOWN,
+    by_server,
+    group_name,
+    is_cpu,
+    is_gpu,
+    max_rate_under,
+    provider_of,
+    server_name,
+    server_names,
+    unmet_clause,
+    unmet_text,
+)
 
-ADD_SERVED_GPU = ("for served GPU curves run the gpu plan on a GPU box, `latlab lab --plan gpu`, and merge: "
-                  "`latlab report CPU_RUN GPU_RUN`")
+ADD_SERVED_GPU = (
+    "for served GPU curves run the gpu plan on a GPU box, `latlab lab --plan gpu`, and merge: "
+    "`latlab report CPU_RUN GPU_RUN`"
+)
 ADD_GPU = f"`latlab report RUN --with-reference` merges the committed H100 data (in-process bench); {ADD_SERVED_GPU}"
 
 
@@ -37,8 +51,16 @@ def side(curves: list[dict]) -> str:
     if curves and provider_of(curves[0]) == UNKNOWN:
         return "provider unknown"
     if curves and is_gpu(curves[0]):
-        names = sorted({str((c.get("environment") or {}).get("gpu") or (c.get("machine") or {}).get("gpu")
-                            or "GPU of unknown model") for c in curves})
+        names = sorted(
+            {
+                str(
+                    (c.get("environment") or {}).get("gpu")
+                    or (c.get("machine") or {}).get("gpu")
+                    or "GPU of unknown model"
+                )
+                for c in curves
+            }
+        )
         return " / ".join(f"1 {n}" for n in names)
     threads = sorted({t for t in (costs.cpu_threads(c) for c in curves) if t})
     if not threads:
@@ -60,8 +82,10 @@ def compared(curves: list[dict]) -> str:
 
 def headline_slo(curves: list[dict], slos_s: list[float]) -> float | None:
     """The SLO the sentence speaks of: the tightest that both CPU and GPU meet, else the tightest any meets."""
+
     def meets(group: list[dict], slo: float) -> bool:
         return any(max_rate_under(c["steps"], slo) for c in group)
+
     cpu = [c for c in curves if is_cpu(c)]
     gpu = [c for c in curves if is_gpu(c)]
     ordered = sorted(slos_s)
@@ -132,11 +156,16 @@ def sentence(model: str, curves: list[dict], slos_s: list[float], prices: dict) 
         if found:
             clauses.append(crossover_clause(found))
     elif unknown is not None:
-        clauses.append(f"whether {server_name(unknown.curve)} ran on a CPU or a GPU is not recorded "
-                       f"({PROVIDER_HINT}), so whether a GPU pays off is unknown")
+        clauses.append(
+            f"whether {server_name(unknown.curve)} ran on a CPU or a GPU is not recorded "
+            f"({PROVIDER_HINT}), so whether a GPU pays off is unknown"
+        )
     else:
-        clauses.append("no GPU measurements, so whether a GPU pays off is unknown" if gpu is None
-                       else "no CPU measurements to compare with")
+        clauses.append(
+            "no GPU measurements, so whether a GPU pays off is unknown"
+            if gpu is None
+            else "no CPU measurements to compare with"
+        )
     return f"{model}: at p99 ≤ {slo * 1e3:g} ms " + "; ".join(clauses) + "."
 
 
@@ -155,12 +184,14 @@ def server_sentence(model: str, curves: list[dict], slos_s: list[float], prices:
         ties = [r for r in ranked if r.rate > 0 and top.rate / r.rate < 1.05]  # a prefix of ranked
         if len(ties) > 1:
             names = [server_name(r.curve) for r in ties]
-            text = (f"{bound} {', '.join(names[:-1])} and {names[-1]} serve about as much (within 5%): "
-                    + ", ".join(f"{server_name(r.curve)} {_rate_words(r)}" for r in ties))
+            text = f"{bound} {', '.join(names[:-1])} and {names[-1]} serve about as much (within 5%): " + ", ".join(
+                f"{server_name(r.curve)} {_rate_words(r)}" for r in ties
+            )
         else:
-            text = (f"{bound} {server_name(top.curve)} serves the most, "
-                    + _rate_words(top, f"{verdict.provider_text(top.curve)}, {settings(top.curve)}"))
-        for row in ranked[len(ties):]:
+            text = f"{bound} {server_name(top.curve)} serves the most, " + _rate_words(
+                top, f"{verdict.provider_text(top.curve)}, {settings(top.curve)}"
+            )
+        for row in ranked[len(ties) :]:
             if row.rate <= 0:
                 text += f", {server_name(row.curve)} {unmet_clause(row.candidates or [row.curve], slo)}"
             else:
@@ -198,8 +229,11 @@ def _winner_cell(rows: list[Best]) -> str:
     if len(rows) == 1:
         return f"{best.group} (only provider measured)"
     priced = all(r.cost is not None for r in met)  # winner() compares cost only when every one has a price
-    why = "only one meeting it" if len(met) == 1 else ("cheaper per inference" if priced
-                                                       else "higher rate (no price to compare)")
+    why = (
+        "only one meeting it"
+        if len(met) == 1
+        else ("cheaper per inference" if priced else "higher rate (no price to compare)")
+    )
     return f"{best.group} ({why})"
 
 
@@ -227,12 +261,16 @@ def answer_table(curves: list[dict], slos_s: list[float], prices: dict) -> str:
         for provider in providers:
             row = found[provider]
             best = settings(row.curve) if row.rate > 0 else "–"
-            cells += (f"<td class='text'>{html.escape(best)}</td><td>{html.escape(best_rate_text(row))}</td>"
-                      f"<td>{_money(row.cost) if row.rate > 0 else '–'}</td>")
+            cells += (
+                f"<td class='text'>{html.escape(best)}</td><td>{html.escape(best_rate_text(row))}</td>"
+                f"<td>{_money(row.cost) if row.rate > 0 else '–'}</td>"
+            )
         winner_text = html.escape(_winner_cell(list(found.values())))
         rows.append(f"<tr><td>p99 ≤ {slo * 1e3:g} ms</td>{cells}<td class='text'>{winner_text}</td></tr>")
-    return (f"<table class='answer'><tr><th rowspan='2'>SLO</th>{head}<th rowspan='2'>winner at full load</th></tr>"
-            f"<tr>{sub}</tr>{''.join(rows)}</table>")
+    return (
+        f"<table class='answer'><tr><th rowspan='2'>SLO</th>{head}<th rowspan='2'>winner at full load</th></tr>"
+        f"<tr>{sub}</tr>{''.join(rows)}</table>"
+    )
 
 
 def evidence(curves: list[dict], slos_s: list[float], prices: dict) -> str:
@@ -247,34 +285,46 @@ def evidence(curves: list[dict], slos_s: list[float], prices: dict) -> str:
             decision = next((d for d in ci.get("slos", []) if math.isclose(d["slo_p99_s"], slo)), None)
             said = f", {decision['verdict']} at {ci['level']:.0%}" if decision else ""
             needed = f" (a decision needs {decision['needed']} requests)" if decision and decision.get("needed") else ""
-            items.append(f"<li>p99 ≤ {slo * 1e3:g} ms, {html.escape(row.group)} at {row.rate:.0f} req/s: p99 "
-                         f"{row.step['p99_s'] * 1e3:.2f} ms (interval {html.escape(p99_interval(row.step))} ms, "
-                         f"{row.step.get('samples', '?')} requests{said}){needed}</li>")
+            items.append(
+                f"<li>p99 ≤ {slo * 1e3:g} ms, {html.escape(row.group)} at {row.rate:.0f} req/s: p99 "
+                f"{row.step['p99_s'] * 1e3:.2f} ms (interval {html.escape(p99_interval(row.step))} ms, "
+                f"{row.step.get('samples', '?')} requests{said}){needed}</li>"
+            )
     if not items:
         return ""
-    return ("<details class='evidence'><summary>p99 intervals behind this table</summary>"
-            f"<ul>{''.join(items)}</ul></details>")
+    return (
+        "<details class='evidence'><summary>p99 intervals behind this table</summary>"
+        f"<ul>{''.join(items)}</ul></details>"
+    )
 
 
-def answer_section(by_model: dict[str, list[dict]], slos_s: list[float], prices: dict, prices_note: str,
-                   bench_gpu: bool = False) -> str:
+def answer_section(
+    by_model: dict[str, list[dict]], slos_s: list[float], prices: dict, prices_note: str, bench_gpu: bool = False
+) -> str:
     """The first screen: what is compared, then per model its sentence and table; what is missing, if anything.
     `bench_gpu`: an in-process bench with GPU points is merged in (it answers per model size, not served)."""
     every = [c for group in by_model.values() for c in group]
-    parts = [f"<section id='answer'><p class='compared'><strong>Compared: {html.escape(compared(every))}.</strong> "
-             f"{prices_note}</p>"]
+    parts = [
+        f"<section id='answer'><p class='compared'><strong>Compared: {html.escape(compared(every))}.</strong> "
+        f"{prices_note}</p>"
+    ]
     if not any(is_gpu(c) for c in every):
-        what = ("No served GPU data</strong>: the bench below compares CPU and GPU in process, per model size; "
-                "served under load, this report cannot say whether a GPU pays off. "
-                f"{html.escape(ADD_SERVED_GPU[0].upper() + ADD_SERVED_GPU[1:])}" if bench_gpu else
-                f"No GPU data</strong>: this report cannot say whether a GPU pays off. {html.escape(ADD_GPU)}")
+        what = (
+            "No served GPU data</strong>: the bench below compares CPU and GPU in process, per model size; "
+            "served under load, this report cannot say whether a GPU pays off. "
+            f"{html.escape(ADD_SERVED_GPU[0].upper() + ADD_SERVED_GPU[1:])}"
+            if bench_gpu
+            else f"No GPU data</strong>: this report cannot say whether a GPU pays off. {html.escape(ADD_GPU)}"
+        )
         parts.append(f"<p class='warning'><strong>{what}.</p>")
     for model, curves in by_model.items():
         said = [sentence(model, curves, slos_s, prices)]
         if by_server(curves):  # the best server per SLO first; the CPU-vs-GPU answer where both were measured
             both = any(is_cpu(c) for c in curves) and any(is_gpu(c) for c in curves)
             said = [server_sentence(model, curves, slos_s, prices)] + (said if both else [])
-        parts.append(f"<h2 class='model'>{html.escape(model)}</h2>"
-                     + "".join(f"<p class='sentence'>{html.escape(s)}</p>" for s in said)
-                     + f"{answer_table(curves, slos_s, prices)}{evidence(curves, slos_s, prices)}")
+        parts.append(
+            f"<h2 class='model'>{html.escape(model)}</h2>"
+            + "".join(f"<p class='sentence'>{html.escape(s)}</p>" for s in said)
+            + f"{answer_table(curves, slos_s, prices)}{evidence(curves, slos_s, prices)}"
+        )
     return "".join(parts) + "</section>"

@@ -79,9 +79,14 @@ def _fixed_text(experiment: dict) -> str:
 
 def _png(fig: plt.Figure, doc: dict) -> bytes:
     machine = doc.get("machine", {})
-    fig.text(0.01, 0.005, f"{machine.get('cpu', '?')} | GPU: {machine.get('gpu') or 'none'} | "
-                          f"ORT {machine.get('ort_version', '?')} | torch {machine.get('torch_version', '?')}",
-             fontsize=6, color="gray")
+    fig.text(
+        0.01,
+        0.005,
+        f"{machine.get('cpu', '?')} | GPU: {machine.get('gpu') or 'none'} | "
+        f"ORT {machine.get('ort_version', '?')} | torch {machine.get('torch_version', '?')}",
+        fontsize=6,
+        color="gray",
+    )
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)

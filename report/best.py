@@ -8,9 +8,22 @@ import math
 from dataclasses import dataclass, field
 
 from latlab.report import costs
-from latlab.report.verdict import (PROVIDER_HINT, UNKNOWN, by_server, group_name, is_gpu, is_lower_bound, label,
-                                   machine_name, max_rate_under, provider_of, rate_text, server_name, server_names,
-                                   unmet_text)
+from latlab.report.verdict import (
+    PROVIDER_HINT,
+    UNKNOWN,
+    by_server,
+    group_name,
+    is_gpu,
+    is_lower_bound,
+    label,
+    machine_name,
+    max_rate_under,
+    provider_of,
+    rate_text,
+    server_name,
+    server_names,
+    unmet_text,
+)
 
 
 @dataclass
@@ -54,14 +67,23 @@ def best_per_provider(curves: list[dict], slo_s: float, prices: dict) -> list[Be
     for curve in curves:
         provider, group = provider_of(curve), group_name(curve, servers)
         step = max_rate_under(curve["steps"], slo_s)
-        current = best.setdefault(group, Best(provider, curve, None, costs.machine_price(prices, curve), slo_s,
-                                              group=group))
+        current = best.setdefault(
+            group, Best(provider, curve, None, costs.machine_price(prices, curve), slo_s, group=group)
+        )
         current.candidates.append(curve)
         if step is not None and step["achieved_rps"] > current.rate:
-            best[group] = Best(provider, curve, step, costs.machine_price(prices, curve), slo_s,
-                               current.candidates, group)
-    return sorted(best.values(), key=lambda r: (order[server_name(r.curve)] if servers else 0, r.provider == UNKNOWN,
-                                                r.provider != "cpu", r.provider))
+            best[group] = Best(
+                provider, curve, step, costs.machine_price(prices, curve), slo_s, current.candidates, group
+            )
+    return sorted(
+        best.values(),
+        key=lambda r: (
+            order[server_name(r.curve)] if servers else 0,
+            r.provider == UNKNOWN,
+            r.provider != "cpu",
+            r.provider,
+        ),
+    )
 
 
 def best_rate_text(row: Best) -> str:
@@ -81,37 +103,48 @@ def provider_verdict(model: str, curves: list[dict], slo_s: float, prices: dict)
     unknown = [c for c in curves if provider_of(c) == UNKNOWN]
     if unknown:
         known = [c for c in curves if provider_of(c) != UNKNOWN]
-        return _with_unknown(model, bound, known, _best([r for r in rows if r.provider == UNKNOWN]), slo_s,
-                             prices)
+        return _with_unknown(model, bound, known, _best([r for r in rows if r.provider == UNKNOWN]), slo_s, prices)
     if not any(is_gpu(c) for c in curves):
-        known = (f"the CPU sustains up to {cpu.rate:.0f} req/s ({_where(cpu)}{_cost(cpu)})" if cpu
-                 else "no CPU deployment met it at any measured load")
+        known = (
+            f"the CPU sustains up to {cpu.rate:.0f} req/s ({_where(cpu)}{_cost(cpu)})"
+            if cpu
+            else "no CPU deployment met it at any measured load"
+        )
         return f"{model}, {bound}: {known}. No GPU measurements for {model}: whether a GPU pays off is unknown."
     if cpu is None and gpu is None:
         return f"{model}, {bound}: neither the CPU nor the GPU met it at any measured load."
     if cpu is None:
-        return (f"{model}, {bound}: only the GPU meets it, up to {gpu.rate:.0f} req/s ({_where(gpu)}{_cost(gpu)}); "
-                f"no CPU deployment met it at any measured load.")
+        return (
+            f"{model}, {bound}: only the GPU meets it, up to {gpu.rate:.0f} req/s ({_where(gpu)}{_cost(gpu)}); "
+            f"no CPU deployment met it at any measured load."
+        )
     if gpu is None:
-        return (f"{model}, {bound}: only the CPU meets it, up to {cpu.rate:.0f} req/s ({_where(cpu)}{_cost(cpu)}); "
-                f"no GPU deployment met it at any measured load.")
+        return (
+            f"{model}, {bound}: only the CPU meets it, up to {cpu.rate:.0f} req/s ({_where(cpu)}{_cost(cpu)}); "
+            f"no GPU deployment met it at any measured load."
+        )
     if gpu.rate <= cpu.rate:
-        return (f"{model}, {bound}: the CPU meets it up to {cpu.rate:.0f} req/s ({_where(cpu)}{_cost(cpu)}), "
-                f"the GPU only up to {gpu.rate:.0f} req/s ({_where(gpu)}{_cost(gpu)}): "
-                "the GPU does not pay off here.")
+        return (
+            f"{model}, {bound}: the CPU meets it up to {cpu.rate:.0f} req/s ({_where(cpu)}{_cost(cpu)}), "
+            f"the GPU only up to {gpu.rate:.0f} req/s ({_where(gpu)}{_cost(gpu)}): "
+            "the GPU does not pay off here."
+        )
     return _gpu_wins(model, bound, cpu, gpu)
 
 
-def _with_unknown(model: str, bound: str, known: list[dict], unknown: Best | None, slo_s: float,
-                  prices: dict) -> str:
+def _with_unknown(model: str, bound: str, known: list[dict], unknown: Best | None, slo_s: float, prices: dict) -> str:
     """The verdict where some deployments' provider is not recorded: they count as neither CPU nor GPU; what they
     sustain is said, and the CPU-vs-GPU verdict is given over the others."""
     if unknown is not None:
-        said = (f"{_where(unknown)} sustains up to {unknown.rate:.0f} req/s{_cost(unknown)}; whether on a CPU "
-                f"or a GPU is not recorded ({PROVIDER_HINT})")
+        said = (
+            f"{_where(unknown)} sustains up to {unknown.rate:.0f} req/s{_cost(unknown)}; whether on a CPU "
+            f"or a GPU is not recorded ({PROVIDER_HINT})"
+        )
     else:
-        said = (f"no deployment of unknown provider met it at any measured load (whether they ran on a CPU or a "
-                f"GPU is not recorded: {PROVIDER_HINT})")
+        said = (
+            f"no deployment of unknown provider met it at any measured load (whether they ran on a CPU or a "
+            f"GPU is not recorded: {PROVIDER_HINT})"
+        )
     if not known:
         return f"{model}, {bound}: {said}: no CPU-vs-GPU verdict."
     return f"{provider_verdict(model, known, slo_s, prices)} Provider unknown: {said}."
@@ -124,14 +157,18 @@ def _gpu_wins(model: str, bound: str, cpu: Best, gpu: Best) -> str:
     else:
         lower = "at lower cost" if cpu.price.per_hour < gpu.price.per_hour else "but not at lower cost"
         cheaper = f" {lower} (${cpu.price.per_hour:.2f}/h against ${gpu.price.per_hour:.2f}/h)"
-    sentence = (f"{model}, {bound}: below {cpu.rate:.0f} req/s the CPU meets it{cheaper}; above it only the GPU "
-                f"does, up to {gpu.rate:.0f} req/s, at {ratio:.1f}× the throughput ({_where(gpu)}{_cost(gpu)}).")
+    sentence = (
+        f"{model}, {bound}: below {cpu.rate:.0f} req/s the CPU meets it{cheaper}; above it only the GPU "
+        f"does, up to {gpu.rate:.0f} req/s, at {ratio:.1f}× the throughput ({_where(gpu)}{_cost(gpu)})."
+    )
     if cpu.price is not None and gpu.price is not None:
         replicas = math.ceil(gpu.rate / cpu.rate)
         cpu_bill = replicas * cpu.price.per_hour
         advice = "scale out on CPUs" if cpu_bill < gpu.price.per_hour else "the GPU pays off"
-        sentence += (f" {replicas} CPU machines would match that rate for ${cpu_bill:.2f}/h against the GPU's "
-                     f"${gpu.price.per_hour:.2f}/h: {advice}.")
+        sentence += (
+            f" {replicas} CPU machines would match that rate for ${cpu_bill:.2f}/h against the GPU's "
+            f"${gpu.price.per_hour:.2f}/h: {advice}."
+        )
     return sentence
 
 
@@ -146,5 +183,3 @@ def _where(row: Best) -> str:
 
 def _cost(row: Best) -> str:
     return f", ${row.cost:.3f} per 1M inferences" if row.cost is not None else ""
-
-

@@ -23,10 +23,12 @@ def parts(server: dict) -> dict[str, float] | None:
     None when the step has no server figures."""
     if not server or server.get("request_s") is None:
         return None
-    figures = {key: server.get(f"{key}_s") or 0.0 for key in ("queue", "preprocess", "input_transfer",
-                                                             "output_transfer")}
-    figures["compute"] = max(0.0, (server.get("compute_s") or 0.0) - figures["input_transfer"]
-                             - figures["output_transfer"])
+    figures = {
+        key: server.get(f"{key}_s") or 0.0 for key in ("queue", "preprocess", "input_transfer", "output_transfer")
+    }
+    figures["compute"] = max(
+        0.0, (server.get("compute_s") or 0.0) - figures["input_transfer"] - figures["output_transfer"]
+    )
     inside = sum(figures.values())
     figures["rest"] = max(0.0, server["request_s"] - inside)
     return {key: figures[key] for key in PARTS}
@@ -74,9 +76,17 @@ def bars(curves: list[dict], slos_s: list[float]) -> list[dict]:
             split = parts(step.get("server") or {}) if step else None
             if split is None or any(b["step"] is step for b in found):
                 continue  # the same step can be the highest under two SLOs: one bar
-            found.append({"curve": curve, "slo_s": slo, "step": step, "parts": split,
-                          "client_mean_s": step.get("mean_s"), "client_p99_s": step.get("p99_s"),
-                          "server_bound": server_bound(step, curve)})
+            found.append(
+                {
+                    "curve": curve,
+                    "slo_s": slo,
+                    "step": step,
+                    "parts": split,
+                    "client_mean_s": step.get("mean_s"),
+                    "client_p99_s": step.get("p99_s"),
+                    "server_bound": server_bound(step, curve),
+                }
+            )
     return found
 
 
@@ -88,8 +98,10 @@ def client_only(curves: list[dict]) -> str:
         return ""
     reasons = sorted({str((c.get("server_metrics") or {}).get("note") or "no metrics") for c in missing})
     names = ", ".join(f"{label(c)} on {machine_name(c)}" for c in missing)
-    return (f"Client side only for {names}: the server exports no figures latlab reads ({'; '.join(reasons)}). "
-            "Where it exports Triton's metrics, give their URL with --server-metrics.")
+    return (
+        f"Client side only for {names}: the server exports no figures latlab reads ({'; '.join(reasons)}). "
+        "Where it exports Triton's metrics, give their URL with --server-metrics."
+    )
 
 
 def bar_label(bar: dict) -> str:
@@ -109,15 +121,19 @@ def breakdown_table(found: list[dict]) -> str:
             flag += f" ({processes(curve)})"
         cells = "".join(f"<td>{bar['parts'][k] * 1e3:.2f}</td>" for k in PARTS)
         client = "–" if bar["client_mean_s"] is None else f"{bar['client_mean_s'] * 1e3:.2f}"
-        rows.append(f"<tr><td>{html.escape(label(curve))} on {html.escape(machine_name(curve))}</td>"
-                    f"<td>{bar['step']['achieved_rps']:.0f} (p99 ≤ {bar['slo_s'] * 1e3:g} ms)</td>{cells}"
-                    f"<td>{sum(bar['parts'].values()) * 1e3:.2f}</td><td>{client}</td>"
-                    f"<td>{'–' if cpu is None else f'{cpu:.2f}'}</td>"
-                    f"<td>{'–' if share is None else f'{share:.0%}'}</td><td>{flag}</td></tr>")
+        rows.append(
+            f"<tr><td>{html.escape(label(curve))} on {html.escape(machine_name(curve))}</td>"
+            f"<td>{bar['step']['achieved_rps']:.0f} (p99 ≤ {bar['slo_s'] * 1e3:g} ms)</td>{cells}"
+            f"<td>{sum(bar['parts'].values()) * 1e3:.2f}</td><td>{client}</td>"
+            f"<td>{'–' if cpu is None else f'{cpu:.2f}'}</td>"
+            f"<td>{'–' if share is None else f'{share:.0%}'}</td><td>{flag}</td></tr>"
+        )
     head = "".join(f"<th>{k.replace('_', ' ')} ms</th>" for k in PARTS)
-    return ("<table class='breakdown'><tr><th>deployment</th><th>req/s (highest meeting)</th>"
-            f"{head}<th>server total ms</th><th>client mean ms</th><th>server CPU, cores</th>"
-            f"<th>instances busy</th><th>server-bound</th></tr>{''.join(rows)}</table>")
+    return (
+        "<table class='breakdown'><tr><th>deployment</th><th>req/s (highest meeting)</th>"
+        f"{head}<th>server total ms</th><th>client mean ms</th><th>server CPU, cores</th>"
+        f"<th>instances busy</th><th>server-bound</th></tr>{''.join(rows)}</table>"
+    )
 
 
 def processes(curve: dict) -> str:
@@ -126,8 +142,10 @@ def processes(curve: dict) -> str:
     return "one process" if frontends <= 1 else f"{frontends} front ends + engine"
 
 
-RULE = (f"Server-bound: the serving processes used ≥ {SERVER_BOUND_CPU:.0%} of the cores they could use (one per "
-        "Python interpreter: the one process, or each front end and the engine of a server with [server] frontends "
-        "= N; plus on CPU the ORT threads while a batch ran) while the deployment's instances were running batches "
-        f"less than {DEVICE_IDLE_BELOW:.0%} of the time: the front end, not the model, limits it (on one process, "
-        "more front ends may lift it).")
+RULE = (
+    f"Server-bound: the serving processes used ≥ {SERVER_BOUND_CPU:.0%} of the cores they could use (one per "
+    "Python interpreter: the one process, or each front end and the engine of a server with [server] frontends "
+    "= N; plus on CPU the ORT threads while a batch ran) while the deployment's instances were running batches "
+    f"less than {DEVICE_IDLE_BELOW:.0%} of the time: the front end, not the model, limits it (on one process, "
+    "more front ends may lift it)."
+)

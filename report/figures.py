@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from latlab.report.costs import fleet_cost_per_million, rate_grid  # noqa: E402
 from latlab.report.verdict import BY_SERVER, machine_name, server_name  # noqa: E402
 
+
 def curve_png(model: str, curves: list[dict], slos_s: list[float]) -> bytes:
     """p99 (solid) and p50 (dashed) against achieved throughput, one colour per deployment and machine."""
     fig, ax = plt.subplots(figsize=(8, 4.8), dpi=110)
@@ -28,16 +29,35 @@ def curve_png(model: str, curves: list[dict], slos_s: list[float]) -> bytes:
         ax.plot(x, [s["p50_s"] * 1e3 for s in steps], "s--", color=color, alpha=0.6, label=f"{name} p50")
         few = [s for s in steps if s.get("too_few_samples")]
         if few:  # their p99 is the maximum of a handful of requests: shown, hollow, never deciding an SLO
-            ax.plot([s["achieved_rps"] for s in few], [s["p99_s"] * 1e3 for s in few], "o", markersize=11,
-                    markerfacecolor="none", color="black", label="too few samples" if i == 0 else None)
+            ax.plot(
+                [s["achieved_rps"] for s in few],
+                [s["p99_s"] * 1e3 for s in few],
+                "o",
+                markersize=11,
+                markerfacecolor="none",
+                color="black",
+                label="too few samples" if i == 0 else None,
+            )
         bound = [s for s in steps if s.get("generator_bound")]
         if bound:  # the generator, not the server, may be what these points measure
-            ax.plot([s["achieved_rps"] for s in bound], [s["p99_s"] * 1e3 for s in bound], "x", color="red",
-                    markersize=10, label="generator-bound step" if i == 0 else None)
+            ax.plot(
+                [s["achieved_rps"] for s in bound],
+                [s["p99_s"] * 1e3 for s in bound],
+                "x",
+                color="red",
+                markersize=10,
+                label="generator-bound step" if i == 0 else None,
+            )
     for slo in slos_s:
         ax.axhline(slo * 1e3, color="grey", linestyle=":", linewidth=1)
-        ax.annotate(f"SLO {slo * 1e3:g} ms", (0, slo * 1e3), xycoords=("axes fraction", "data"),
-                    fontsize=8, color="grey", va="bottom")
+        ax.annotate(
+            f"SLO {slo * 1e3:g} ms",
+            (0, slo * 1e3),
+            xycoords=("axes fraction", "data"),
+            fontsize=8,
+            color="grey",
+            va="bottom",
+        )
     ax.set_yscale("log")
     ax.set_xlabel("achieved throughput (requests/s)")
     ax.set_ylabel("latency from intended send (ms)")
@@ -58,8 +78,14 @@ def cost_png(model: str, slo_s: float, lines: list[dict], crossover_rps: float |
         ax.axvline(line["capacity_rps"], color=f"C{i % 10}", linestyle=":", linewidth=1)
     if crossover_rps:
         ax.axvline(crossover_rps, color="black", linewidth=1.5)
-        ax.annotate(f" crossover {crossover_rps:.0f} req/s", (crossover_rps, 0.03), xycoords=("data", "axes fraction"),
-                    fontsize=8, ha="left", va="bottom")
+        ax.annotate(
+            f" crossover {crossover_rps:.0f} req/s",
+            (crossover_rps, 0.03),
+            xycoords=("data", "axes fraction"),
+            fontsize=8,
+            ha="left",
+            va="bottom",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("sustained rate (requests/s); dotted: one machine's max rate under the SLO")

@@ -18,9 +18,16 @@ def img(png: bytes, alt: str) -> str:
 def cost_lines(curves: list[dict], slo_s: float, prices: dict) -> tuple[list[dict], dict | None]:
     """Per provider, the best deployment's staircase inputs; and the CPU-vs-GPU crossover when both exist."""
     rows = [r for r in best.best_per_provider(curves, slo_s, prices) if r.rate > 0 and r.price is not None]
-    lines = [{"label": f"{r.group}: {answer.side([r.curve])}, {answer.settings(r.curve)} "
-                       f"({best.best_rate_text(r)} req/s each, {r.price.basis})",
-              "capacity_rps": r.rate, "price_per_hour": r.price.per_hour, "row": r} for r in rows]
+    lines = [
+        {
+            "label": f"{r.group}: {answer.side([r.curve])}, {answer.settings(r.curve)} "
+            f"({best.best_rate_text(r)} req/s each, {r.price.basis})",
+            "capacity_rps": r.rate,
+            "price_per_hour": r.price.per_hour,
+            "row": r,
+        }
+        for r in rows
+    ]
     cpu = max((r for r in rows if is_cpu(r.curve)), key=lambda r: r.rate, default=None)
     gpu = max((r for r in rows if is_gpu(r.curve)), key=lambda r: r.rate, default=None)
     found = answer.cost_crossover(cpu, gpu) if cpu and gpu else None
@@ -45,10 +52,12 @@ def cost_section(model: str, curves: list[dict], slos_s: list[float], prices: di
         words = "one provider only: no crossover to mark"
     else:
         words = "no CPU-vs-GPU pair priced: no crossover"
-    text = (f"{title}{img(png, f'cost per million inferences vs rate for {model}')}"
-            f"<p>At p99 ≤ {slo * 1e3:g} ms: {html.escape(words)}. Each provider serves a rate with "
-            "ceil(rate / its max rate under the SLO) machines kept busy, so its cost falls as a machine fills up "
-            "and jumps when one more is needed; load is assumed spread evenly over the machines.</p>")
+    text = (
+        f"{title}{img(png, f'cost per million inferences vs rate for {model}')}"
+        f"<p>At p99 ≤ {slo * 1e3:g} ms: {html.escape(words)}. Each provider serves a rate with "
+        "ceil(rate / its max rate under the SLO) machines kept busy, so its cost falls as a machine fills up "
+        "and jumps when one more is needed; load is assumed spread evenly over the machines.</p>"
+    )
     return text, png
 
 
@@ -58,23 +67,33 @@ def time_section(model: str, curves: list[dict], slos_s: list[float]) -> tuple[s
     found = breakdown.bars(curves, slos_s)
     client_only = breakdown.client_only(curves)
     if not found and client_only:
-        return (title + "<p>No server figures in these results: the report shows the client side only (the latency "
-                f"curves and tables). {html.escape(client_only)}</p>"), None
+        return (
+            title + "<p>No server figures in these results: the report shows the client side only (the latency "
+            f"curves and tables). {html.escape(client_only)}</p>"
+        ), None
     if not found:
-        return (title + "<p>No server figures in these results (runs before server histograms were recorded "
-                "per step, or /metrics unreachable): re-run the sweep to see them.</p>"), None
+        return (
+            title + "<p>No server figures in these results (runs before server histograms were recorded "
+            "per step, or /metrics unreachable): re-run the sweep to see them.</p>"
+        ), None
     for bar in found:
         bar["label"] = breakdown.bar_label(bar)
     png = breakdown_png(model, found, breakdown.PARTS)
     flagged = [breakdown.bar_label(b) for b in found if b["server_bound"]]
-    warning = (f"<p class='warning'><strong>Server-bound</strong>: {html.escape('; '.join(flagged))}.</p>"
-               if flagged else "")
+    warning = (
+        f"<p class='warning'><strong>Server-bound</strong>: {html.escape('; '.join(flagged))}.</p>" if flagged else ""
+    )
     triton = [breakdown.bar_label(b) for b in found if (b["step"].get("server") or {}).get("source") == "triton"]
-    warning += (f"<p>From Triton's nv_inference_* counters ({html.escape('; '.join(triton))}): mean per successful "
-                "request of its queue wait, compute input (shown as input transfer), the model's run and compute "
-                "output (output transfer); instances busy is estimated as the mean run times the runs counted.</p>"
-                if triton else "")
+    warning += (
+        f"<p>From Triton's nv_inference_* counters ({html.escape('; '.join(triton))}): mean per successful "
+        "request of its queue wait, compute input (shown as input transfer), the model's run and compute "
+        "output (output transfer); instances busy is estimated as the mean run times the runs counted.</p>"
+        if triton
+        else ""
+    )
     warning += f"<p>{html.escape(client_only)}</p>" if client_only else ""
-    return (f"{title}{img(png, f'where the time goes for {model}')}{warning}"
-            f"<details><summary>the numbers and the server-bound rule</summary>{breakdown.breakdown_table(found)}"
-            f"<p>{html.escape(breakdown.RULE)}</p></details>"), png
+    return (
+        f"{title}{img(png, f'where the time goes for {model}')}{warning}"
+        f"<details><summary>the numbers and the server-bound rule</summary>{breakdown.breakdown_table(found)}"
+        f"<p>{html.escape(breakdown.RULE)}</p></details>"
+    ), png

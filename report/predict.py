@@ -57,8 +57,9 @@ class BatchTimeFit:
         total = sum(weights)
         mean_n = sum(w * n for w, (n, _) in zip(weights, points)) / total
         mean_t = sum(w * t for w, (_, t) in zip(weights, points)) / total
-        slope = (sum(w * (n - mean_n) * (t - mean_t) for w, (n, t) in zip(weights, points))
-                 / sum(w * (n - mean_n) ** 2 for w, (n, _) in zip(weights, points)))
+        slope = sum(w * (n - mean_n) * (t - mean_t) for w, (n, t) in zip(weights, points)) / sum(
+            w * (n - mean_n) ** 2 for w, (n, _) in zip(weights, points)
+        )
         largest = int(max(n for n, _ in points))
         if slope < 0:
             return cls(mean_t, 0.0, len(points), largest)
@@ -85,8 +86,15 @@ def bench_fits(bench_docs: list[dict]) -> list[dict]:
                     fit = BatchTimeFit.from_points(points)
                 except FitError:
                     continue
-                fits.append({"machine": doc.get("machine", {}), "model": experiment.get("model"),
-                             "backend": backend, "fit": fit, "fixed": experiment.get("fixed") or {}})
+                fits.append(
+                    {
+                        "machine": doc.get("machine", {}),
+                        "model": experiment.get("model"),
+                        "backend": backend,
+                        "fit": fit,
+                        "fixed": experiment.get("fixed") or {},
+                    }
+                )
     return fits
 
 
@@ -170,8 +178,15 @@ def predict_deployment(curve: dict, fits: list[dict], slo_s: float, overhead_s: 
     instances = int(batcher.get("instances", 1))
     rate = max_rate_under_slo(fit["fit"], max_batch, delay_s, instances, slo_s)
     batch = batch_size_at(rate, fit["fit"], max_batch, delay_s, instances) if rate > 0 else 0.0
-    return {"rate": rate, "batch": batch, "fit": fit["fit"], "backend": fit["backend"], "fixed": fit.get("fixed"),
-            "bench_threads": fit["machine"].get("threads"), "overhead_s": overhead_s}
+    return {
+        "rate": rate,
+        "batch": batch,
+        "fit": fit["fit"],
+        "backend": fit["backend"],
+        "fixed": fit.get("fixed"),
+        "bench_threads": fit["machine"].get("threads"),
+        "overhead_s": overhead_s,
+    }
 
 
 def matching_fit(curve: dict, fits: list[dict]) -> dict | None:

@@ -9,8 +9,7 @@ from latlab.common.machine import key as machine_key
 from latlab.report.breakdown import server_bound
 from latlab.report.predict import ASSUMPTIONS, predict_deployment
 from latlab.report.best import best_per_provider
-from latlab.report.verdict import (BY_SERVER, label, machine_name, max_rate_under, rate_text,
-                                     server_name, sustained_rate)
+from latlab.report.verdict import BY_SERVER, label, machine_name, max_rate_under, rate_text, server_name, sustained_rate
 
 MACHINE_KEYS = ("cpu", "cores", "memory_gib", "os", "gpu", "ort_version", "torch_version", "threads", "python")
 
@@ -35,15 +34,16 @@ def environment_section(results_docs: list[dict], bench_docs: list[dict]) -> str
             rows.append(row)
     for doc in bench_docs:
         rows.append(_machine_row("bench", doc, doc.get("machine", {}), _details(doc.get("machine", {}))))
-    return ("<details><summary>Environment: every machine a number came from</summary>"
-            "<table><tr><th>source</th><th>machine</th><th>details</th></tr>"
-            f"{''.join(rows)}</table></details>")
+    return (
+        "<details><summary>Environment: every machine a number came from</summary>"
+        "<table><tr><th>source</th><th>machine</th><th>details</th></tr>"
+        f"{''.join(rows)}</table></details>"
+    )
 
 
 def _machine_row(kind: str, doc: dict, machine: dict, details: str) -> str:
     origin = " (reference data)" if doc.get("_reference") else ""
-    return (f"<tr><td>{esc(kind + origin)}</td><td>{esc(doc_machine_name(machine))}</td>"
-            f"<td>{esc(details)}</td></tr>")
+    return f"<tr><td>{esc(kind + origin)}</td><td>{esc(doc_machine_name(machine))}</td><td>{esc(details)}</td></tr>"
 
 
 def doc_machine_name(machine: dict) -> str:
@@ -65,8 +65,10 @@ def slo_table(curves: list[dict], slos_s: list[float]) -> str:
         cells = []
         for slo in slos_s:
             cells.append(f"<td>{esc(rate_text(curve, max_rate_under(curve['steps'], slo), slo))}</td>")
-        rows.append(f"<tr><td>{esc(label(curve))}</td><td>{esc(curve['run_id'])} on {esc(machine_name(curve))}</td>"
-                    f"{''.join(cells)}</tr>")
+        rows.append(
+            f"<tr><td>{esc(label(curve))}</td><td>{esc(curve['run_id'])} on {esc(machine_name(curve))}</td>"
+            f"{''.join(cells)}</tr>"
+        )
     return f"<table><tr><th>deployment</th><th>run on machine</th>{head}</tr>{''.join(rows)}</table>"
 
 
@@ -79,16 +81,21 @@ def provider_table(curves: list[dict], slos_s: list[float], prices: dict[str, fl
             best = label(row.curve) if row.rate > 0 else "none meets it"
             price = f"${row.price.per_hour:.2f}" if row.price is not None else "no price"
             cost = f"${row.cost:.3f}" if row.cost is not None else "–"
-            rows.append(f"<tr><td>p99 ≤ {slo * 1e3:g} ms</td><td>{esc(row.group)}</td><td>{esc(best)}</td>"
-                        f"<td>{esc(machine_name(row.curve))}</td><td>{rate}</td><td>{price}</td>"
-                        f"<td>{cost}</td></tr>")
-    return ("<table class='cost'><tr><th>SLO</th><th>provider</th><th>best settings found</th><th>machine</th>"
-            "<th>max req/s</th><th>price per hour</th><th>cost per 1M inferences</th></tr>"
-            f"{''.join(rows)}</table>")
+            rows.append(
+                f"<tr><td>p99 ≤ {slo * 1e3:g} ms</td><td>{esc(row.group)}</td><td>{esc(best)}</td>"
+                f"<td>{esc(machine_name(row.curve))}</td><td>{rate}</td><td>{price}</td>"
+                f"<td>{cost}</td></tr>"
+            )
+    return (
+        "<table class='cost'><tr><th>SLO</th><th>provider</th><th>best settings found</th><th>machine</th>"
+        "<th>max req/s</th><th>price per hour</th><th>cost per 1M inferences</th></tr>"
+        f"{''.join(rows)}</table>"
+    )
 
 
-def prediction_section(model: str, curves: list[dict], slos_s: list[float], fits: list[dict],
-                       overheads: dict[str, float] | None = None) -> str:
+def prediction_section(
+    model: str, curves: list[dict], slos_s: list[float], fits: list[dict], overheads: dict[str, float] | None = None
+) -> str:
     """Predicted beside measured SLO-bounded max rate, with the relative error, where a bench fit exists.
     `overheads`: serving work per request by machine (machine.key; predict.request_overheads)."""
     rows, missing = [], []
@@ -102,21 +109,27 @@ def prediction_section(model: str, curves: list[dict], slos_s: list[float], fits
             measured = sustained_rate(curve, slo)
             error = f"{(predicted['rate'] - measured) / measured:+.0%}" if measured > 0 else "–"
             fit = predicted["fit"]
-            rows.append(f"<tr><td>{esc(label(curve))}</td><td>{esc(machine_name(curve))}</td>"
-                        f"<td>p99 ≤ {slo * 1e3:g} ms</td>"
-                        f"<td>{fit.a_s * 1e3:.3f} + ({(fit.b_s - overhead) * 1e3:.4f} + c {overhead * 1e3:.3f})·n"
-                        f"{esc(_fixed(predicted))}</td>"
-                        f"<td>{predicted['rate']:.0f}</td><td>{measured:.0f}</td><td>{error}</td>"
-                        f"<td>{esc(_prediction_caveats(curve, predicted))}</td></tr>")
+            rows.append(
+                f"<tr><td>{esc(label(curve))}</td><td>{esc(machine_name(curve))}</td>"
+                f"<td>p99 ≤ {slo * 1e3:g} ms</td>"
+                f"<td>{fit.a_s * 1e3:.3f} + ({(fit.b_s - overhead) * 1e3:.4f} + c {overhead * 1e3:.3f})·n"
+                f"{esc(_fixed(predicted))}</td>"
+                f"<td>{predicted['rate']:.0f}</td><td>{measured:.0f}</td><td>{error}</td>"
+                f"<td>{esc(_prediction_caveats(curve, predicted))}</td></tr>"
+            )
     text = f"<h3>{esc(model)}: predicted vs measured</h3>"
     if rows:
-        text += ("<table class='prediction'><tr><th>deployment</th><th>machine</th><th>SLO</th>"
-                 "<th>batch time t(n) + c·n, ms</th><th>predicted max req/s</th><th>measured max req/s</th>"
-                 f"<th>relative error</th><th>caveats</th></tr>{''.join(rows)}</table>")
+        text += (
+            "<table class='prediction'><tr><th>deployment</th><th>machine</th><th>SLO</th>"
+            "<th>batch time t(n) + c·n, ms</th><th>predicted max req/s</th><th>measured max req/s</th>"
+            f"<th>relative error</th><th>caveats</th></tr>{''.join(rows)}</table>"
+        )
     for curve in missing:
-        text += (f"<p>No prediction for {esc(label(curve))} on {esc(machine_name(curve))}: no bench batch-size sweep "
-                 f"of model '{esc(curve.get('model'))}' on the {esc(curve.get('provider', '?'))} backend from that "
-                 "machine (run `latlab bench` there and put its bench.json beside the results).</p>")
+        text += (
+            f"<p>No prediction for {esc(label(curve))} on {esc(machine_name(curve))}: no bench batch-size sweep "
+            f"of model '{esc(curve.get('model'))}' on the {esc(curve.get('provider', '?'))} backend from that "
+            "machine (run `latlab bench` there and put its bench.json beside the results).</p>"
+        )
     return text
 
 
@@ -135,16 +148,22 @@ def _prediction_caveats(curve: dict, predicted: dict) -> str:
         caveats.append(f"batch {predicted['batch']:.0f} extrapolates the fit past batch {predicted['fit'].max_batch}")
     server_threads = (curve.get("cpu") or {}).get("intra_op_threads")
     bench_threads = predicted.get("bench_threads")
-    if predicted["backend"] == "ort-cpu" and None not in (server_threads, bench_threads) \
-            and server_threads != bench_threads:
-        caveats.append(f"bench ran ORT with threads={bench_threads}, the server with "
-                       f"intra_op_threads={server_threads} (0 = every core)")
+    if (
+        predicted["backend"] == "ort-cpu"
+        and None not in (server_threads, bench_threads)
+        and server_threads != bench_threads
+    ):
+        caveats.append(
+            f"bench ran ORT with threads={bench_threads}, the server with "
+            f"intra_op_threads={server_threads} (0 = every core)"
+        )
     return "; ".join(caveats) or "–"
 
 
 def assumptions_list() -> str:
-    return ("<p>The predictive model's assumptions:</p><ul>"
-            + "".join(f"<li>{esc(a)}</li>" for a in ASSUMPTIONS) + "</ul>")
+    return (
+        "<p>The predictive model's assumptions:</p><ul>" + "".join(f"<li>{esc(a)}</li>" for a in ASSUMPTIONS) + "</ul>"
+    )
 
 
 def bench_table(doc: dict) -> str:
@@ -160,10 +179,14 @@ def bench_table(doc: dict) -> str:
             if ratio:
                 speedup = gpu_speedup(ms)
                 cells += f"<td>{speedup:.2f}x</td>" if speedup else "<td>–</td>"
-            body.append(f"<tr><td>{esc(value if value is not None else '–')}</td>"
-                        f"<td>{esc(params if params is not None else '–')}</td>{cells}</tr>")
-        tables.append(f"<p>{esc(experiment.get('name', '?'))}</p><table><tr><th>{esc(experiment.get('vary', 'value'))}"
-                      f"</th><th>params</th>{head}</tr>{''.join(body)}</table>")
+            body.append(
+                f"<tr><td>{esc(value if value is not None else '–')}</td>"
+                f"<td>{esc(params if params is not None else '–')}</td>{cells}</tr>"
+            )
+        tables.append(
+            f"<p>{esc(experiment.get('name', '?'))}</p><table><tr><th>{esc(experiment.get('vary', 'value'))}"
+            f"</th><th>params</th>{head}</tr>{''.join(body)}</table>"
+        )
     return f"<details><summary>bench numbers</summary>{''.join(tables)}</details>"
 
 
@@ -172,27 +195,33 @@ def steps_table(curve: dict) -> str:
     for s in curve["steps"]:
         p = {k: (f"{s[k] * 1e3:.2f}" if s.get(k) is not None else "–") for k in ("p50_s", "p90_s", "p99_s", "max_s")}
         batch = f"{s['avg_batch_size']:.1f}" if s.get("avg_batch_size") else "–"
-        flags = (" (generator-bound)" if s.get("generator_bound") else "") + \
-                (f" (too few samples: {s.get('samples', '?')})" if s.get("too_few_samples") else "") + \
-                (" (server-bound)" if server_bound(s, curve) else "") + \
-                ("" if s.get("stable", True) else " (unstable)")
+        flags = (
+            (" (generator-bound)" if s.get("generator_bound") else "")
+            + (f" (too few samples: {s.get('samples', '?')})" if s.get("too_few_samples") else "")
+            + (" (server-bound)" if server_bound(s, curve) else "")
+            + ("" if s.get("stable", True) else " (unstable)")
+        )
         if s.get("server_interrupted"):
             flags += f" (server interrupted: {s.get('interruption')})"
         if s.get("workers_lost"):
             flags += f" (workers lost: {', '.join(s['workers_lost'])})"
         cpu = f"{s['generator_cpu_percent']:.0f}%" if s.get("generator_cpu_percent") is not None else "–"
         dropped = s.get("dropped") if s.get("dropped") is not None else "–"
-        rows.append(f"<tr><td>{s['offered_rps']:.0f}</td><td>{s['achieved_rps']:.0f}</td><td>{p['p50_s']}</td>"
-                    f"<td>{p['p90_s']}</td><td>{p['p99_s']}</td><td>{esc(p99_interval(s))}</td><td>{p['max_s']}</td>"
-                    f"<td>{s['errors']}</td><td>{dropped}</td><td>{batch}</td><td>{cpu}{esc(flags)}</td></tr>")
+        rows.append(
+            f"<tr><td>{s['offered_rps']:.0f}</td><td>{s['achieved_rps']:.0f}</td><td>{p['p50_s']}</td>"
+            f"<td>{p['p90_s']}</td><td>{p['p99_s']}</td><td>{esc(p99_interval(s))}</td><td>{p['max_s']}</td>"
+            f"<td>{s['errors']}</td><td>{dropped}</td><td>{batch}</td><td>{cpu}{esc(flags)}</td></tr>"
+        )
     server = f" ({server_name(curve)})" if curve.get(BY_SERVER) else ""
-    return (f"<details><summary>{esc(curve['name'])}{esc(server)} on {esc(machine_name(curve))}: "
-            f"{len(curve['steps'])} steps — "
-            f"{esc(curve.get('stop_reason', ''))}{esc(_saturation(curve))}</summary>"
-            "<table><tr><th>offered/s</th><th>achieved/s</th>"
-            f"<th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>p99 {_level(curve)} interval ms</th><th>max ms</th>"
-            "<th>errors</th><th>dropped</th>"
-            f"<th>avg batch</th><th>generator CPU, flags</th></tr>{''.join(rows)}</table></details>")
+    return (
+        f"<details><summary>{esc(curve['name'])}{esc(server)} on {esc(machine_name(curve))}: "
+        f"{len(curve['steps'])} steps — "
+        f"{esc(curve.get('stop_reason', ''))}{esc(_saturation(curve))}</summary>"
+        "<table><tr><th>offered/s</th><th>achieved/s</th>"
+        f"<th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>p99 {_level(curve)} interval ms</th><th>max ms</th>"
+        "<th>errors</th><th>dropped</th>"
+        f"<th>avg batch</th><th>generator CPU, flags</th></tr>{''.join(rows)}</table></details>"
+    )
 
 
 def p99_interval(step: dict) -> str:

@@ -8,16 +8,23 @@ from latlab.loadtest.search import FLAT, NEVER, slo_met
 
 DEFAULT_PRICES = {"cpu": 0.10, "cuda": 2.50}
 """Example hourly prices (USD) per provider, used when the user gives none; the report says so."""
-GPU_HINT = ("run `latlab bench` and the lab on a GPU box and merge with `latlab report CPU_RUN GPU_RUN` "
-            "(or add `--with-reference` when GPU reference data are committed under report/reference/)")
+GPU_HINT = (
+    "run `latlab bench` and the lab on a GPU box and merge with `latlab report CPU_RUN GPU_RUN` "
+    "(or add `--with-reference` when GPU reference data are committed under report/reference/)"
+)
 
 
 class PriceError(ValueError):
     """An unreadable --price argument."""
 
 
-PRICE_UNITS = {"": "machine-hour", "machine": "machine-hour", "machine-hour": "machine-hour",
-               "core": "core-hour", "core-hour": "core-hour"}
+PRICE_UNITS = {
+    "": "machine-hour",
+    "machine": "machine-hour",
+    "machine-hour": "machine-hour",
+    "core": "core-hour",
+    "core-hour": "core-hour",
+}
 
 
 def parse_prices(text: str) -> dict[str, float | dict]:
@@ -33,8 +40,10 @@ def parse_prices(text: str) -> dict[str, float | dict]:
             price = math.nan
         per = PRICE_UNITS.get(unit.strip().lower())
         if not sep or not provider.strip() or not 0 < price < math.inf or per is None:
-            raise PriceError(f"--price: cannot read {part!r}; write provider=USD per machine-hour, or USD/core "
-                             "per core-hour, e.g. cpu=0.10,cuda=2.50 or cpu=0.04/core,cuda=2.50")
+            raise PriceError(
+                f"--price: cannot read {part!r}; write provider=USD per machine-hour, or USD/core "
+                "per core-hour, e.g. cpu=0.10,cuda=2.50 or cpu=0.04/core,cuda=2.50"
+            )
         prices[provider.strip().lower()] = price if per == "machine-hour" else {"usd": price, "per": per}
     if not prices:
         raise PriceError("--price needs at least one provider=price, e.g. cpu=0.10,cuda=2.50")
@@ -200,8 +209,13 @@ def machine_name(curve: dict) -> str:
     deployment) or CPU model. Never the hostname: every lab VM is called `vm`."""
     environment, run = curve.get("environment") or {}, curve.get("machine") or {}
     gpu = environment.get("gpu") or run.get("gpu")
-    for name in (environment.get("name"), run.get("name"), gpu if is_gpu(curve) else None,
-                 environment.get("cpu"), run.get("cpu")):
+    for name in (
+        environment.get("name"),
+        run.get("name"),
+        gpu if is_gpu(curve) else None,
+        environment.get("cpu"),
+        run.get("cpu"),
+    ):
         if name:
             return str(name)
     return "unnamed machine"
@@ -209,8 +223,11 @@ def machine_name(curve: dict) -> str:
 
 def verdict(model: str, curves: list[dict], slo_s: float) -> str:
     """One sentence: which deployment sustains the most load under the SLO, and by how much."""
-    best = sorted(((max_rate_under(c["steps"], slo_s), c) for c in curves),
-                  key=lambda pair: pair[0]["achieved_rps"] if pair[0] else -1, reverse=True)
+    best = sorted(
+        ((max_rate_under(c["steps"], slo_s), c) for c in curves),
+        key=lambda pair: pair[0]["achieved_rps"] if pair[0] else -1,
+        reverse=True,
+    )
     bound = f"p99 ≤ {slo_s * 1e3:g} ms"
     if not best or best[0][0] is None:
         return f"{model}: no deployment met {bound} at any measured load."
@@ -225,8 +242,10 @@ def verdict(model: str, curves: list[dict], slo_s: float) -> str:
         if step is None or step["achieved_rps"] <= 0:
             sentence += f"; {name(curve)} {unmet_clause([curve], slo_s)}"
         else:
-            sentence += (f"; {name(curve)} {step['achieved_rps']:.0f} req/s "
-                         f"({top_step['achieved_rps'] / step['achieved_rps']:.1f}× less)")
+            sentence += (
+                f"; {name(curve)} {step['achieved_rps']:.0f} req/s "
+                f"({top_step['achieved_rps'] / step['achieved_rps']:.1f}× less)"
+            )
     return sentence + "."
 
 
@@ -248,8 +267,9 @@ def size_crossover(bench_docs: list[dict]) -> list[str]:
         wins = [params for params, cpu_s, gpu_s in pairs if gpu_s < cpu_s]
         sizes = f"{len(pairs)} sizes, {human(pairs[0][0])} to {human(pairs[-1][0])} parameters"
         if not wins:
-            sentences.append(f"bench on {host}: at batch 1 the CPU was as fast or faster at every measured size "
-                             f"({sizes}).")
+            sentences.append(
+                f"bench on {host}: at batch 1 the CPU was as fast or faster at every measured size ({sizes})."
+            )
             continue
         threshold = None
         for params, cpu_s, gpu_s in reversed(pairs):  # the GPU must win at this size and every larger one
@@ -257,11 +277,15 @@ def size_crossover(bench_docs: list[dict]) -> list[str]:
                 break
             threshold = params
         if threshold is None:
-            sentences.append(f"bench on {host}: at batch 1 the GPU won at {len(wins)} of {sizes}, but not at the "
-                             f"largest: no size crossover.")
+            sentences.append(
+                f"bench on {host}: at batch 1 the GPU won at {len(wins)} of {sizes}, but not at the "
+                f"largest: no size crossover."
+            )
         else:
-            sentences.append(f"bench on {host}: from about {human(threshold)} parameters the GPU wins at batch 1 "
-                             f"({len(wins)} of {sizes}).")
+            sentences.append(
+                f"bench on {host}: from about {human(threshold)} parameters the GPU wins at batch 1 "
+                f"({len(wins)} of {sizes})."
+            )
     return sentences
 
 

@@ -17,9 +17,19 @@ from latlab.report.figures import curve_png
 from latlab.report.predict import bench_fits, request_overheads
 from latlab.loadtest.results import read_results
 from latlab.report.best import provider_verdict
-from latlab.report.verdict import (DEFAULT_PRICES, GPU_HINT, PROVIDER_HINT, UNKNOWN,
-                                     is_gpu, label, machine_name, provider_of, size_crossover,
-                                     tag_servers, verdict)
+from latlab.report.verdict import (
+    DEFAULT_PRICES,
+    GPU_HINT,
+    PROVIDER_HINT,
+    UNKNOWN,
+    is_gpu,
+    label,
+    machine_name,
+    provider_of,
+    size_crossover,
+    tag_servers,
+    verdict,
+)
 
 REPORT_FILE = "report.html"
 BENCH_SCHEMA = "latlab.bench/1"
@@ -29,9 +39,11 @@ REFERENCE_DIR = Path(__file__).parent / "reference"
 
 def _curves(docs: list[dict]) -> list[dict]:
     """Every deployment curve of every results file, tagged with its run and machine."""
-    return [{**deployment, "run_id": doc["run_id"], "machine": doc["machine"],
-             "reference": doc.get("_reference", False)}
-            for doc in docs for deployment in doc["deployments"]]
+    return [
+        {**deployment, "run_id": doc["run_id"], "machine": doc["machine"], "reference": doc.get("_reference", False)}
+        for doc in docs
+        for deployment in doc["deployments"]
+    ]
 
 
 def read_bench(folder: Path) -> list[dict]:
@@ -61,8 +73,14 @@ def load_inputs(run_dirs: list[Path], reference_dir: Path | None) -> tuple[list[
     return results, bench
 
 
-def write_report(run_dirs: Path | list[Path], slos_s: list[float], prices: dict[str, float] | None = None,
-                 out: Path | None = None, with_reference: bool = False, reference_dir: Path | None = None) -> Path:
+def write_report(
+    run_dirs: Path | list[Path],
+    slos_s: list[float],
+    prices: dict[str, float] | None = None,
+    out: Path | None = None,
+    with_reference: bool = False,
+    reference_dir: Path | None = None,
+) -> Path:
     """Write report.html and its PNGs into `out` (default: the first run folder); return the HTML's path.
 
     With `with_reference`, the measurements under `reference_dir` (default: report/reference/) are merged in.
@@ -83,16 +101,19 @@ def write_report(run_dirs: Path | list[Path], slos_s: list[float], prices: dict[
     # A model whose curves come from more than one server is compared by server (verdict.tag_servers).
     by_model = {model: tag_servers(group) for model, group in by_model.items()}
     # First screen: the answer. Then the pictures, then the details (folded where long).
-    bench_gpu = any(p.get("backend", "").endswith("cuda") for d in bench for e in d.get("experiments", [])
-                    for p in e.get("points", []))
+    bench_gpu = any(
+        p.get("backend", "").endswith("cuda")
+        for d in bench
+        for e in d.get("experiments", [])
+        for p in e.get("points", [])
+    )
     body = [answer.answer_section(by_model, slos_s, prices, _prices_line(prices, example_prices), bench_gpu)]
     body += _pictures(by_model, slos_s, prices, out)
     body.append(_gpu_notice([c for group in by_model.values() for c in group], bench, with_reference, reference_dir))
     for model, model_curves in by_model.items():
         png = curve_png(model, model_curves, slos_s)
         (out / f"curve-{_slug(model)}.png").write_bytes(png)
-        body.append(_model_section(model, model_curves, slos_s, prices, fits,
-                                   overheads, png))
+        body.append(_model_section(model, model_curves, slos_s, prices, fits, overheads, png))
     body.append(sections.environment_section(results, bench))
     body.append(f"<details><summary>How the predictions are made</summary>{sections.assumptions_list()}</details>")
     body.append(_bench_section(bench, out))
@@ -108,8 +129,10 @@ def _pictures(by_model: dict[str, list[dict]], slos_s: list[float], prices: dict
     """Per model the cost picture and where the time goes, their PNGs also written beside the page."""
     body = []
     for model, model_curves in by_model.items():
-        for kind, (text, png) in (("cost", pictures.cost_section(model, model_curves, slos_s, prices)),
-                                  ("time", pictures.time_section(model, model_curves, slos_s))):
+        for kind, (text, png) in (
+            ("cost", pictures.cost_section(model, model_curves, slos_s, prices)),
+            ("time", pictures.time_section(model, model_curves, slos_s)),
+        ):
             if png:
                 (out / f"{kind}-{_slug(model)}.png").write_bytes(png)
             body.append(text)
@@ -119,36 +142,50 @@ def _pictures(by_model: dict[str, list[dict]], slos_s: list[float], prices: dict
 def _gpu_notice(curves: list[dict], bench: list[dict], with_reference: bool, reference_dir: Path) -> str:
     machines = sorted({machine_name(c) for c in curves})
     gpu_machines = sorted({machine_name(c) for c in curves if is_gpu(c)})
-    bench_gpu = any(p.get("backend", "").endswith("cuda") for d in bench for e in d.get("experiments", [])
-                    for p in e.get("points", []))
+    bench_gpu = any(
+        p.get("backend", "").endswith("cuda")
+        for d in bench
+        for e in d.get("experiments", [])
+        for p in e.get("points", [])
+    )
     text = f"<h2>Details</h2><p>Served measurements come from: {html.escape('; '.join(machines))}."
     if gpu_machines:
         text += f" GPU deployments were measured on: {html.escape('; '.join(gpu_machines))}."
     text += "</p>"
     unknown = [f"{label(c)} on {machine_name(c)}" for c in curves if provider_of(c) == UNKNOWN]
     if not gpu_machines and not bench_gpu and unknown:
-        text += (f"<p class='warning'><strong>No GPU measurements recorded</strong>: whether these ran on a CPU or a "
-                 f"GPU is not recorded ({html.escape(PROVIDER_HINT)}): {html.escape('; '.join(unknown))}. To "
-                 f"measure a GPU, {html.escape(GPU_HINT)}.</p>")
+        text += (
+            f"<p class='warning'><strong>No GPU measurements recorded</strong>: whether these ran on a CPU or a "
+            f"GPU is not recorded ({html.escape(PROVIDER_HINT)}): {html.escape('; '.join(unknown))}. To "
+            f"measure a GPU, {html.escape(GPU_HINT)}.</p>"
+        )
     elif not gpu_machines and not bench_gpu:
-        text += (f"<p class='warning'><strong>No GPU measurements</strong>: every figure in this report comes from the "
-                 f"CPU of {html.escape('; '.join(machines))}; no number here says how a GPU would do. To answer that, "
-                 f"{html.escape(GPU_HINT)}.</p>")
+        text += (
+            f"<p class='warning'><strong>No GPU measurements</strong>: every figure in this report comes from the "
+            f"CPU of {html.escape('; '.join(machines))}; no number here says how a GPU would do. To answer that, "
+            f"{html.escape(GPU_HINT)}.</p>"
+        )
     committed = reference_dir.is_dir() and any(reference_dir.glob("**/*.json"))
     if with_reference and not committed:
         text += f"<p>--with-reference: no reference data are committed under {html.escape(str(reference_dir))}.</p>"
     elif not with_reference and committed:
-        text += ("<p>Reference measurements are committed under report/reference/; "
-                 "add --with-reference to merge them.</p>")
+        text += (
+            "<p>Reference measurements are committed under report/reference/; add --with-reference to merge them.</p>"
+        )
     return text
 
 
 def _prices_line(prices: dict, example: bool) -> str:
     listed = ", ".join(f"{provider} {_price_text(value)}" for provider, value in sorted(prices.items()))
-    origin = ("<strong>example prices</strong>, not quotes: give yours with --price cpu=…,cuda=…" if example
-              else "as given with --price")
-    return (f"Prices {html.escape(price_unit(prices))}: {html.escape(listed)} ({origin}). Cost per million inferences "
-            "= machine price per hour / (max rate under the SLO × 3600) × 10⁶, a machine kept busy at that rate.")
+    origin = (
+        "<strong>example prices</strong>, not quotes: give yours with --price cpu=…,cuda=…"
+        if example
+        else "as given with --price"
+    )
+    return (
+        f"Prices {html.escape(price_unit(prices))}: {html.escape(listed)} ({origin}). Cost per million inferences "
+        "= machine price per hour / (max rate under the SLO × 3600) × 10⁶, a machine kept busy at that rate."
+    )
 
 
 def _price_text(value: object) -> str:
@@ -156,36 +193,61 @@ def _price_text(value: object) -> str:
     return f"${amount:.2f}/h" if unit == "machine-hour" else f"${amount:.3g} per {unit}"
 
 
-def _model_section(model: str, curves: list[dict], slos_s: list[float], prices: dict[str, float],
-                   fits: list[dict], overheads: dict[str, float], png: bytes) -> str:
+def _model_section(
+    model: str,
+    curves: list[dict],
+    slos_s: list[float],
+    prices: dict[str, float],
+    fits: list[dict],
+    overheads: dict[str, float],
+    png: bytes,
+) -> str:
     verdicts = "".join(f"<li>{html.escape(provider_verdict(model, curves, s, prices))}</li>" for s in slos_s)
     verdicts += "".join(f"<li>{html.escape(verdict(model, curves, s))}</li>" for s in slos_s)
-    verdicts += "".join(f"<li>SLO search, {html.escape(c['name'])}: {html.escape(_search_line(c['search']))}</li>"
-                        for c in curves if c.get("search"))
-    verdicts += "".join(f"<li>{html.escape(c['name'])}: {html.escape(c['overload']['summary'])}</li>"
-                        for c in curves if c.get("overload"))
-    bound = [f"{c['name']} on {sections.machine_name(c)} at {s['offered_rps']:.0f} req/s offered"
-             for c in curves for s in c["steps"] if s.get("generator_bound")]
-    flagged = (f"<p class='warning'>Generator-bound steps (the load generator's CPU was saturated; these numbers "
-               f"describe it as much as the server): {html.escape('; '.join(bound))}.</p>" if bound else "")
+    verdicts += "".join(
+        f"<li>SLO search, {html.escape(c['name'])}: {html.escape(_search_line(c['search']))}</li>"
+        for c in curves
+        if c.get("search")
+    )
+    verdicts += "".join(
+        f"<li>{html.escape(c['name'])}: {html.escape(c['overload']['summary'])}</li>"
+        for c in curves
+        if c.get("overload")
+    )
+    bound = [
+        f"{c['name']} on {sections.machine_name(c)} at {s['offered_rps']:.0f} req/s offered"
+        for c in curves
+        for s in c["steps"]
+        if s.get("generator_bound")
+    ]
+    flagged = (
+        f"<p class='warning'>Generator-bound steps (the load generator's CPU was saturated; these numbers "
+        f"describe it as much as the server): {html.escape('; '.join(bound))}.</p>"
+        if bound
+        else ""
+    )
     image = base64.b64encode(png).decode()
-    return (f"<h3>{html.escape(model)}: latency against throughput</h3>"
-            f"<img alt='latency vs throughput for {html.escape(model)}' src='data:image/png;base64,{image}'>{flagged}"
-            f"<h4>Max throughput under each SLO</h4>{sections.slo_table(curves, slos_s)}"
-            f"<details><summary>{html.escape(model)}: best settings per provider and cost, every verdict</summary>"
-            f"{sections.provider_table(curves, slos_s, prices)}<ul class='verdict'>{verdicts}</ul></details>"
-            f"<details><summary>{html.escape(model)}: predicted vs measured</summary>"
-            f"{sections.prediction_section(model, curves, slos_s, fits, overheads)}</details>"
-            f"{''.join(sections.steps_table(c) for c in curves)}")
+    return (
+        f"<h3>{html.escape(model)}: latency against throughput</h3>"
+        f"<img alt='latency vs throughput for {html.escape(model)}' src='data:image/png;base64,{image}'>{flagged}"
+        f"<h4>Max throughput under each SLO</h4>{sections.slo_table(curves, slos_s)}"
+        f"<details><summary>{html.escape(model)}: best settings per provider and cost, every verdict</summary>"
+        f"{sections.provider_table(curves, slos_s, prices)}<ul class='verdict'>{verdicts}</ul></details>"
+        f"<details><summary>{html.escape(model)}: predicted vs measured</summary>"
+        f"{sections.prediction_section(model, curves, slos_s, fits, overheads)}</details>"
+        f"{''.join(sections.steps_table(c) for c in curves)}"
+    )
 
 
 def _bench_section(bench: list[dict], out: Path) -> str:
     text = "<h2>Bench (in-process, no server)</h2>"
     if not bench:
-        return text + ("<p>No bench*.json in the input folders: run `latlab bench` and put its file beside "
-                       "the results.</p>")
-    crossovers = size_crossover(bench) or ["no bench file holds batch-1 points of both ort-cpu and ort-cuda: "
-                                           "no model-size crossover can be given."]
+        return text + (
+            "<p>No bench*.json in the input folders: run `latlab bench` and put its file beside the results.</p>"
+        )
+    crossovers = size_crossover(bench) or [
+        "no bench file holds batch-1 points of both ort-cpu and ort-cuda: no model-size crossover can be given."
+    ]
     text += "<ul>" + "".join(f"<li>{html.escape(s)}</li>" for s in crossovers) + "</ul>"
     for doc in bench:
         host = sections.doc_machine_name(doc.get("machine", {}))
@@ -203,9 +265,11 @@ def event_line(event: dict) -> str:
     when = time.strftime("%H:%M:%S", time.localtime(event["time"]))
     if event["event"] == "worker_lost":
         pid = f" (pid {event['pid']})" if event.get("pid") else ""
-        return (f"{when}: Locust worker {event['worker']}{pid} lost during step {event['step']} of "
-                f"'{event['deployment']}': {event['reason']}; {event['requests_in_flight_lost']} requests in flight "
-                f"unaccounted; {event['load']}")
+        return (
+            f"{when}: Locust worker {event['worker']}{pid} lost during step {event['step']} of "
+            f"'{event['deployment']}': {event['reason']}; {event['requests_in_flight_lost']} requests in flight "
+            f"unaccounted; {event['load']}"
+        )
     return f"{when}: Locust worker {event['worker']} {event['event'].replace('_', ' ')}"
 
 
@@ -219,9 +283,11 @@ def _events_section(events: list[tuple[str, dict]]) -> str:
 def _search_line(search: dict) -> str:
     rate = f"{search['rate']:.0f} req/s" if search.get("rate") else "no rate"
     why = f" ({'; '.join(search['reasons'])})" if search.get("reasons") else ""
-    return (f"highest rate with p99 ≤ {search['slo_p99_s'] * 1e3:g} ms: {rate}, "
-            f"{'VALID' if search['valid'] else 'INVALID'}{why}; {len(search['probes'])} probes, "
-            f"resolution {search['resolution']:.0%}")
+    return (
+        f"highest rate with p99 ≤ {search['slo_p99_s'] * 1e3:g} ms: {rate}, "
+        f"{'VALID' if search['valid'] else 'INVALID'}{why}; {len(search['probes'])} probes, "
+        f"resolution {search['resolution']:.0%}"
+    )
 
 
 def _slug(text: str) -> str:

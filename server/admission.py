@@ -39,12 +39,16 @@ def check_threads(threads: int, deployments: Iterable[DeploymentConfig]) -> None
     deployments = tuple(deployments)
     admitted = sum(admitted_bound(d.batcher) for d in deployments)
     if threads <= admitted:
-        parts = ", ".join(f"'{d.name}' {d.batcher.max_queue_size} + {d.batcher.instances} x "
-                          f"{d.batcher.max_batch_size}" for d in deployments)
-        raise ConfigError(f"[server]: threads = {threads} must exceed the {admitted} infer requests the deployments "
-                          f"admit (max_queue_size + instances x max_batch_size: {parts}), or requests past the "
-                          f"threads wait where nothing refuses them; leave threads unset "
-                          f"({admitted + SPARE_THREADS}) or lower max_queue_size")
+        parts = ", ".join(
+            f"'{d.name}' {d.batcher.max_queue_size} + {d.batcher.instances} x {d.batcher.max_batch_size}"
+            for d in deployments
+        )
+        raise ConfigError(
+            f"[server]: threads = {threads} must exceed the {admitted} infer requests the deployments "
+            f"admit (max_queue_size + instances x max_batch_size: {parts}), or requests past the "
+            f"threads wait where nothing refuses them; leave threads unset "
+            f"({admitted + SPARE_THREADS}) or lower max_queue_size"
+        )
 
 
 class Admission:
@@ -85,5 +89,7 @@ def admission_for(config: DeploymentConfig, bounded: bool, on_refused: Callable[
 
 def bound_detail(batcher: BatcherSettings) -> str:
     """What the bound is made of, as a refusal says it."""
-    return (f": max_queue_size {batcher.max_queue_size} waiting + {batcher.instances} x "
-            f"max_batch_size {batcher.max_batch_size} in flight")
+    return (
+        f": max_queue_size {batcher.max_queue_size} waiting + {batcher.instances} x "
+        f"max_batch_size {batcher.max_batch_size} in flight"
+    )

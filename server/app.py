@@ -28,8 +28,13 @@ routes = Blueprint("v2", __name__)
 class ServerState:
     """What the routes need: the deployments by name, those that failed to load, and the metrics."""
 
-    def __init__(self, config: ServerConfig, registry: CollectorRegistry, shown: CollectorRegistry | None = None,
-                 require_one: bool = True) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        registry: CollectorRegistry,
+        shown: CollectorRegistry | None = None,
+        require_one: bool = True,
+    ) -> None:
         """`shown`: what /metrics serves when it is not `registry` (a multi-front-end server's engine records
         its metrics in `registry` and shows those of every process: server/engine.py). `require_one`: a server
         none of whose deployments loads is refused (an engine of several may hold only failed ones)."""
@@ -55,7 +60,7 @@ class ServerState:
         except ConfigError as exc:
             if self.config.on_load_failure == "fail":
                 raise
-            log.error("%s; serving the other deployments (on_load_failure = \"skip\")", exc)
+            log.error('%s; serving the other deployments (on_load_failure = "skip")', exc)
             self.failed[deployment.name] = str(exc)
 
     @property
@@ -67,8 +72,11 @@ class ServerState:
             raise ModelNotReady(f"{public_message(self.failed[name])} (failed to load at start; not served)")
         deployment = self.deployments.get(name)
         if deployment is None or version not in (None, deployment.version):
-            raise ModelNotFound(f"unknown model '{shown(name)}'" + (f" version '{shown(version)}'" if version else "")
-                                + f"; serving {sorted(self.deployments)}")
+            raise ModelNotFound(
+                f"unknown model '{shown(name)}'"
+                + (f" version '{shown(version)}'" if version else "")
+                + f"; serving {sorted(self.deployments)}"
+            )
         return deployment
 
     def close(self) -> None:
@@ -76,8 +84,12 @@ class ServerState:
             deployment.close()
 
 
-def create_app(config: ServerConfig, registry: CollectorRegistry | None = None,
-               shown: CollectorRegistry | None = None, require_one: bool = True) -> Flask:
+def create_app(
+    config: ServerConfig,
+    registry: CollectorRegistry | None = None,
+    shown: CollectorRegistry | None = None,
+    require_one: bool = True,
+) -> Flask:
     """Build the server app: loads every deployment's model and starts its batcher.
     POST .../infer is answered by a WSGI layer in front of Flask (fastpath.py); the rest by Flask's routes."""
     app = Flask("latlab.server")
@@ -108,10 +120,12 @@ def _json(doc: dict, status: int = 200) -> Response:
 def protected(view: Callable[..., Response]) -> Callable[..., Response]:
     """Routes that need the bearer token when one is configured: infer and the deployment's settings.
     Health, metadata, /metrics and the API description stay open (probes and Prometheus need them)."""
+
     @functools.wraps(view)
     def checked(*args: str, **kwargs: str) -> Response:
         check_bearer(_state().config.auth_token, request.headers.get("Authorization"))
         return view(*args, **kwargs)
+
     return checked
 
 

@@ -116,8 +116,14 @@ class Pending:
     """The outputs the request asked for; None: all of them."""
 
 
-def batch_to_send(now: float, sizes: Sequence[int], oldest_enqueued_at: float, max_batch_size: int,
-                  max_queue_delay_s: float, preferred: Sequence[int] = ()) -> int | float | None:
+def batch_to_send(
+    now: float,
+    sizes: Sequence[int],
+    oldest_enqueued_at: float,
+    max_batch_size: int,
+    max_queue_delay_s: float,
+    preferred: Sequence[int] = (),
+) -> int | float | None:
     """Triton's rule. Returns how many queued requests to send now (int), when to look again (float),
     or None when the queue is empty. `sizes` are the batch dimensions of the queued requests that may
     join one batch, in queue order (priority, then arrival). Send at once when the batch is full, the next
@@ -171,8 +177,9 @@ class BatchQueue:
         """The queue level (1-based) of a request's `priority`; BadRequest names a value out of range."""
         levels = self.settings.priority_levels
         if type(priority) is not int or not 0 <= priority <= levels:
-            raise BadRequest(f"parameters.priority must be an integer in 0..{levels} (1 = highest, 0 = default), "
-                             f"got {priority!r}")
+            raise BadRequest(
+                f"parameters.priority must be an integer in 0..{levels} (1 = highest, 0 = default), got {priority!r}"
+            )
         return priority or self.settings.default_priority_level
 
     def put(self, pending: Pending) -> None:
@@ -204,8 +211,9 @@ class BatchQueue:
         """The request's queue level; BadRequest for a priority out of range or a batch over max_batch_size."""
         level = self.level_of(pending.priority)
         if pending.size > self.settings.max_batch_size:
-            raise BadRequest(f"batch of {pending.size} exceeds this deployment's max_batch_size "
-                             f"{self.settings.max_batch_size}")
+            raise BadRequest(
+                f"batch of {pending.size} exceeds this deployment's max_batch_size {self.settings.max_batch_size}"
+            )
         return level
 
     def expire(self, now: float) -> list[Pending]:
@@ -240,21 +248,36 @@ class BatchQueue:
         self._remove(chosen)
         return chosen
 
-    def _decide(self, now: float, group: list[Pending], oldest: float, delay_s: float,
-                free_instances: int) -> int | float:
+    def _decide(
+        self, now: float, group: list[Pending], oldest: float, delay_s: float, free_instances: int
+    ) -> int | float:
         """How many of `group` (one shape, queue order) to send now, or when to look again: Triton's rule,
         then, where it would wait, adaptive mode's prediction of whether waiting pays."""
-        decision = batch_to_send(now, [p.size for p in group], oldest, self.settings.max_batch_size, delay_s,
-                                 self.settings.preferred_batch_sizes)
+        decision = batch_to_send(
+            now,
+            [p.size for p in group],
+            oldest,
+            self.settings.max_batch_size,
+            delay_s,
+            self.settings.preferred_batch_sizes,
+        )
         if isinstance(decision, float) and self.settings.adaptive:
             decision = self._adaptive(now, group, oldest, free_instances)
         return decision
 
     def _adaptive(self, now: float, group: list[Pending], oldest: float, free_instances: int) -> int | float:
         last = self.arrivals.last_arrival
-        until = adaptive_wait(now, [p.size for p in group], oldest, self.latency.fit(),
-                              self.arrivals.expected_gap(now), now if last is None else last, free_instances,
-                              self._delay_s, min(p.deadline for p in group))
+        until = adaptive_wait(
+            now,
+            [p.size for p in group],
+            oldest,
+            self.latency.fit(),
+            self.arrivals.expected_gap(now),
+            now if last is None else last,
+            free_instances,
+            self._delay_s,
+            min(p.deadline for p in group),
+        )
         return len(group) if until is None else until
 
     def _remove(self, items: list[Pending]) -> None:

@@ -45,9 +45,15 @@ class DynamicBatcher:
     `run_batch(inputs)` runs one merged batch; when every request of a batch named the same outputs it is
     called as `run_batch(inputs, outputs)` and need only return those."""
 
-    def __init__(self, run_batch: Callable[..., Tensors], settings: BatcherSettings,
-                 observer: BatchObserver | None = None, clock: Callable[[], float] = time.monotonic,
-                 name: str = "batcher", padding: PaddingSettings | None = None) -> None:
+    def __init__(
+        self,
+        run_batch: Callable[..., Tensors],
+        settings: BatcherSettings,
+        observer: BatchObserver | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        name: str = "batcher",
+        padding: PaddingSettings | None = None,
+    ) -> None:
         self._run_batch = run_batch
         self._settings = settings
         self._padding = padding if padding and padding.values else None
@@ -58,13 +64,21 @@ class DynamicBatcher:
         self._cond = threading.Condition()
         self._closing = False
         self._busy = 0
-        self._workers = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
-                         for i in range(settings.instances)]
+        self._workers = [
+            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(settings.instances)
+        ]
         for worker in self._workers:
             worker.start()
 
-    def submit(self, inputs: Tensors, size: int, timeout_s: float | None = None, priority: int = 0,
-               outputs: Sequence[str] | None = None, run_here: bool = False) -> Slot:
+    def submit(
+        self,
+        inputs: Tensors,
+        size: int,
+        timeout_s: float | None = None,
+        priority: int = 0,
+        outputs: Sequence[str] | None = None,
+        run_here: bool = False,
+    ) -> Slot:
         """Queue one request of `size` samples; raises QueueFull/ModelNotReady/BadRequest at once instead of
         waiting. `timeout_s` may only shorten the deployment's timeout; `priority` 1 is the highest level,
         0 the deployment's default; `outputs` names the outputs the request needs (None: all).
@@ -95,8 +109,14 @@ class DynamicBatcher:
                 self._finish_batch([pending], run_s)
         return pending.future
 
-    def infer(self, inputs: Tensors, size: int, timeout_s: float | None = None, priority: int = 0,
-              outputs: Sequence[str] | None = None) -> Tensors:
+    def infer(
+        self,
+        inputs: Tensors,
+        size: int,
+        timeout_s: float | None = None,
+        priority: int = 0,
+        outputs: Sequence[str] | None = None,
+    ) -> Tensors:
         """Submit (running a lone request here: `submit`'s run_here) and wait for the result: the request
         thread's call."""
         slot = self.submit(inputs, size, timeout_s, priority, outputs, run_here=True)
@@ -107,13 +127,21 @@ class DynamicBatcher:
             slot.cancel()
             raise RequestTimeout(f"no result within {self._timeout_s:.3f} s") from None
 
-    def _pending(self, inputs: Tensors, size: int, timeout_s: float | None, priority: int,
-                 outputs: Sequence[str] | None) -> Pending:
+    def _pending(
+        self, inputs: Tensors, size: int, timeout_s: float | None, priority: int, outputs: Sequence[str] | None
+    ) -> Pending:
         now = self._clock()
         timeout_s = self._timeout_s if timeout_s is None else min(timeout_s, self._timeout_s)
-        return Pending(inputs, size, now, now + timeout_s, shape_key=shape_key(inputs, self._padding),
-                       priority=priority, length=request_length(inputs, self._padding),
-                       outputs=None if outputs is None else tuple(outputs))
+        return Pending(
+            inputs,
+            size,
+            now,
+            now + timeout_s,
+            shape_key=shape_key(inputs, self._padding),
+            priority=priority,
+            length=request_length(inputs, self._padding),
+            outputs=None if outputs is None else tuple(outputs),
+        )
 
     def _put(self, pending: Pending) -> None:
         """Queue it (the caller holds the lock)."""
@@ -219,8 +247,9 @@ class DynamicBatcher:
             error = ComputeError(f"model run failed: {public_message(exc)}")
             for pending in batch:
                 pending.future.set_exception(error)
-            self._observer.batch_done(sum(sizes), [started - p.enqueued_at for p in batch],
-                                      self._clock() - started, ok=False)
+            self._observer.batch_done(
+                sum(sizes), [started - p.enqueued_at for p in batch], self._clock() - started, ok=False
+            )
             return None
         compute_s = self._clock() - started
         for pending, part in zip(batch, parts):

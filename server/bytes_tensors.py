@@ -41,29 +41,34 @@ def _nested(data: object, max_depth: int) -> tuple[list[int], list[object]]:
     return shape, level
 
 
-def bytes_from_binary(name: str, shape: list[int], datatype: str, size: object,
-                       binary: memoryview, offset: int) -> np.ndarray:
+def bytes_from_binary(
+    name: str, shape: list[int], datatype: str, size: object, binary: memoryview, offset: int
+) -> np.ndarray:
     """BYTES in the binary extension: per element a 4-byte little-endian length, then that many bytes."""
     if type(size) is not int or size < 0:
         raise BadRequest(f"input '{name}': binary_data_size must be a non-negative integer, got {size!r}")
     if offset + size > len(binary):
         raise BadRequest(f"input '{name}': binary_data_size {size} runs past the end of the body")
-    raw, position = binary[offset:offset + size], 0
+    raw, position = binary[offset : offset + size], 0
     elements = []
     for index in range(math.prod(shape)):
         if position + 4 > size:
-            raise BadRequest(f"input '{name}': BYTES element {index} has no complete 4-byte length prefix "
-                             f"(binary_data_size {size})")
-        length = int(np.frombuffer(raw[position:position + 4], dtype=_LENGTH_PREFIX)[0])
+            raise BadRequest(
+                f"input '{name}': BYTES element {index} has no complete 4-byte length prefix (binary_data_size {size})"
+            )
+        length = int(np.frombuffer(raw[position : position + 4], dtype=_LENGTH_PREFIX)[0])
         position += 4
         if position + length > size:
-            raise BadRequest(f"input '{name}': BYTES element {index} claims {length} bytes, past the end of "
-                             f"its binary_data_size {size}")
-        elements.append(bytes(raw[position:position + length]))
+            raise BadRequest(
+                f"input '{name}': BYTES element {index} claims {length} bytes, past the end of "
+                f"its binary_data_size {size}"
+            )
+        elements.append(bytes(raw[position : position + length]))
         position += length
     if position != size:
-        raise BadRequest(f"input '{name}': binary_data_size is {size} but its {math.prod(shape)} BYTES "
-                         f"element(s) use {position}")
+        raise BadRequest(
+            f"input '{name}': binary_data_size is {size} but its {math.prod(shape)} BYTES element(s) use {position}"
+        )
     array = np.empty(len(elements), dtype=object)
     array[:] = elements
     return array.reshape(shape)
@@ -85,5 +90,7 @@ def bytes_to_json(name: str, array: np.ndarray) -> list[str]:
     try:
         return [item.decode("utf-8") if isinstance(item, bytes) else str(item) for item in array.flat]
     except UnicodeDecodeError:
-        raise BadRequest(f"output '{name}' holds bytes that are not UTF-8, which JSON cannot carry; "
-                         "ask for it with parameters.binary_data = true") from None
+        raise BadRequest(
+            f"output '{name}' holds bytes that are not UTF-8, which JSON cannot carry; "
+            "ask for it with parameters.binary_data = true"
+        ) from None

@@ -270,8 +270,14 @@ def parse_config(doc: dict, base_dir: Path = Path(".")) -> ServerConfig:
 
 
 # The tables a [[deployments]] entry may hold, and the settings each one becomes.
-_DEPLOYMENT_TABLES = {"batcher": BatcherSettings, "cpu": CpuOptions, "cuda": CudaOptions, "tensorrt": TensorrtOptions,
-                      "padding": PaddingSettings, "tokenizer": TokenizerSettings}
+_DEPLOYMENT_TABLES = {
+    "batcher": BatcherSettings,
+    "cpu": CpuOptions,
+    "cuda": CudaOptions,
+    "tensorrt": TensorrtOptions,
+    "padding": PaddingSettings,
+    "tokenizer": TokenizerSettings,
+}
 
 
 def dumps_config(doc: Mapping[str, Any]) -> str:
@@ -341,27 +347,34 @@ def _check_inside(model_dir: Path, deployment: DeploymentConfig) -> None:
     """Refuse a model file outside model_dir, however it gets there ('..', absolute path, symlink)."""
     resolved = Path(deployment.model_path).resolve()
     if not resolved.is_relative_to(model_dir):
-        raise ConfigError(f"deployment '{deployment.name}': model_path {deployment.model_path} resolves to "
-                          f"{resolved}, outside model_dir {model_dir}")
+        raise ConfigError(
+            f"deployment '{deployment.name}': model_path {deployment.model_path} resolves to "
+            f"{resolved}, outside model_dir {model_dir}"
+        )
 
 
 def _check_server(config: ServerConfig) -> None:
     if config.on_load_failure not in LOAD_FAILURE_POLICIES:
-        raise ConfigError(f"[server]: on_load_failure must be one of {LOAD_FAILURE_POLICIES}, "
-                          f"got {config.on_load_failure!r}")
+        raise ConfigError(
+            f"[server]: on_load_failure must be one of {LOAD_FAILURE_POLICIES}, got {config.on_load_failure!r}"
+        )
     if not 1 <= config.frontends <= MAX_FRONTENDS:
-        raise ConfigError(f"[server]: frontends must be 1..{MAX_FRONTENDS} (1: one process serves), got "
-                          f"{config.frontends}")
+        raise ConfigError(
+            f"[server]: frontends must be 1..{MAX_FRONTENDS} (1: one process serves), got {config.frontends}"
+        )
     if config.max_body_bytes < 1 or config.threads < 0:
         raise ConfigError("[server]: max_body_bytes must be >= 1 and threads >= 0 (0: as many as admission needs)")
     if not 0 <= config.metrics_port <= 65535 or config.metrics_port and config.metrics_port == config.port:
-        raise ConfigError(f"[server]: metrics_port must be in 0..65535 (0: port + 1) and differ from port, "
-                          f"got {config.metrics_port}")
+        raise ConfigError(
+            f"[server]: metrics_port must be in 0..65535 (0: port + 1) and differ from port, got {config.metrics_port}"
+        )
     token = config.auth_token
     if token and (len(token) < MIN_TOKEN_LENGTH or not _TOKEN.fullmatch(token)):
         # The token itself is never part of a message.
-        raise ConfigError(f"[server]: auth_token (or {AUTH_TOKEN_ENV}) must be at least {MIN_TOKEN_LENGTH} "
-                          "characters of letters, digits and -._~+/ (then optional '=')")
+        raise ConfigError(
+            f"[server]: auth_token (or {AUTH_TOKEN_ENV}) must be at least {MIN_TOKEN_LENGTH} "
+            "characters of letters, digits and -._~+/ (then optional '=')"
+        )
 
 
 def _deployment(raw: dict, base_dir: Path) -> DeploymentConfig:
@@ -389,14 +402,26 @@ def _deployment(raw: dict, base_dir: Path) -> DeploymentConfig:
     if batcher.max_queue_delay_ms < 0 or batcher.timeout_ms <= 0:
         raise ConfigError(f"deployment '{name}': max_queue_delay_ms must be >= 0 and timeout_ms > 0")
     if batcher.priority_levels < 1 or not 1 <= batcher.default_priority_level <= batcher.priority_levels:
-        raise ConfigError(f"deployment '{name}': priority_levels must be >= 1 and default_priority_level in "
-                          f"1..priority_levels, got {batcher.priority_levels} and {batcher.default_priority_level}")
+        raise ConfigError(
+            f"deployment '{name}': priority_levels must be >= 1 and default_priority_level in "
+            f"1..priority_levels, got {batcher.priority_levels} and {batcher.default_priority_level}"
+        )
     padding = _padding(_table(raw.pop("padding", {}), f"deployment '{name}' padding"), name)
     cpu, cuda, tensorrt = _provider_options(raw, name, batcher)
     tokenizer = _tokenizer(raw.pop("tokenizer", None), name, base_dir)
     raw.setdefault("model", model_path.parent.name)
-    return _build(DeploymentConfig, raw, f"deployment '{name}'", model_path=model_path, batcher=batcher, cpu=cpu,
-                  cuda=cuda, tensorrt=tensorrt, padding=padding, tokenizer=tokenizer)
+    return _build(
+        DeploymentConfig,
+        raw,
+        f"deployment '{name}'",
+        model_path=model_path,
+        batcher=batcher,
+        cpu=cpu,
+        cuda=cuda,
+        tensorrt=tensorrt,
+        padding=padding,
+        tokenizer=tokenizer,
+    )
 
 
 def _tokenizer(value: object, name: str, base_dir: Path) -> TokenizerSettings | None:
@@ -414,8 +439,10 @@ def _tokenizer(value: object, name: str, base_dir: Path) -> TokenizerSettings | 
     if not 2 < settings.max_length <= MAX_TOKENIZER_LENGTH:
         raise ConfigError(f"{where}: max_length must be in 3..{MAX_TOKENIZER_LENGTH}, got {settings.max_length}")
     if not settings.file.is_file():
-        raise ConfigError(f"{where}: file {settings.file} does not exist (latlab export minilm writes "
-                          "tokenizer/tokenizer.json beside model.onnx)")
+        raise ConfigError(
+            f"{where}: file {settings.file} does not exist (latlab export minilm writes "
+            "tokenizer/tokenizer.json beside model.onnx)"
+        )
     return settings
 
 
@@ -440,61 +467,79 @@ def _with_buckets(batcher: BatcherSettings, provider: str, name: str, explicit: 
     """The batcher settings with batch_buckets resolved (when not `explicit`: the provider's default) and
     checked."""
     if batcher.bucket_sessions not in BUCKET_SESSIONS:
-        raise ConfigError(f"deployment '{name}': [batcher] bucket_sessions must be one of {BUCKET_SESSIONS}, "
-                          f"got {batcher.bucket_sessions!r}")
+        raise ConfigError(
+            f"deployment '{name}': [batcher] bucket_sessions must be one of {BUCKET_SESSIONS}, "
+            f"got {batcher.bucket_sessions!r}"
+        )
     buckets = batcher.batch_buckets
     if not explicit:
         return dataclasses.replace(batcher, batch_buckets=default_buckets(provider, batcher.max_batch_size))
     if not all(type(b) is int and b >= 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
-        raise ConfigError(f"deployment '{name}': batch_buckets must be ascending, distinct integers >= 1, "
-                          f"got {list(buckets)}")
+        raise ConfigError(
+            f"deployment '{name}': batch_buckets must be ascending, distinct integers >= 1, got {list(buckets)}"
+        )
     if buckets and buckets[-1] != batcher.max_batch_size:
-        raise ConfigError(f"deployment '{name}': the last of batch_buckets must be max_batch_size "
-                          f"({batcher.max_batch_size}) so every batch has a bucket, got {list(buckets)}")
+        raise ConfigError(
+            f"deployment '{name}': the last of batch_buckets must be max_batch_size "
+            f"({batcher.max_batch_size}) so every batch has a bucket, got {list(buckets)}"
+        )
     return batcher
 
 
 def _padding(table: dict, name: str) -> PaddingSettings:
     values = table.get("values", {})
     if not isinstance(values, dict) or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in values.values()):
-        raise ConfigError(f"deployment '{name}' [padding]: values must be a table of input name = number, "
-                          f"got {values!r}")
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in values.values()
+    ):
+        raise ConfigError(
+            f"deployment '{name}' [padding]: values must be a table of input name = number, got {values!r}"
+        )
     padding = _build(PaddingSettings, table, f"deployment '{name}' [padding]")
     if padding.axis < 1 or padding.bucket < 0:
-        raise ConfigError(f"deployment '{name}' [padding]: axis must be >= 1 (0 is the batch axis) and bucket >= 0, "
-                          f"got axis {padding.axis} and bucket {padding.bucket}")
+        raise ConfigError(
+            f"deployment '{name}' [padding]: axis must be >= 1 (0 is the batch axis) and bucket >= 0, "
+            f"got axis {padding.axis} and bucket {padding.bucket}"
+        )
     return padding
 
 
-def _provider_options(raw: dict, name: str, batcher: BatcherSettings
-                      ) -> tuple[CpuOptions, CudaOptions, TensorrtOptions]:
+def _provider_options(
+    raw: dict, name: str, batcher: BatcherSettings
+) -> tuple[CpuOptions, CudaOptions, TensorrtOptions]:
     """The [cpu], [cuda] and [tensorrt] tables of a deployment, each value checked against its choices."""
     tables = {key: _table(raw.pop(key, {}), f"deployment '{name}' {key}") for key in ("cpu", "cuda", "tensorrt")}
     cpu = _build(CpuOptions, tables["cpu"], f"deployment '{name}' [cpu]")
     cuda = _build(CudaOptions, tables["cuda"], f"deployment '{name}' [cuda]")
     tensorrt = _build(TensorrtOptions, tables["tensorrt"], f"deployment '{name}' [tensorrt]")
-    for where, value, choices in (("[cpu] graph_optimization_level", cpu.graph_optimization_level,
-                                   GRAPH_OPTIMIZATION_LEVELS),
-                                  ("[cpu] execution_mode", cpu.execution_mode, EXECUTION_MODES),
-                                  ("[cuda] cudnn_conv_algo_search", cuda.cudnn_conv_algo_search, CONV_ALGO_SEARCHES),
-                                  ("[cuda] arena_extend_strategy", cuda.arena_extend_strategy,
-                                   ARENA_EXTEND_STRATEGIES)):
+    for where, value, choices in (
+        ("[cpu] graph_optimization_level", cpu.graph_optimization_level, GRAPH_OPTIMIZATION_LEVELS),
+        ("[cpu] execution_mode", cpu.execution_mode, EXECUTION_MODES),
+        ("[cuda] cudnn_conv_algo_search", cuda.cudnn_conv_algo_search, CONV_ALGO_SEARCHES),
+        ("[cuda] arena_extend_strategy", cuda.arena_extend_strategy, ARENA_EXTEND_STRATEGIES),
+    ):
         if value not in choices:
             raise ConfigError(f"deployment '{name}': {where} must be one of {choices}, got {value!r}")
-    counts = {"[cpu] intra_op_threads": cpu.intra_op_threads, "[cpu] inter_op_threads": cpu.inter_op_threads,
-              "[cuda] device_id": cuda.device_id, "[cuda] gpu_mem_limit": cuda.gpu_mem_limit,
-              "[tensorrt] max_workspace_bytes": tensorrt.max_workspace_bytes}
+    counts = {
+        "[cpu] intra_op_threads": cpu.intra_op_threads,
+        "[cpu] inter_op_threads": cpu.inter_op_threads,
+        "[cuda] device_id": cuda.device_id,
+        "[cuda] gpu_mem_limit": cuda.gpu_mem_limit,
+        "[tensorrt] max_workspace_bytes": tensorrt.max_workspace_bytes,
+    }
     for where, value in counts.items():
         if value < 0:
             raise ConfigError(f"deployment '{name}': {where} must be >= 0, got {value}")
     if cuda.enable_cuda_graph and raw.get("provider") == "tensorrt":
-        raise ConfigError(f"deployment '{name}': [cuda] enable_cuda_graph is for provider \"cuda\" only (TensorRT "
-                          "builds its own engines)")
+        raise ConfigError(
+            f"deployment '{name}': [cuda] enable_cuda_graph is for provider \"cuda\" only (TensorRT "
+            "builds its own engines)"
+        )
     if cuda.enable_cuda_graph and batcher.max_batch_size != 1 and not batcher.batch_buckets:
         # A CUDA graph replays fixed shapes: one graph per bucket, so batches need buckets.
-        raise ConfigError(f"deployment '{name}': [cuda] enable_cuda_graph with max_batch_size "
-                          f"{batcher.max_batch_size} needs batch_buckets (a captured graph has fixed shapes)")
+        raise ConfigError(
+            f"deployment '{name}': [cuda] enable_cuda_graph with max_batch_size "
+            f"{batcher.max_batch_size} needs batch_buckets (a captured graph has fixed shapes)"
+        )
     return cpu, cuda, tensorrt
 
 

@@ -46,14 +46,14 @@ class Deployment:
         _check_padding(config, {spec.name for spec in self.model.inputs})
         self.text = text_front_end(config, {spec.name: spec.dtype for spec in self.model.inputs})
         padding = config.padding if self.text is None else self.text.padding(config.padding)
-        self.batcher = DynamicBatcher(self._run_batch, config.batcher, self.observer, name=config.name,
-                                      padding=padding)
+        self.batcher = DynamicBatcher(self._run_batch, config.batcher, self.observer, name=config.name, padding=padding)
         self._output_names = {o.name for o in self.model.outputs}
         self._output_order = [o.name for o in self.model.outputs]
         self.environment = environment(self.model)
         self._warmed, self._closing = threading.Event(), threading.Event()
-        self._warmup = threading.Thread(target=self._warm_up, args=(metrics.model_warmup, labels),
-                                        name=f"{config.name}-warmup", daemon=True)
+        self._warmup = threading.Thread(
+            target=self._warm_up, args=(metrics.model_warmup, labels), name=f"{config.name}-warmup", daemon=True
+        )
         if config.warmup:
             self._warmup.start()
             self._warmed.wait(WARMUP_WAIT_S)
@@ -79,14 +79,16 @@ class Deployment:
             try:
                 self.model.run(inputs)
             except Exception as exc:  # zeros may be invalid for some models: log it, serve anyway
-                log.warning("deployment '%s': warm-up run failed (%s); skipping the rest of warm-up",
-                            self.config.name, exc)
+                log.warning(
+                    "deployment '%s': warm-up run failed (%s); skipping the rest of warm-up", self.config.name, exc
+                )
                 break
         gauge.labels(**labels).set(time.perf_counter() - started)  # no sample before: absent means not warmed
         self._warmed.set()
 
-    def _run_batch(self, inputs: dict[str, np.ndarray], outputs: tuple[str, ...] | None = None
-                   ) -> dict[str, np.ndarray]:
+    def _run_batch(
+        self, inputs: dict[str, np.ndarray], outputs: tuple[str, ...] | None = None
+    ) -> dict[str, np.ndarray]:
         """The batcher's model run: `outputs` when the whole batch asked for the same ones (else all), and on
         a device the transfer times reported apart."""
         results, timings = self.model.run_timed(inputs, None if outputs is None else list(outputs))
@@ -112,11 +114,13 @@ class Deployment:
         if outputs is not None:
             unknown = sorted(set(outputs) - self._output_names)
             if unknown:
-                raise BadRequest(f"model '{self.config.name}' has no output(s) {unknown}; "
-                                 f"it has {sorted(self._output_names)}")
+                raise BadRequest(
+                    f"model '{self.config.name}' has no output(s) {unknown}; it has {sorted(self._output_names)}"
+                )
 
-    def queued(self, inputs: dict[str, np.ndarray], outputs: list[str] | None, parameters: dict,
-               finite: set[str]) -> tuple:
+    def queued(
+        self, inputs: dict[str, np.ndarray], outputs: list[str] | None, parameters: dict, finite: set[str]
+    ) -> tuple:
         """The batcher's arguments for one request's (tokenized) inputs, validated against the model: inputs,
         batch size, timeout, priority and the outputs to compute."""
         size = self.model.validate(inputs, finite)
@@ -141,8 +145,11 @@ class Deployment:
             "warmup": self.config.warmup,
             "allow_non_finite": self.config.allow_non_finite,
             "environment": self.environment,
-            **({"tokenizer": {"file": str(self.text.file), "max_length": self.text.max_length}}
-               if self.text is not None else {}),
+            **(
+                {"tokenizer": {"file": str(self.text.file), "max_length": self.text.max_length}}
+                if self.text is not None
+                else {}
+            ),
         }
 
     def metadata(self) -> dict:
@@ -171,12 +178,18 @@ def environment(model: OnnxModel) -> dict:
     # What a CPU deployment computes on, for the report's "N CPU cores vs 1 GPU" and core-hour prices;
     # 0 intra-op threads is ORT's "one per core".
     threads = {"cpu_threads": model.deployment.cpu.intra_op_threads or os.cpu_count()} if on_cpu else {}
-    return {"onnxruntime": ort.__version__, "providers": model.session.get_providers(),
-            "cpu": cpu_model(), "cores": os.cpu_count(), "gpu": gpu, **threads, **model.precision()}
+    return {
+        "onnxruntime": ort.__version__,
+        "providers": model.session.get_providers(),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "gpu": gpu,
+        **threads,
+        **model.precision(),
+    }
 
 
-def tokenized(text: TextFrontEnd | None, observer: DeploymentObserver, request: InferRequest
-              ) -> dict[str, np.ndarray]:
+def tokenized(text: TextFrontEnd | None, observer: DeploymentObserver, request: InferRequest) -> dict[str, np.ndarray]:
     """A request's model inputs: a text deployment's sentences tokenized here, on the request's thread before
     queueing (a bad sentence fails its request alone), and the truncation said in the response."""
     if text is None:
@@ -205,5 +218,7 @@ def request_timeout_s(parameters: dict) -> float | None:
 def _check_padding(config: DeploymentConfig, inputs: set[str]) -> None:
     unknown = sorted(set(config.padding.values) - inputs)
     if unknown:
-        raise ConfigError(f"deployment '{config.name}' [padding]: values name input(s) {unknown} the model does "
-                          f"not have; it has {sorted(inputs)}")
+        raise ConfigError(
+            f"deployment '{config.name}' [padding]: values name input(s) {unknown} the model does "
+            f"not have; it has {sorted(inputs)}"
+        )

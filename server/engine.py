@@ -172,18 +172,29 @@ class Engine:
 
     def _http(self, header: dict) -> dict:
         """A GET (or HEAD) a front end forwarded, answered by the server's Flask app."""
-        response = self.client.open(header["path"], method=header["method"], query_string=header.get("query", ""),
-                                    headers=header.get("headers") or {})
-        return {"id": header["id"], "status": response.status_code,
-                "headers": [[k, v] for k, v in response.headers.items() if k.lower() != "content-length"],
-                "body": response.get_data()}
+        response = self.client.open(
+            header["path"],
+            method=header["method"],
+            query_string=header.get("query", ""),
+            headers=header.get("headers") or {},
+        )
+        return {
+            "id": header["id"],
+            "status": response.status_code,
+            "headers": [[k, v] for k, v in response.headers.items() if k.lower() != "content-length"],
+            "body": response.get_data(),
+        }
 
     def describe(self) -> dict:
         """What a front end needs to take requests for each deployment: its inputs' dtypes (to tokenize text),
         and the deployments that failed to load."""
-        return {"deployments": {name: {"inputs": {spec.name: spec.dtype.str for spec in d.model.inputs}}
-                                for name, d in self.state.deployments.items()},
-                "failed": self.state.failed}
+        return {
+            "deployments": {
+                name: {"inputs": {spec.name: spec.dtype.str for spec in d.model.inputs}}
+                for name, d in self.state.deployments.items()
+            },
+            "failed": self.state.failed,
+        }
 
 
 def main(argv: list[str]) -> int:
@@ -203,8 +214,9 @@ def main(argv: list[str]) -> int:
         config = served_config(config_path)
         keys = engine_groups(config.deployments)
         key = keys[index]
-        mine = dataclasses.replace(config, metrics_port=int(port),
-                                   deployments=tuple(d for d in config.deployments if d.engine_key == key))
+        mine = dataclasses.replace(
+            config, metrics_port=int(port), deployments=tuple(d for d in config.deployments if d.engine_key == key)
+        )
         shown = multiprocess_registry(metrics_folder(run_dir), supervisor)
         # with on_load_failure = "skip", one engine of several may hold only deployments that failed: it answers
         # for them (503, readiness false) as one process would
@@ -213,8 +225,12 @@ def main(argv: list[str]) -> int:
             engines = Engines(config, Path(run_dir))
             # ready once a front end serves too: the observer port opens before the main port does
             front_ends = SharedAdmission(Path(run_dir), len(config.deployments))
-            front = Forward(engines, local=app.wsgi_app, local_index=0,
-                            local_ready=lambda: app.extensions["latlab"].ready and front_ends.front_ends() > 0)
+            front = Forward(
+                engines,
+                local=app.wsgi_app,
+                local_index=0,
+                local_ready=lambda: app.extensions["latlab"].ready and front_ends.front_ends() > 0,
+            )
             try:
                 watcher = Observer(front, host, int(port))
             except OSError as exc:
@@ -226,11 +242,13 @@ def main(argv: list[str]) -> int:
     engine = Engine(app, run_dir, index)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: engine.stop())
-    threading.Thread(target=_watch_supervisor, args=(supervisor, engine), daemon=True,
-                     name="latlab-engine-watch").start()
+    threading.Thread(
+        target=_watch_supervisor, args=(supervisor, engine), daemon=True, name="latlab-engine-watch"
+    ).start()
     status.set_ready(True)
-    log.info("engine %d (%s) serving %s on %s", os.getpid(), key, sorted(engine.state.deployments),
-             endpoint(run_dir, index))
+    log.info(
+        "engine %d (%s) serving %s on %s", os.getpid(), key, sorted(engine.state.deployments), endpoint(run_dir, index)
+    )
     try:
         engine.run()
     finally:

@@ -17,10 +17,26 @@ from werkzeug.http import HTTP_STATUS_CODES, parse_options_header
 from werkzeug.sansio.utils import get_content_length
 from werkzeug.wsgi import get_input_stream
 
-from latlab.server.errors import (BadRequest, ComputeError, ModelNotFound, ModelNotReady, PayloadTooLarge, QueueFull,
-                                  RequestTimeout, ServingError, Unauthorized, UnsupportedMediaType)
-from latlab.server.guards import (binary_header_length, check_bearer, check_content_type, check_length, read_body,
-                                  read_declared)
+from latlab.server.errors import (
+    BadRequest,
+    ComputeError,
+    ModelNotFound,
+    ModelNotReady,
+    PayloadTooLarge,
+    QueueFull,
+    RequestTimeout,
+    ServingError,
+    Unauthorized,
+    UnsupportedMediaType,
+)
+from latlab.server.guards import (
+    binary_header_length,
+    check_bearer,
+    check_content_type,
+    check_length,
+    read_body,
+    read_declared,
+)
 from latlab.server.protocol import HEADER_LENGTH, InferRequest, decode_request, encode_error, encode_response
 
 if TYPE_CHECKING:
@@ -33,10 +49,26 @@ Answer = tuple[int, list[tuple[str, str]], bytes]
 
 INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
 """The Flask rules' shape: werkzeug's default converter takes one or more characters other than '/'."""
-STATUS = {BadRequest: 400, Unauthorized: 401, ModelNotFound: 404, PayloadTooLarge: 413,
-          UnsupportedMediaType: 415, ModelNotReady: 503, QueueFull: 503, RequestTimeout: 504, ComputeError: 500}
-OUTCOME = {BadRequest: "bad_request", PayloadTooLarge: "bad_request", UnsupportedMediaType: "bad_request",
-           ModelNotReady: "not_ready", QueueFull: "rejected", RequestTimeout: "timeout", ComputeError: "error"}
+STATUS = {
+    BadRequest: 400,
+    Unauthorized: 401,
+    ModelNotFound: 404,
+    PayloadTooLarge: 413,
+    UnsupportedMediaType: 415,
+    ModelNotReady: 503,
+    QueueFull: 503,
+    RequestTimeout: 504,
+    ComputeError: 500,
+}
+OUTCOME = {
+    BadRequest: "bad_request",
+    PayloadTooLarge: "bad_request",
+    UnsupportedMediaType: "bad_request",
+    ModelNotReady: "not_ready",
+    QueueFull: "rejected",
+    RequestTimeout: "timeout",
+    ComputeError: "error",
+}
 _JSON = ("Content-Type", "application/json")
 _ENV_HEADER_LENGTH = "HTTP_" + HEADER_LENGTH.upper().replace("-", "_")
 
@@ -179,7 +211,9 @@ class InferRoute:
 def flask_infer_view(route: InferRoute) -> Callable[..., Response]:
     """The same route as a Flask view, so that Flask's URL map still knows it (a GET answers 405, not 404);
     requests reach it only when the app is called without the middleware."""
+
     def infer(name: str, version: str | None = None) -> Response:
         status, headers, body = route.answer(request.environ, name, version)
         return Response(body, status=status, headers=headers)
+
     return infer

@@ -95,8 +95,10 @@ class EngineClient:
                     return answer, reply[1:]
                 continue  # the late answer of a request this thread gave up on
             if self.status.up() != generation:
-                raise ModelNotReady("the server's engine stopped while it held this request, which was not "
-                                    "computed or not answered; retry")
+                raise ModelNotReady(
+                    "the server's engine stopped while it held this request, which was not "
+                    "computed or not answered; retry"
+                )
             if time.monotonic() > deadline:
                 raise RequestTimeout(f"no answer from the engine within {wait_s:.3f} s")
 
@@ -109,15 +111,26 @@ class RemoteDeployment:
 
     version = "1"
 
-    def __init__(self, config: DeploymentConfig, index: int, client: EngineClient, metrics: ServerMetrics,
-                 admission: SharedAdmission, inputs: dict[str, str], bounded: bool) -> None:
+    def __init__(
+        self,
+        config: DeploymentConfig,
+        index: int,
+        client: EngineClient,
+        metrics: ServerMetrics,
+        admission: SharedAdmission,
+        inputs: dict[str, str],
+        bounded: bool,
+    ) -> None:
         self.config = config
         self.client = client
         labels = {"deployment": config.name, "model": config.model, "provider": config.provider}
         self.observer = metrics.for_deployment(labels)
-        self.admission = admission.for_deployment(index, admitted_bound(config.batcher) if bounded else None,
-                                                  lambda: self.observer.rejected("queue_full"),
-                                                  bound_detail(config.batcher))
+        self.admission = admission.for_deployment(
+            index,
+            admitted_bound(config.batcher) if bounded else None,
+            lambda: self.observer.rejected("queue_full"),
+            bound_detail(config.batcher),
+        )
         self.text = text_front_end(config, {name: np.dtype(dtype) for name, dtype in inputs.items()})
         self._wait_s = config.batcher.timeout_ms / 1000 + TIMEOUT_MARGIN_S
 
@@ -132,8 +145,14 @@ class RemoteDeployment:
     def infer(self, request: InferRequest) -> dict[str, np.ndarray]:
         inputs = tokenized(self.text, self.observer, request)
         described, frames = tensor_frames(inputs)
-        header = {"kind": "infer", "model": self.config.name, "inputs": described, "outputs": request.outputs,
-                  "parameters": request.parameters, "finite": finite(inputs, request.finite)}
+        header = {
+            "kind": "infer",
+            "model": self.config.name,
+            "inputs": described,
+            "outputs": request.outputs,
+            "parameters": request.parameters,
+            "finite": finite(inputs, request.finite),
+        }
         answer, frames = self.client.call(header, frames, self._wait_s)
         if "error" in answer:
             raise_error(answer)
@@ -147,8 +166,11 @@ def finite(inputs: dict[str, np.ndarray], known: set[str]) -> list[str]:
     """The floating-point inputs that hold no NaN or infinity: known so from decoding JSON, or looked at here, in
     one of the front ends, so that the engine (one interpreter for every front end) need not. An input that does
     hold one is left for the engine to refuse, with the one-process server's message."""
-    return [name for name, array in inputs.items()
-            if name in known or (array.dtype.kind == "f" and bool(np.isfinite(array).all()))]
+    return [
+        name
+        for name, array in inputs.items()
+        if name in known or (array.dtype.kind == "f" and bool(np.isfinite(array).all()))
+    ]
 
 
 class Engines:
@@ -191,9 +213,19 @@ class FrontState(ServerState):
             described, _ = client.call({"kind": "describe"}, wait_s=DESCRIBE_WAIT_S)
             inputs.update({name: d["inputs"] for name, d in described["deployments"].items()})
             self.failed.update(described["failed"])
-        self.deployments = {d.name: RemoteDeployment(d, index, self.engines.client_for(d.name), self.metrics,
-                                                     self.admission, inputs[d.name], config.admission)
-                            for index, d in enumerate(config.deployments) if d.name in inputs}
+        self.deployments = {
+            d.name: RemoteDeployment(
+                d,
+                index,
+                self.engines.client_for(d.name),
+                self.metrics,
+                self.admission,
+                inputs[d.name],
+                config.admission,
+            )
+            for index, d in enumerate(config.deployments)
+            if d.name in inputs
+        }
 
     def close(self) -> None:
         self.admission.close()
@@ -224,8 +256,13 @@ class Forward:
     says ready (at once "not ready" while one is down); a model's routes by that model's engine; the rest by
     engine 0. `local`: the WSGI app of the engine this runs in (engine 0's observer port), called directly."""
 
-    def __init__(self, engines: Engines, local: WSGIApp | None = None, local_index: int | None = None,
-                 local_ready: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self,
+        engines: Engines,
+        local: WSGIApp | None = None,
+        local_index: int | None = None,
+        local_ready: Callable[[], bool] | None = None,
+    ) -> None:
         self.engines = engines
         self.local, self.local_index, self.local_ready = local, local_index, local_ready
 
@@ -255,15 +292,20 @@ class Forward:
 
     def _forward(self, index: int, environ: dict) -> tuple[int, list, bytes]:
         path = environ.get("PATH_INFO") or "/"
-        headers = {key[5:].replace("_", "-").title(): value for key, value in environ.items()
-                   if key.startswith("HTTP_")}
+        headers = {
+            key[5:].replace("_", "-").title(): value for key, value in environ.items() if key.startswith("HTTP_")
+        }
         if environ.get("CONTENT_TYPE"):
             headers["Content-Type"] = environ["CONTENT_TYPE"]
         # PATH_INFO is the path's bytes decoded as latin-1 (PEP 3333): quoted back to those bytes, the engine's
         # WSGI environ gets exactly this one, whatever the client sent ('?', '%', bytes that are not UTF-8).
-        request = {"kind": "http", "method": environ.get("REQUEST_METHOD", "GET"),
-                   "path": quote(path.encode("latin-1", errors="replace"), safe="/"),
-                   "query": environ.get("QUERY_STRING", ""), "headers": headers}
+        request = {
+            "kind": "http",
+            "method": environ.get("REQUEST_METHOD", "GET"),
+            "path": quote(path.encode("latin-1", errors="replace"), safe="/"),
+            "query": environ.get("QUERY_STRING", ""),
+            "headers": headers,
+        }
         try:
             answer, _ = self.engines.clients[index].call(request)
             if "error" in answer:

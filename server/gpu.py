@@ -60,8 +60,9 @@ class GpuCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         devices = GaugeMetricFamily("latlab_gpu_devices", "GPUs visible through NVML (0 without a GPU or driver).")
-        utilization = GaugeMetricFamily("latlab_gpu_utilization_ratio",
-                                        "Fraction of the last sample period the GPU was busy.", labels=["gpu"])
+        utilization = GaugeMetricFamily(
+            "latlab_gpu_utilization_ratio", "Fraction of the last sample period the GPU was busy.", labels=["gpu"]
+        )
         used = GaugeMetricFamily("latlab_gpu_memory_used_bytes", "GPU memory in use.", labels=["gpu"])
         total = GaugeMetricFamily("latlab_gpu_memory_total_bytes", "GPU memory in all.", labels=["gpu"])
         count = 0

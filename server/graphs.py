@@ -41,21 +41,35 @@ class CudaGraphRunner:
     `inputs` and `outputs` are (name, dtype, shape) with the batch axis first; a run's inputs must already
     have a bucket's batch size (OnnxModel pads them)."""
 
-    def __init__(self, session: ort.InferenceSession, inputs: Sequence[tuple[str, np.dtype, tuple[int, ...]]],
-                 outputs: Sequence[tuple[str, np.dtype, tuple[int, ...]]], buckets: Sequence[int],
-                 device: str = "cuda", device_id: int = 0, graph_ids: bool | None = None) -> None:
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        inputs: Sequence[tuple[str, np.dtype, tuple[int, ...]]],
+        outputs: Sequence[tuple[str, np.dtype, tuple[int, ...]]],
+        buckets: Sequence[int],
+        device: str = "cuda",
+        device_id: int = 0,
+        graph_ids: bool | None = None,
+    ) -> None:
         self._session = session
         self.device = device
         # On CUDA always; tests set graph_ids on the CPU device, whose provider ignores the option.
         graph_ids = device == "cuda" if graph_ids is None else graph_ids
         self._buckets: dict[int, _Bucket] = {}
         for index, size in enumerate(buckets):
+
             def buffer(spec: tuple[str, np.dtype, tuple[int, ...]]) -> ort.OrtValue:
                 _, dtype, shape = spec
-                return ort.OrtValue.ortvalue_from_shape_and_type([size, *shape[1:]], np.dtype(dtype).type,
-                                                                device, device_id)
-            bucket = _Bucket({s[0]: buffer(s) for s in inputs}, {s[0]: buffer(s) for s in outputs},
-                             session.io_binding(), ort.RunOptions())
+                return ort.OrtValue.ortvalue_from_shape_and_type(
+                    [size, *shape[1:]], np.dtype(dtype).type, device, device_id
+                )
+
+            bucket = _Bucket(
+                {s[0]: buffer(s) for s in inputs},
+                {s[0]: buffer(s) for s in outputs},
+                session.io_binding(),
+                ort.RunOptions(),
+            )
             for name, value in bucket.inputs.items():
                 bucket.binding.bind_ortvalue_input(name, value)
             for name, value in bucket.outputs.items():

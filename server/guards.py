@@ -29,8 +29,9 @@ def check_bearer(expected: str, authorization: str | None) -> None:
 def check_length(content_length: int | None, limit: int) -> None:
     """Refuse a declared body over the limit before a byte of it is read."""
     if content_length is not None and content_length > limit:
-        raise PayloadTooLarge(f"body of {content_length} bytes is over this server's limit of {limit} bytes "
-                              "(max_body_bytes)")
+        raise PayloadTooLarge(
+            f"body of {content_length} bytes is over this server's limit of {limit} bytes (max_body_bytes)"
+        )
 
 
 def check_content_type(mimetype: str, params: dict[str, str], binary: bool) -> None:
@@ -45,11 +46,14 @@ def check_content_type(mimetype: str, params: dict[str, str], binary: bool) -> N
         return
     if mimetype == "application/octet-stream":
         if not binary:
-            raise UnsupportedMediaType(f"application/octet-stream bodies need the {HEADER_LENGTH} header "
-                                       "(the binary tensor extension)")
+            raise UnsupportedMediaType(
+                f"application/octet-stream bodies need the {HEADER_LENGTH} header (the binary tensor extension)"
+            )
         return
-    raise UnsupportedMediaType(f"Content-Type {shown(mimetype)!r} is not accepted; send application/json, or "
-                               f"application/octet-stream with {HEADER_LENGTH}")
+    raise UnsupportedMediaType(
+        f"Content-Type {shown(mimetype)!r} is not accepted; send application/json, or "
+        f"application/octet-stream with {HEADER_LENGTH}"
+    )
 
 
 def binary_header_length(value: str | None) -> int | None:

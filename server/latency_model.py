@@ -87,9 +87,17 @@ class ArrivalRate:
         return max(self.mean_gap, now - self.last_arrival)
 
 
-def adaptive_wait(now: float, sizes: Sequence[int], oldest_enqueued_at: float, fit: tuple[float, float] | None,
-                  expected_gap_s: float | None, last_arrival_at: float, free_instances: int,
-                  max_queue_delay_s: float, earliest_deadline: float = math.inf) -> float | None:
+def adaptive_wait(
+    now: float,
+    sizes: Sequence[int],
+    oldest_enqueued_at: float,
+    fit: tuple[float, float] | None,
+    expected_gap_s: float | None,
+    last_arrival_at: float,
+    free_instances: int,
+    max_queue_delay_s: float,
+    earliest_deadline: float = math.inf,
+) -> float | None:
     """When a partial batch should be sent: None for now, or the time until which waiting pays.
 
     Called for a batch that Triton's rule would hold (not full, no preferred size, delay not over).
@@ -117,6 +125,7 @@ def adaptive_wait(now: float, sizes: Sequence[int], oldest_enqueued_at: float, f
     if expected_gap_s >= break_even_gap:
         return None
     predicted_run = a * sum(sizes) + b
-    until = min(last_arrival_at + break_even_gap, oldest_enqueued_at + max_queue_delay_s,
-                earliest_deadline - predicted_run)
+    until = min(
+        last_arrival_at + break_even_gap, oldest_enqueued_at + max_queue_delay_s, earliest_deadline - predicted_run
+    )
     return until if until > now else None

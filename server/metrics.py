@@ -16,11 +16,56 @@ LABELS = ("deployment", "model", "provider")
 # 100 µs .. 10 s. At most 0.1 ms apart below 1 ms and ~15% apart up to 10 ms, where a small model's whole
 # request lives (a p50 read from 0.5 ms wide buckets could not tell +0.3 ms from +0.6 ms); the SLO bounds
 # 10/25/50/100 ms are bucket edges, so "share of requests within the SLO" needs no interpolation.
-LATENCY_BUCKETS = (0.0001, 0.00015, 0.0002, 0.0003, 0.0004, 0.0005, 0.0006, 0.0007, 0.0008, 0.0009,
-                   0.001, 0.0012, 0.0014, 0.0016, 0.0018, 0.002, 0.0023, 0.0026, 0.003, 0.0035, 0.004,
-                   0.0045, 0.005, 0.006, 0.007, 0.008, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
-                   0.06, 0.08, 0.1, 0.15, 0.2, 0.25, 0.4, 0.6, 1.0, 1.5, 2.5, 4.0, 10.0)
-BATCH_BUCKETS = tuple(float(2 ** i) for i in range(12))  # 1 .. 2048
+LATENCY_BUCKETS = (
+    0.0001,
+    0.00015,
+    0.0002,
+    0.0003,
+    0.0004,
+    0.0005,
+    0.0006,
+    0.0007,
+    0.0008,
+    0.0009,
+    0.001,
+    0.0012,
+    0.0014,
+    0.0016,
+    0.0018,
+    0.002,
+    0.0023,
+    0.0026,
+    0.003,
+    0.0035,
+    0.004,
+    0.0045,
+    0.005,
+    0.006,
+    0.007,
+    0.008,
+    0.01,
+    0.0125,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.25,
+    0.4,
+    0.6,
+    1.0,
+    1.5,
+    2.5,
+    4.0,
+    10.0,
+)
+BATCH_BUCKETS = tuple(float(2**i) for i in range(12))  # 1 .. 2048
 
 
 class ServerMetrics:
@@ -35,64 +80,117 @@ class ServerMetrics:
             registry.register(GpuCollector())
             ProcessCollector(registry=registry)  # process_cpu_seconds_total: the report's server-bound flag
         self.request_duration = Histogram(
-            "latlab_server_request_duration_seconds", "Time from receiving an infer request to its response.",
-            LABELS, registry=registry, buckets=LATENCY_BUCKETS)
+            "latlab_server_request_duration_seconds",
+            "Time from receiving an infer request to its response.",
+            LABELS,
+            registry=registry,
+            buckets=LATENCY_BUCKETS,
+        )
         self.requests = Counter(
-            "latlab_server_requests", "Infer requests answered, by outcome.",
-            (*LABELS, "outcome"), registry=registry)
+            "latlab_server_requests", "Infer requests answered, by outcome.", (*LABELS, "outcome"), registry=registry
+        )
         self.inflight = Gauge(
-            "latlab_server_inflight_requests", "Infer requests being handled right now.",
-            LABELS, registry=registry, multiprocess_mode="livesum")
+            "latlab_server_inflight_requests",
+            "Infer requests being handled right now.",
+            LABELS,
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
         self.queue_duration = Histogram(
-            "latlab_batcher_queue_duration_seconds", "Time a request waited in the batcher's queue.",
-            LABELS, registry=registry, buckets=LATENCY_BUCKETS)
+            "latlab_batcher_queue_duration_seconds",
+            "Time a request waited in the batcher's queue.",
+            LABELS,
+            registry=registry,
+            buckets=LATENCY_BUCKETS,
+        )
         self.compute_duration = Histogram(
-            "latlab_batcher_compute_duration_seconds", "Time of one batched model run.",
-            LABELS, registry=registry, buckets=LATENCY_BUCKETS)
+            "latlab_batcher_compute_duration_seconds",
+            "Time of one batched model run.",
+            LABELS,
+            registry=registry,
+            buckets=LATENCY_BUCKETS,
+        )
         self.batch_size = Histogram(
-            "latlab_batcher_batch_size", "Samples per model run.",
-            LABELS, registry=registry, buckets=BATCH_BUCKETS)
+            "latlab_batcher_batch_size", "Samples per model run.", LABELS, registry=registry, buckets=BATCH_BUCKETS
+        )
         self.queue_depth = Gauge(
-            "latlab_batcher_queue_depth", "Requests waiting in the batcher's queue.",
-            LABELS, registry=registry, multiprocess_mode="livesum")
+            "latlab_batcher_queue_depth",
+            "Requests waiting in the batcher's queue.",
+            LABELS,
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
         self.queue_capacity = Gauge(
-            "latlab_batcher_queue_capacity", "The deployment's max_queue_size: requests that may wait.",
-            LABELS, registry=registry, multiprocess_mode="livemax")
+            "latlab_batcher_queue_capacity",
+            "The deployment's max_queue_size: requests that may wait.",
+            LABELS,
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
         self.admission_limit = Gauge(
-            "latlab_server_admission_limit", "Infer requests the deployment admits at once (max_queue_size + "
+            "latlab_server_admission_limit",
+            "Infer requests the deployment admits at once (max_queue_size + "
             "instances x max_batch_size); one more is refused with 503 before its body is read.",
-            LABELS, registry=registry, multiprocess_mode="livemax")
+            LABELS,
+            registry=registry,
+            multiprocess_mode="livemax",
+        )
         self.rejections = Counter(
-            "latlab_batcher_rejections", "Requests refused or dropped by the batcher, by reason.",
-            (*LABELS, "reason"), registry=registry)
+            "latlab_batcher_rejections",
+            "Requests refused or dropped by the batcher, by reason.",
+            (*LABELS, "reason"),
+            registry=registry,
+        )
         self.model_load = Gauge(
-            "latlab_server_model_load_seconds", "Time to create the deployment's ONNX Runtime session.",
-            LABELS, registry=registry, multiprocess_mode="livemostrecent")
+            "latlab_server_model_load_seconds",
+            "Time to create the deployment's ONNX Runtime session.",
+            LABELS,
+            registry=registry,
+            multiprocess_mode="livemostrecent",
+        )
         self.model_warmup = Gauge(
-            "latlab_server_model_warmup_seconds", "Time the deployment's warm-up took (every batch size once); "
-            "absent while it runs.", LABELS, registry=registry, multiprocess_mode="livemostrecent")
+            "latlab_server_model_warmup_seconds",
+            "Time the deployment's warm-up took (every batch size once); absent while it runs.",
+            LABELS,
+            registry=registry,
+            multiprocess_mode="livemostrecent",
+        )
         # Only device providers observe these: on CPU ORT reads the request's arrays in place, no transfer.
         self.input_transfer_duration = Histogram(
-            "latlab_batcher_input_transfer_duration_seconds", "Time copying one batch's inputs to the device.",
-            LABELS, registry=registry, buckets=LATENCY_BUCKETS)
+            "latlab_batcher_input_transfer_duration_seconds",
+            "Time copying one batch's inputs to the device.",
+            LABELS,
+            registry=registry,
+            buckets=LATENCY_BUCKETS,
+        )
         self.output_transfer_duration = Histogram(
             "latlab_batcher_output_transfer_duration_seconds",
             "Time copying one batch's requested outputs from the device to the host.",
-            LABELS, registry=registry, buckets=LATENCY_BUCKETS)
+            LABELS,
+            registry=registry,
+            buckets=LATENCY_BUCKETS,
+        )
         self.preprocess_duration = Histogram(
             "latlab_server_preprocess_duration_seconds",
             "Time turning one request's input into the model's tensors (a text deployment's tokenization), "
-            "on the request thread before queueing.", LABELS, registry=registry, buckets=LATENCY_BUCKETS)
+            "on the request thread before queueing.",
+            LABELS,
+            registry=registry,
+            buckets=LATENCY_BUCKETS,
+        )
         self.batches = Counter(
-            "latlab_batcher_batches", "Model runs, by outcome.",
-            (*LABELS, "outcome"), registry=registry)
+            "latlab_batcher_batches", "Model runs, by outcome.", (*LABELS, "outcome"), registry=registry
+        )
         # Batch buckets: a run's rows = the batch's samples + padded rows (never returned, never requests).
         self.run_rows = Counter(
-            "latlab_batcher_run_rows", "Rows computed by model runs, padded rows included.",
-            LABELS, registry=registry)
+            "latlab_batcher_run_rows", "Rows computed by model runs, padded rows included.", LABELS, registry=registry
+        )
         self.padded_rows = Counter(
-            "latlab_batcher_padded_rows", "Rows added to batches to reach their batch bucket (computed, "
-            "never returned).", LABELS, registry=registry)
+            "latlab_batcher_padded_rows",
+            "Rows added to batches to reach their batch bucket (computed, never returned).",
+            LABELS,
+            registry=registry,
+        )
 
     def for_deployment(self, labels: dict[str, str]) -> "DeploymentObserver":
         return DeploymentObserver(self, labels)
@@ -197,15 +295,19 @@ class ServerProcessesCollector:
                     count += 1
             except psutil.Error:  # it ended between the listing and now
                 continue
-        total = CounterMetricFamily("process_cpu_seconds_total", "User and system CPU time of every process of "
-                                    "the server (supervisor, front ends, engine), in seconds.")
+        total = CounterMetricFamily(
+            "process_cpu_seconds_total",
+            "User and system CPU time of every process of the server (supervisor, front ends, engine), in seconds.",
+        )
         total.add_metric([], cpu)
         yield total
-        memory = GaugeMetricFamily("process_resident_memory_bytes", "Resident memory of every process of the "
-                                   "server, in bytes.")
+        memory = GaugeMetricFamily(
+            "process_resident_memory_bytes", "Resident memory of every process of the server, in bytes."
+        )
         memory.add_metric([], rss)
         yield memory
-        processes = GaugeMetricFamily("latlab_server_processes", "Processes serving: supervisor, front ends and "
-                                      "engine.")
+        processes = GaugeMetricFamily(
+            "latlab_server_processes", "Processes serving: supervisor, front ends and engine."
+        )
         processes.add_metric([], count)
         yield processes

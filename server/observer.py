@@ -32,13 +32,17 @@ WSGIApp = Callable[[dict, Callable], Iterable[bytes]]
 def read_only(app: WSGIApp) -> WSGIApp:
     """`app` for GET and HEAD only (health, metadata, config, metrics): infer stays on the main port, behind
     its admission bound. Other methods get 405 naming where to go."""
+
     def observe(environ: dict, start_response: Callable) -> Iterable[bytes]:
         if environ.get("REQUEST_METHOD", "GET").upper() not in METHODS:
             body = encode_error("the observer port answers GET and HEAD only; infer on the main port")
-            start_response("405 METHOD NOT ALLOWED", [("Content-Type", "application/json"), ("Allow", "GET, HEAD"),
-                                                      ("Content-Length", str(len(body)))])
+            start_response(
+                "405 METHOD NOT ALLOWED",
+                [("Content-Type", "application/json"), ("Allow", "GET, HEAD"), ("Content-Length", str(len(body)))],
+            )
             return [body]
         return app(environ, start_response)
+
     return observe
 
 
@@ -52,8 +56,9 @@ class Observer:
         self._app = read_only(app)
         self._socket = _listening(host, port)
         self.host, self.port = host.strip("[]"), self._socket.getsockname()[1]
-        self._threads = [threading.Thread(target=self._serve, name=f"latlab-observer-{i}", daemon=True)
-                         for i in range(THREADS)]
+        self._threads = [
+            threading.Thread(target=self._serve, name=f"latlab-observer-{i}", daemon=True) for i in range(THREADS)
+        ]
         for thread in self._threads:
             thread.start()
 
@@ -113,11 +118,23 @@ def _environ(head: bytes, host: str, port: int, address: tuple) -> dict:
         raise ValueError(f"malformed request line {lines[0][:100]!r}")
     method, target, version = parts
     path, _, query = target.partition("?")
-    environ = {"REQUEST_METHOD": method, "SCRIPT_NAME": "", "PATH_INFO": unquote_to_bytes(path).decode("latin-1"),
-               "QUERY_STRING": query, "SERVER_NAME": host, "SERVER_PORT": str(port), "SERVER_PROTOCOL": version,
-               "REMOTE_ADDR": address[0] if address else "", "wsgi.version": (1, 0), "wsgi.url_scheme": "http",
-               "wsgi.input": io.BytesIO(), "wsgi.errors": sys.stderr, "wsgi.multithread": True,
-               "wsgi.multiprocess": False, "wsgi.run_once": False}
+    environ = {
+        "REQUEST_METHOD": method,
+        "SCRIPT_NAME": "",
+        "PATH_INFO": unquote_to_bytes(path).decode("latin-1"),
+        "QUERY_STRING": query,
+        "SERVER_NAME": host,
+        "SERVER_PORT": str(port),
+        "SERVER_PROTOCOL": version,
+        "REMOTE_ADDR": address[0] if address else "",
+        "wsgi.version": (1, 0),
+        "wsgi.url_scheme": "http",
+        "wsgi.input": io.BytesIO(),
+        "wsgi.errors": sys.stderr,
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": False,
+        "wsgi.run_once": False,
+    }
     for line in lines[1:]:
         name, colon, value = line.partition(":")
         if not colon:
@@ -183,6 +200,10 @@ def observer_port(host: str, main_port: int, wanted: int) -> int:
     if adjacent <= 65535 and bindable(host, adjacent):
         return adjacent
     port = _free_port(host)
-    log.warning("metrics port %d (port + 1) is in use: /metrics and health answer on port %d instead "
-                "(GET /v2 says so as metrics_port)", adjacent, port)
+    log.warning(
+        "metrics port %d (port + 1) is in use: /metrics and health answer on port %d instead "
+        "(GET /v2 says so as metrics_port)",
+        adjacent,
+        port,
+    )
     return port

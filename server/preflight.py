@@ -58,7 +58,7 @@ def check_deployments(config: ServerConfig) -> list[str]:
         if problem and config.on_load_failure == "fail":
             raise ConfigError(problem)
         if problem:
-            log.error("%s; serving the other deployments (on_load_failure = \"skip\")", problem)
+            log.error('%s; serving the other deployments (on_load_failure = "skip")', problem)
             problems.append(problem)
     if len(problems) == len(config.deployments):
         raise ConfigError("no deployment can be loaded: " + "; ".join(problems))

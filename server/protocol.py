@@ -134,8 +134,9 @@ def _dict_field(doc: dict, key: str, where: str) -> dict:
     return value
 
 
-def _decode_input(raw: object, binary: memoryview, offset: int, body_size: int,
-                  booleans: bool) -> tuple[str, np.ndarray, int]:
+def _decode_input(
+    raw: object, binary: memoryview, offset: int, body_size: int, booleans: bool
+) -> tuple[str, np.ndarray, int]:
     """One input tensor; returns (name, array, bytes of the binary part it used). `booleans`: whether the
     JSON may hold a true or false anywhere (False allows _from_json_data's fast path)."""
     if not isinstance(raw, dict):
@@ -249,7 +250,8 @@ def _all_numbers(data: object) -> bool:
 
 def _json_kind(array: np.ndarray) -> str:
     return {"b": "boolean", "i": "integer", "u": "integer", "f": "floating-point", "U": "string"}.get(
-        array.dtype.kind, "null or mixed")
+        array.dtype.kind, "null or mixed"
+    )
 
 
 def _decode_shape(shape: object, name: str, body_size: int) -> list[int]:
@@ -266,22 +268,25 @@ def _decode_shape(shape: object, name: str, body_size: int) -> list[int]:
             raise BadRequest(f"input '{name}': 'shape' must be a list of non-negative integers")
         elements *= d or 1
     if elements > max(body_size, 1):
-        raise BadRequest(f"input '{name}': shape {shown(str(shape))} has more elements than a body of "
-                         f"{body_size} bytes can carry")
+        raise BadRequest(
+            f"input '{name}': shape {shown(str(shape))} has more elements than a body of {body_size} bytes can carry"
+        )
     return shape
 
 
-def _from_binary(name: str, shape: list[int], datatype: str, size: object,
-                 binary: memoryview, offset: int) -> np.ndarray:
+def _from_binary(
+    name: str, shape: list[int], datatype: str, size: object, binary: memoryview, offset: int
+) -> np.ndarray:
     dtype = _WIRE[datatype]
     expected = math.prod(shape) * dtype.itemsize
     if type(size) is not int or size != expected:
-        raise BadRequest(f"input '{name}': binary_data_size is {size!r} "
-                         f"but shape {shape} of {datatype} needs {expected}")
+        raise BadRequest(
+            f"input '{name}': binary_data_size is {size!r} but shape {shape} of {datatype} needs {expected}"
+        )
     if offset + size > len(binary):
         raise BadRequest(f"input '{name}': binary_data_size {size} runs past the end of the body")
     # frombuffer shares the request's bytes: no copy.
-    return np.frombuffer(binary[offset:offset + size], dtype=dtype).reshape(shape)
+    return np.frombuffer(binary[offset : offset + size], dtype=dtype).reshape(shape)
 
 
 def _decode_requested_outputs(doc: dict, all_binary: bool) -> tuple[list[str] | None, set[str]]:
@@ -300,8 +305,9 @@ def _decode_requested_outputs(doc: dict, all_binary: bool) -> tuple[list[str] | 
     return names, binary
 
 
-def encode_response(model_name: str, model_version: str, request: InferRequest,
-                    outputs: dict[str, np.ndarray]) -> tuple[bytes, int | None]:
+def encode_response(
+    model_name: str, model_version: str, request: InferRequest, outputs: dict[str, np.ndarray]
+) -> tuple[bytes, int | None]:
     """The response body, and the JSON header's length when any output travels as binary."""
     wanted = request.binary_outputs
     tensors, chunks = [], []
@@ -309,8 +315,11 @@ def encode_response(model_name: str, model_version: str, request: InferRequest,
         datatype = datatype_of(array.dtype)
         tensor = {"name": name, "datatype": datatype, "shape": list(array.shape)}
         if wanted and ("*" in wanted or name in wanted):
-            raw = (bytes_to_binary(array) if datatype == "BYTES"
-                   else np.ascontiguousarray(array, dtype=_WIRE[datatype]).tobytes())
+            raw = (
+                bytes_to_binary(array)
+                if datatype == "BYTES"
+                else np.ascontiguousarray(array, dtype=_WIRE[datatype]).tobytes()
+            )
             tensor["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         elif datatype == "BYTES":

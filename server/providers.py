@@ -14,13 +14,18 @@ import onnxruntime as ort
 from latlab.server.config import CpuOptions, CudaOptions, DeploymentConfig, TensorrtOptions
 from latlab.server.errors import ConfigError, one_line
 
-PROVIDER_NAMES = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider",
-                  "tensorrt": "TensorrtExecutionProvider"}
+PROVIDER_NAMES = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+}
 _PROVIDER_LIBRARIES = {"CUDAExecutionProvider": "cuda", "TensorrtExecutionProvider": "tensorrt"}
-_OPTIMIZATION = {"disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-                 "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-                 "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-                 "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+_OPTIMIZATION = {
+    "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+}
 _EXECUTION = {"sequential": ort.ExecutionMode.ORT_SEQUENTIAL, "parallel": ort.ExecutionMode.ORT_PARALLEL}
 _ARENA = {"next_power_of_two": "kNextPowerOfTwo", "same_as_requested": "kSameAsRequested"}
 log = logging.getLogger("latlab.server.providers")
@@ -124,9 +129,12 @@ def create_session(deployment: DeploymentConfig) -> ort.InferenceSession:
         ort.set_default_logger_severity(4)  # the fallback is reported below, in one line, not as ORT's banner
     chain = provider_chain(deployment)
     try:
-        session = ort.InferenceSession(str(path), session_options(deployment.cpu),
-                                       providers=[name for name, _ in chain],
-                                       provider_options=[options for _, options in chain])
+        session = ort.InferenceSession(
+            str(path),
+            session_options(deployment.cpu),
+            providers=[name for name, _ in chain],
+            provider_options=[options for _, options in chain],
+        )
     except Exception as exc:  # ORT raises its own exception types for unreadable files and bad options
         raise ConfigError(f"deployment '{deployment.name}': cannot load {path}: {one_line(exc)}") from None
     check_no_fallback(deployment.name, wanted, session.get_providers())
@@ -138,5 +146,7 @@ def check_no_fallback(deployment: str, wanted: str, got: list[str]) -> None:
     if got and got[0] == wanted:
         return
     reason = provider_load_error(wanted) or "see `latlab doctor`"
-    raise ConfigError(f"deployment '{deployment}' asked for {wanted} but ONNX Runtime fell back to "
-                      f"{got[0] if got else 'nothing'}: {reason}")
+    raise ConfigError(
+        f"deployment '{deployment}' asked for {wanted} but ONNX Runtime fell back to "
+        f"{got[0] if got else 'nothing'}: {reason}"
+    )

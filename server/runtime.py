@@ -35,10 +35,18 @@ log = logging.getLogger("latlab.server.runtime")
 
 # ORT's type strings for the tensor element types we serve; strings are numpy object arrays.
 _ORT_TYPES = {
-    "tensor(bool)": np.bool_, "tensor(uint8)": np.uint8, "tensor(uint16)": np.uint16,
-    "tensor(uint32)": np.uint32, "tensor(uint64)": np.uint64, "tensor(int8)": np.int8,
-    "tensor(int16)": np.int16, "tensor(int32)": np.int32, "tensor(int64)": np.int64,
-    "tensor(float16)": np.float16, "tensor(float)": np.float32, "tensor(double)": np.float64,
+    "tensor(bool)": np.bool_,
+    "tensor(uint8)": np.uint8,
+    "tensor(uint16)": np.uint16,
+    "tensor(uint32)": np.uint32,
+    "tensor(uint64)": np.uint64,
+    "tensor(int8)": np.int8,
+    "tensor(int16)": np.int16,
+    "tensor(int32)": np.int32,
+    "tensor(int64)": np.int64,
+    "tensor(float16)": np.float16,
+    "tensor(float)": np.float32,
+    "tensor(double)": np.float64,
     "tensor(string)": np.object_,
 }
 WARMUP_LENGTH = 8
@@ -94,16 +102,33 @@ class OnnxModel:
         self.buckets: tuple[int, ...] = tuple(sorted(fixed)) if fixed else deployment.batcher.batch_buckets
         """The batch sizes runs are padded to (empty: none; a fixed batch dimension is its own only bucket)."""
         self._graph = self._graph_runner(has_strings) if self.graph_refused is None else None
-        self.bucket_mode = "cuda_graph" if self._graph else session_mode(
-            deployment.provider, deployment.batcher.bucket_sessions, self.buckets,
-            lambda: has_conv(deployment.model_path))
+        self.bucket_mode = (
+            "cuda_graph"
+            if self._graph
+            else session_mode(
+                deployment.provider,
+                deployment.batcher.bucket_sessions,
+                self.buckets,
+                lambda: has_conv(deployment.model_path),
+            )
+        )
         """How buckets run: "off" (no buckets), "shared", "per_bucket" or "cuda_graph"."""
-        self._sessions = {size: self.session if i == 0 else create_session(deployment)
-                          for i, size in enumerate(self.buckets)} if self.bucket_mode == "per_bucket" else {}
+        self._sessions = (
+            {size: self.session if i == 0 else create_session(deployment) for i, size in enumerate(self.buckets)}
+            if self.bucket_mode == "per_bucket"
+            else {}
+        )
         if self.buckets:
-            log.info("deployment '%s': batch buckets %s, run %s", deployment.name, list(self.buckets),
-                     {"shared": "on one session", "per_bucket": "on one session each",
-                      "cuda_graph": "as one CUDA graph each"}[self.bucket_mode])
+            log.info(
+                "deployment '%s': batch buckets %s, run %s",
+                deployment.name,
+                list(self.buckets),
+                {
+                    "shared": "on one session",
+                    "per_bucket": "on one session each",
+                    "cuda_graph": "as one CUDA graph each",
+                }[self.bucket_mode],
+            )
 
     def _graph_runner(self, has_strings: bool) -> CudaGraphRunner | None:
         """One graph per bucket when the deployment asks for CUDA graphs on CUDA and the model allows them."""
@@ -116,8 +141,14 @@ class OnnxModel:
             self.session, self.graph_refused = _without_graphs(config, why), why
             return None
         specs = lambda specs: [(s.name, s.dtype, s.shape) for s in specs]  # noqa: E731
-        return CudaGraphRunner(self.session, specs(self.inputs), specs(self.outputs),
-                               self.buckets or (config.batcher.max_batch_size,), "cuda", config.cuda.device_id)
+        return CudaGraphRunner(
+            self.session,
+            specs(self.inputs),
+            specs(self.outputs),
+            self.buckets or (config.batcher.max_batch_size,),
+            "cuda",
+            config.cuda.device_id,
+        )
 
     def bucket_for(self, rows: int) -> int:
         """The batch size a batch of `rows` runs at (padded rows = the difference)."""
@@ -127,8 +158,9 @@ class OnnxModel:
         """Run one (batched) forward pass; `outputs` names the outputs to return (None: all)."""
         return self.run_timed(inputs, outputs)[0]
 
-    def run_timed(self, inputs: dict[str, np.ndarray], outputs: list[str] | None = None
-                  ) -> tuple[dict[str, np.ndarray], RunTimings | None]:
+    def run_timed(
+        self, inputs: dict[str, np.ndarray], outputs: list[str] | None = None
+    ) -> tuple[dict[str, np.ndarray], RunTimings | None]:
         """A run and, on a device, where its time went (None on the host: nothing is transferred). A batch is
         padded up to its bucket and the padded rows cut from the outputs."""
         names = self._output_names if outputs is None else list(outputs)
@@ -139,8 +171,9 @@ class OnnxModel:
         results, timings = self._run_at(bucket, inputs, names)
         return (cut_rows(results, rows) if bucket != rows else results), timings
 
-    def _run_at(self, bucket: int, inputs: dict[str, np.ndarray], names: list[str]
-                ) -> tuple[dict[str, np.ndarray], RunTimings | None]:
+    def _run_at(
+        self, bucket: int, inputs: dict[str, np.ndarray], names: list[str]
+    ) -> tuple[dict[str, np.ndarray], RunTimings | None]:
         if self._graph is not None:
             return self._graph.run(inputs, names)
         session = self._sessions.get(bucket, self.session)
@@ -159,23 +192,32 @@ class OnnxModel:
         repeats = GRAPH_WARMUP_RUNS if self._graph is not None else 1
         for size in sizes:
             for _ in range(repeats):
-                yield {spec.name: _zeros((size, *(length if d == -1 else d for d in spec.shape[1:])), spec.dtype)
-                       for spec in self.inputs if spec.shape}
+                yield {
+                    spec.name: _zeros((size, *(length if d == -1 else d for d in spec.shape[1:])), spec.dtype)
+                    for spec in self.inputs
+                    if spec.shape
+                }
 
     def bucket_runs(self) -> dict:
         """How this deployment's runs are made: its buckets, how they run, sessions held, CUDA graphs."""
         graphs = "per bucket" if self._graph else (f"off: {self.graph_refused}" if self.graph_refused else "off")
-        return {"batch_buckets": list(self.buckets), "bucket_mode": self.bucket_mode,
-                "sessions": len(self._sessions) or 1, **({"cuda_graph": graphs} if self.device != "cpu" else {})}
+        return {
+            "batch_buckets": list(self.buckets),
+            "bucket_mode": self.bucket_mode,
+            "sessions": len(self._sessions) or 1,
+            **({"cuda_graph": graphs} if self.device != "cpu" else {}),
+        }
 
     def precision(self) -> dict:
         """On a device, the precision and cuDNN choices in force (stated even at ORT's defaults); {} on cpu."""
         if self.device == "cpu":
             return {}
         cuda = self.deployment.cuda
-        return {"use_tf32": cuda.use_tf32, "cudnn_conv_algo_search": cuda.cudnn_conv_algo_search,
-                "fuse_conv_bias": cuda.fuse_conv_bias}
-
+        return {
+            "use_tf32": cuda.use_tf32,
+            "cudnn_conv_algo_search": cuda.cudnn_conv_algo_search,
+            "fuse_conv_bias": cuda.fuse_conv_bias,
+        }
 
     def validate(self, inputs: dict[str, np.ndarray], finite: Set[str] = frozenset()) -> int:
         """Check a request's inputs against the signature before it is queued; returns its batch size.
@@ -185,8 +227,9 @@ class OnnxModel:
         expected = self._input_names
         if inputs.keys() != expected:
             missing, unknown = sorted(expected - set(inputs)), sorted(shown(n) for n in set(inputs) - expected)
-            raise BadRequest(f"model '{self.deployment.name}' takes inputs {sorted(expected)}; "
-                             f"missing {missing}, unknown {unknown}")
+            raise BadRequest(
+                f"model '{self.deployment.name}' takes inputs {sorted(expected)}; missing {missing}, unknown {unknown}"
+            )
         batch = None
         for spec, fixed in zip(self.inputs, self._fixed_dims):
             array = inputs[spec.name]
@@ -194,8 +237,7 @@ class OnnxModel:
                 raise BadRequest(f"input '{spec.name}' must be {spec.datatype}, got {datatype_of(array.dtype)}")
             shape = array.shape
             if len(shape) != len(spec.shape) or any(shape[axis] != size for axis, size in fixed):
-                raise BadRequest(f"input '{spec.name}' must have shape {list(spec.shape)} (-1: any), "
-                                 f"got {list(shape)}")
+                raise BadRequest(f"input '{spec.name}' must have shape {list(spec.shape)} (-1: any), got {list(shape)}")
             if not shape or shape[0] < 1:
                 raise BadRequest(f"input '{spec.name}' needs a batch dimension of at least 1")
             if batch is not None and shape[0] != batch:
@@ -207,15 +249,19 @@ class OnnxModel:
 
     def _check_values(self, spec: TensorSpec, array: np.ndarray) -> None:
         if spec.dtype.kind == "f" and not self.deployment.allow_non_finite and not np.isfinite(array).all():
-            raise BadRequest(f"input '{spec.name}' holds NaN or infinite values, which deployment "
-                             f"'{self.deployment.name}' does not accept (allow_non_finite = false)")
+            raise BadRequest(
+                f"input '{spec.name}' holds NaN or infinite values, which deployment "
+                f"'{self.deployment.name}' does not accept (allow_non_finite = false)"
+            )
         if spec.dtype == object:
             try:
                 _to_ort(array)
             except UnicodeDecodeError as exc:
                 # ORT's strings come from Python str: bytes that are not UTF-8 have no faithful form.
-                raise BadRequest(f"input '{spec.name}' holds an element that is not UTF-8 text ({exc.reason} "
-                                 f"at byte {exc.start}); this model's string inputs take UTF-8") from None
+                raise BadRequest(
+                    f"input '{spec.name}' holds an element that is not UTF-8 text ({exc.reason} "
+                    f"at byte {exc.start}); this model's string inputs take UTF-8"
+                ) from None
 
     def metadata(self) -> dict:
         """The protocol's model metadata."""
@@ -247,8 +293,10 @@ def open_session(deployment: DeploymentConfig) -> tuple[ort.InferenceSession, st
 def _without_graphs(deployment: DeploymentConfig, why: str) -> ort.InferenceSession:
     """A session without CUDA graphs when the config allows serving so (said in the log), else ConfigError."""
     if not deployment.cuda.cuda_graph_fallback:
-        raise ConfigError(f"deployment '{deployment.name}': enable_cuda_graph cannot capture {deployment.model_path}"
-                          f": {why}; set [cuda] cuda_graph_fallback = true to serve it without graphs")
+        raise ConfigError(
+            f"deployment '{deployment.name}': enable_cuda_graph cannot capture {deployment.model_path}"
+            f": {why}; set [cuda] cuda_graph_fallback = true to serve it without graphs"
+        )
     log.warning("deployment '%s': served without CUDA graphs: %s", deployment.name, why)
     cuda = dataclasses.replace(deployment.cuda, enable_cuda_graph=False)
     return create_session(dataclasses.replace(deployment, cuda=cuda))
@@ -269,19 +317,22 @@ def _to_ort(array: np.ndarray) -> np.ndarray:
     """ORT reads a bytes element as its repr ("b'..'"): string tensors are handed over as str."""
     if array.dtype != object or not any(isinstance(item, bytes) for item in array.flat):
         return array
-    return np.array([item.decode("utf-8") if isinstance(item, bytes) else item for item in array.flat],
-                    dtype=object).reshape(array.shape)
+    return np.array(
+        [item.decode("utf-8") if isinstance(item, bytes) else item for item in array.flat], dtype=object
+    ).reshape(array.shape)
 
 
-def run_bound(session: ort.InferenceSession, inputs: dict[str, np.ndarray], outputs: list[str],
-              device: str, device_id: int) -> tuple[dict[str, np.ndarray], RunTimings]:
+def run_bound(
+    session: ort.InferenceSession, inputs: dict[str, np.ndarray], outputs: list[str], device: str, device_id: int
+) -> tuple[dict[str, np.ndarray], RunTimings]:
     """One run through I/O binding: inputs copied to `device` once, the requested outputs bound there and
     copied to the host after the run. Works with device "cpu" too (no copies), which is how it is tested
     off a GPU box."""
     binding = session.io_binding()
     started = time.perf_counter()
-    on_device = [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), device, device_id)
-                 for array in inputs.values()]
+    on_device = [
+        ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), device, device_id) for array in inputs.values()
+    ]
     for name, value in zip(inputs, on_device):
         binding.bind_ortvalue_input(name, value)
     binding.synchronize_inputs()

@@ -32,6 +32,8 @@ def endpoint(run_dir: str | Path, engine: int = 0) -> str:
 def metrics_folder(run_dir: str | Path) -> str:
     """Where every process of the server writes its metrics (prometheus_client's multiprocess files)."""
     return str(Path(run_dir) / METRICS_FOLDER)
+
+
 """Front-end processes a server may run (the [server] frontends bound): each owns one row of the counts."""
 
 
@@ -133,8 +135,9 @@ class SharedAdmission:
                 self._row[:] = 0
             self._row = None
 
-    def for_deployment(self, index: int, limit: int | None, on_refused: Callable[[], None] = lambda: None,
-                       detail: str = "") -> "SharedCount":
+    def for_deployment(
+        self, index: int, limit: int | None, on_refused: Callable[[], None] = lambda: None, detail: str = ""
+    ) -> "SharedCount":
         return SharedCount(self, index + 1, limit, on_refused, detail)
 
     def total(self, column: int) -> int:
@@ -172,8 +175,9 @@ class SharedCount:
 
     __slots__ = ("limit", "_shared", "_column", "_on_refused", "_detail")
 
-    def __init__(self, shared: SharedAdmission, column: int, limit: int | None, on_refused: Callable[[], None],
-                 detail: str) -> None:
+    def __init__(
+        self, shared: SharedAdmission, column: int, limit: int | None, on_refused: Callable[[], None], detail: str
+    ) -> None:
         self.limit = limit
         self._shared, self._column = shared, column
         self._on_refused, self._detail = on_refused, detail

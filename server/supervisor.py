@@ -47,8 +47,15 @@ class Supervisor:
     """Engine `index` of a config (engine_groups), kept running until stop()."""
 
     def __init__(self, config_path: str | Path, run_dir: Path, observer: str, index: int = 0) -> None:
-        self.command = [sys.executable, "-m", "latlab.server.engine", str(config_path), str(run_dir), observer,
-                        str(index)]
+        self.command = [
+            sys.executable,
+            "-m",
+            "latlab.server.engine",
+            str(config_path),
+            str(run_dir),
+            observer,
+            str(index),
+        ]
         self.run_dir = run_dir
         self.status = EngineStatus(run_dir, index)
         self.process: subprocess.Popen | None = None
@@ -93,8 +100,12 @@ class Supervisor:
             if time.monotonic() - started > STABLE_S:
                 delays = iter(RESTART_DELAYS_S)
             delay = next(delays, RESTART_DELAYS_S[-1])
-            log.error("the engine process %d exited (code %s); front ends answer 503 until it is back; restarting "
-                      "in %.1f s", self.process.pid, code, delay)
+            log.error(
+                "the engine process %d exited (code %s); front ends answer 503 until it is back; restarting in %.1f s",
+                self.process.pid,
+                code,
+                delay,
+            )
             if self._stopping.wait(delay):
                 return
             self.restarts += 1

@@ -22,8 +22,9 @@ def request_length(inputs: Tensors, padding: PaddingSettings | None) -> int:
         if array is None:
             continue
         if array.ndim <= padding.axis:
-            raise BadRequest(f"input '{name}' has {array.ndim} dimension(s), so it cannot be padded on "
-                             f"axis {padding.axis}")
+            raise BadRequest(
+                f"input '{name}' has {array.ndim} dimension(s), so it cannot be padded on axis {padding.axis}"
+            )
         lengths.append(array.shape[padding.axis])
     return max(lengths, default=0)
 
@@ -66,8 +67,9 @@ def merge(requests: list[Tensors], padding: PaddingSettings | None = None) -> Te
     return merged
 
 
-def split(outputs: Tensors, sizes: Sequence[int], lengths: Sequence[int] = (),
-          padding: PaddingSettings | None = None) -> list[Tensors]:
+def split(
+    outputs: Tensors, sizes: Sequence[int], lengths: Sequence[int] = (), padding: PaddingSettings | None = None
+) -> list[Tensors]:
     """Cut each batched output back into the requests' parts, in order. With padding, an output whose
     padded axis has the batch's padded length is cut back to each request's own length; the others (a
     pooled embedding, say) are only split on the batch axis."""

@@ -31,15 +31,18 @@ class TextFrontEnd:
     def __init__(self, settings: TokenizerSettings, model_inputs: dict[str, np.dtype], deployment: str) -> None:
         unknown = sorted(set(model_inputs) - set(TOKEN_INPUTS))
         if unknown or "input_ids" not in model_inputs:
-            raise ConfigError(f"deployment '{deployment}' [tokenizer]: a text deployment's model must take "
-                              f"input_ids (and optionally attention_mask, token_type_ids); it takes "
-                              f"{sorted(model_inputs)}")
+            raise ConfigError(
+                f"deployment '{deployment}' [tokenizer]: a text deployment's model must take "
+                f"input_ids (and optionally attention_mask, token_type_ids); it takes "
+                f"{sorted(model_inputs)}"
+            )
         try:
             self.tokenizer = Tokenizer.from_file(str(settings.file))
         except Exception as exc:  # tokenizers raises a bare Exception for a file it cannot parse
-            raise ConfigError(f"deployment '{deployment}' [tokenizer]: {settings.file} is not a tokenizers "
-                              f"tokenizer.json ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
-                              ) from None
+            raise ConfigError(
+                f"deployment '{deployment}' [tokenizer]: {settings.file} is not a tokenizers "
+                f"tokenizer.json ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+            ) from None
         self.pad_id = self._pad_id()
         self.tokenizer.no_padding()  # the batcher pads across requests; each request is padded below
         self.tokenizer.enable_truncation(settings.max_length)
@@ -63,11 +66,16 @@ class TextFrontEnd:
 
     def metadata(self, model_metadata: dict) -> dict:
         """The model's metadata as a client sees it: the text input instead of the token tensors."""
-        return {**model_metadata,
-                "inputs": [{"name": TEXT_INPUT, "datatype": "BYTES", "shape": [-1]}],
-                "parameters": {"max_length": self.max_length, "tokenizer": self.file.name,
-                               "truncation": "sentences longer than max_length tokens are cut there; "
-                                             "parameters.truncated of a response counts them"}}
+        return {
+            **model_metadata,
+            "inputs": [{"name": TEXT_INPUT, "datatype": "BYTES", "shape": [-1]}],
+            "parameters": {
+                "max_length": self.max_length,
+                "tokenizer": self.file.name,
+                "truncation": "sentences longer than max_length tokens are cut there; "
+                "parameters.truncated of a response counts them",
+            },
+        }
 
     def encode(self, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
         """The request's token tensors and how many of its sentences were truncated; BadRequest naming the
@@ -78,30 +86,35 @@ class TextFrontEnd:
         ids = np.full((len(encodings), longest), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(encodings), longest), dtype=np.int64)
         for row, encoding in enumerate(encodings):
-            ids[row, :len(encoding.ids)] = encoding.ids
-            mask[row, :len(encoding.ids)] = 1
+            ids[row, : len(encoding.ids)] = encoding.ids
+            mask[row, : len(encoding.ids)] = 1
         tensors = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
-        tensors = {name: array.astype(self.dtypes[name], copy=False) for name, array in tensors.items()
-                   if name in self.dtypes}
+        tensors = {
+            name: array.astype(self.dtypes[name], copy=False) for name, array in tensors.items() if name in self.dtypes
+        }
         return tensors, sum(1 for e in encodings if e.overflowing)
 
     def _sentences(self, inputs: dict[str, np.ndarray]) -> list[str]:
         if set(inputs) != {TEXT_INPUT}:
-            raise BadRequest(f"this model takes one input '{TEXT_INPUT}' (BYTES, shape [-1]: UTF-8 sentences); "
-                             f"got {sorted(shown(n) for n in inputs)}")
+            raise BadRequest(
+                f"this model takes one input '{TEXT_INPUT}' (BYTES, shape [-1]: UTF-8 sentences); "
+                f"got {sorted(shown(n) for n in inputs)}"
+            )
         array = inputs[TEXT_INPUT]
         if array.dtype != object:
             raise BadRequest(f"input '{TEXT_INPUT}' must be BYTES (UTF-8 sentences), got {datatype_of(array.dtype)}")
         if array.ndim != 1 or array.shape[0] < 1:
-            raise BadRequest(f"input '{TEXT_INPUT}' must have shape [-1] with at least one sentence, got "
-                             f"{list(array.shape)}")
+            raise BadRequest(
+                f"input '{TEXT_INPUT}' must have shape [-1] with at least one sentence, got {list(array.shape)}"
+            )
         sentences = []
         for index, item in enumerate(array):
             try:
                 sentence = item.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise BadRequest(f"input '{TEXT_INPUT}': sentence {index} is not UTF-8 ({exc.reason} at byte "
-                                 f"{exc.start})") from None
+                raise BadRequest(
+                    f"input '{TEXT_INPUT}': sentence {index} is not UTF-8 ({exc.reason} at byte {exc.start})"
+                ) from None
             if not sentence.strip():
                 raise BadRequest(f"input '{TEXT_INPUT}': sentence {index} is empty (or only whitespace)")
             sentences.append(sentence)

@@ -45,6 +45,7 @@ def app_from_env() -> Flask | WSGIApp:
         config = served_config(os.environ[CONFIG_ENV])
         if os.environ.get(RUN_DIR_ENV):  # a front end of a multi-front-end server: the engine holds the models
             from latlab.server.frontend import create_frontend_app
+
             return create_frontend_app(config, Path(os.environ[RUN_DIR_ENV]))
         host, port = _observer_address(config)
         app = create_app(dataclasses.replace(config, metrics_port=port))
@@ -88,8 +89,14 @@ def bind_warning(host: str, auth: bool) -> str | None:
     return f"listening on {host}: reachable from other machines{advice}"
 
 
-def serve(config_path: str | Path, host: str | None = None, port: int | None = None,
-          metrics_port: int | None = None, frontends: int | None = None, separate_engine: bool = False) -> None:
+def serve(
+    config_path: str | Path,
+    host: str | None = None,
+    port: int | None = None,
+    metrics_port: int | None = None,
+    frontends: int | None = None,
+    separate_engine: bool = False,
+) -> None:
     """Start the server in the foreground until SIGINT/SIGTERM; `metrics_port` and `frontends` override [server].
     One front end: one process does everything. More: Granian runs them as its workers, and a supervisor
     (server/supervisor.py) runs the engine process they feed, started before them and stopped after them.
@@ -118,8 +125,10 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
         engines = engine_groups(config.deployments)
         run_dir = run_folder(len(config.deployments), len(engines))
         os.environ[RUN_DIR_ENV] = str(run_dir)
-        supervisors = [Supervisor(os.environ[CONFIG_ENV], run_dir, os.environ[OBSERVER_ENV], index)
-                       for index in range(len(engines))]
+        supervisors = [
+            Supervisor(os.environ[CONFIG_ENV], run_dir, os.environ[OBSERVER_ENV], index)
+            for index in range(len(engines))
+        ]
         try:
             for supervisor in supervisors:
                 supervisor.start()
@@ -128,8 +137,11 @@ def serve(config_path: str | Path, host: str | None = None, port: int | None = N
                 log.error("%s", exc)
             stop_engines(supervisors, run_dir)
             raise SystemExit(2) from None
-        log.info("%d front-end processes feed %s", config.frontends, ", ".join(
-            f"the {key} engine process {s.process.pid}" for key, s in zip(engines, supervisors)))
+        log.info(
+            "%d front-end processes feed %s",
+            config.frontends,
+            ", ".join(f"the {key} engine process {s.process.pid}" for key, s in zip(engines, supervisors)),
+        )
     try:
         Granian(
             "latlab.server.wsgi:app_from_env",
@@ -165,9 +177,13 @@ def stop_engines(supervisors: list, run_dir: Path) -> None:
 def admission_summary(config: ServerConfig) -> str:
     """One log line: what each deployment admits and the request threads that holds."""
     if not config.admission:
-        return (f"admission off: {config.threads} request threads, no bound at the door (requests past the threads "
-                "wait unseen in Granian's queue)")
+        return (
+            f"admission off: {config.threads} request threads, no bound at the door (requests past the threads "
+            "wait unseen in Granian's queue)"
+        )
     bounds = ", ".join(f"{d.name} {admitted_bound(d.batcher)}" for d in config.deployments)
-    return (f"infer requests admitted at once: {bounds} (max_queue_size + instances x max_batch_size; one more is "
-            f"refused with 503 + Retry-After); {config.threads} request threads, most of them waiting on a batch "
-            "without using the CPU (Granian may warn about their number: expected)")
+    return (
+        f"infer requests admitted at once: {bounds} (max_queue_size + instances x max_batch_size; one more is "
+        f"refused with 503 + Retry-After); {config.threads} request threads, most of them waiting on a batch "
+        "without using the CPU (Granian may warn about their number: expected)"
+    )

@@ -11,8 +11,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = {"common": "common", "export": "export", "server": "server", "loadtest": "loadtest", "report": "report",
-          "latlab": "latlab"}
+STAGES = {
+    "common": "common",
+    "export": "export",
+    "server": "server",
+    "loadtest": "loadtest",
+    "report": "report",
+    "latlab": "latlab",
+}
 ALLOWED = {
     "common": set(),
     "server": {"common"},
@@ -25,17 +31,22 @@ ALLOWED = {
 package's own `latlab.__version__` belongs to no stage. No two stages import each other."""
 
 
-@pytest.mark.parametrize("module, forbidden", [
-    ("latlab.server.app", ["torch"]),
-    ("latlab.server.wsgi", ["torch"]),
-    ("latlab.loadtest.sweep", ["torch", "onnxruntime", "latlab.server", "latlab.report"]),
-    ("latlab.loadtest.driver", ["torch", "onnxruntime", "latlab.server", "latlab.report"]),
-    ("latlab.loadtest.overload", ["torch", "onnxruntime", "latlab.server", "latlab.report"]),
-    ("latlab.report.write", ["torch", "onnxruntime", "latlab.server"]),
-])
+@pytest.mark.parametrize(
+    "module, forbidden",
+    [
+        ("latlab.server.app", ["torch"]),
+        ("latlab.server.wsgi", ["torch"]),
+        ("latlab.loadtest.sweep", ["torch", "onnxruntime", "latlab.server", "latlab.report"]),
+        ("latlab.loadtest.driver", ["torch", "onnxruntime", "latlab.server", "latlab.report"]),
+        ("latlab.loadtest.overload", ["torch", "onnxruntime", "latlab.server", "latlab.report"]),
+        ("latlab.report.write", ["torch", "onnxruntime", "latlab.server"]),
+    ],
+)
 def test_module_does_not_import(module, forbidden):
-    code = (f"import sys, {module}; "
-            f"print(','.join(m for m in {forbidden!r} if any(k == m or k.startswith(m + '.') for k in sys.modules)))")
+    code = (
+        f"import sys, {module}; "
+        f"print(','.join(m for m in {forbidden!r} if any(k == m or k.startswith(m + '.') for k in sys.modules)))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "", f"{module} imports {result.stdout.strip()}"
@@ -70,6 +81,9 @@ def test_no_two_stages_import_each_other():
 
 @pytest.mark.parametrize("stage", sorted(ALLOWED))
 def test_stages_import_only_the_stages_below_them(stage):
-    wrong = {module: sorted(other - ALLOWED[stage]) for module, other in stage_imports(stage).items()
-             if other - ALLOWED[stage]}
+    wrong = {
+        module: sorted(other - ALLOWED[stage])
+        for module, other in stage_imports(stage).items()
+        if other - ALLOWED[stage]
+    }
     assert not wrong, f"{stage}/ imports what its layer may not: {wrong}"

@@ -121,6 +121,7 @@ def test_make_target_exists(target: str):
 def test_benchmark_script_answers_help(script: str):
     path = ROOT / script
     assert path.is_file(), f"{script} does not exist"
-    result = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True,
-                            timeout=120, cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
     assert result.returncode == 0, f"{script} --help: {result.stderr[-500:]}"

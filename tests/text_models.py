@@ -20,18 +20,26 @@ VOCAB, WIDTH = 30522, 4
 def token_model(path: Path, inputs: tuple[str, ...] = ("input_ids", "attention_mask")) -> Path:
     """A toy sentence encoder: the masked mean of an embedding table's rows for the ids ([batch, 4])."""
     table = np.random.default_rng(5).standard_normal((VOCAB, WIDTH)).astype(np.float32)
-    nodes = [helper.make_node("Gather", ["table", "input_ids"], ["emb"]),
-             helper.make_node("Cast", ["attention_mask"], ["mask_f"], to=TensorProto.FLOAT),
-             helper.make_node("Unsqueeze", ["mask_f", "two"], ["mask3"]),
-             helper.make_node("Mul", ["emb", "mask3"], ["masked"]),
-             helper.make_node("ReduceSum", ["masked", "one"], ["total"], keepdims=0),
-             helper.make_node("ReduceSum", ["mask3", "one"], ["count"], keepdims=0),
-             helper.make_node("Div", ["total", "count"], ["embedding"])]
+    nodes = [
+        helper.make_node("Gather", ["table", "input_ids"], ["emb"]),
+        helper.make_node("Cast", ["attention_mask"], ["mask_f"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["mask_f", "two"], ["mask3"]),
+        helper.make_node("Mul", ["emb", "mask3"], ["masked"]),
+        helper.make_node("ReduceSum", ["masked", "one"], ["total"], keepdims=0),
+        helper.make_node("ReduceSum", ["mask3", "one"], ["count"], keepdims=0),
+        helper.make_node("Div", ["total", "count"], ["embedding"]),
+    ]
     graph = helper.make_graph(
-        nodes, "toy", [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"]) for n in inputs],
+        nodes,
+        "toy",
+        [helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"]) for n in inputs],
         [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", WIDTH])],
-        initializer=[numpy_helper.from_array(table, "table"), numpy_helper.from_array(np.array([1], np.int64), "one"),
-                     numpy_helper.from_array(np.array([2], np.int64), "two")])
+        initializer=[
+            numpy_helper.from_array(table, "table"),
+            numpy_helper.from_array(np.array([1], np.int64), "one"),
+            numpy_helper.from_array(np.array([2], np.int64), "two"),
+        ],
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
     return path

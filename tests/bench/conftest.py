@@ -11,10 +11,21 @@ from latlab.bench import BenchSettings, MeasureSettings
 
 def tiny_settings(cache_dir: Path, **overrides: object) -> BenchSettings:
     """Seed grids shrunk to what runs in a second or two on a shared 2-core box."""
-    values: dict = dict(experiments=["batch_size"], backends=["ort-cpu", "torch-cpu"], batches=[1, 2, 4],
-                        d_models=[8, 16], layers=[1, 2], fixed_params=1024, fixed_layers=[1, 4],
-                        zoo_batches=[1, 2], d_model=16, n_layers=2, threads=1, cache_dir=cache_dir,
-                        measure=MeasureSettings(warmup=1, min_repeats=3, min_time_s=0.0, max_time_s=0.05))
+    values: dict = dict(
+        experiments=["batch_size"],
+        backends=["ort-cpu", "torch-cpu"],
+        batches=[1, 2, 4],
+        d_models=[8, 16],
+        layers=[1, 2],
+        fixed_params=1024,
+        fixed_layers=[1, 4],
+        zoo_batches=[1, 2],
+        d_model=16,
+        n_layers=2,
+        threads=1,
+        cache_dir=cache_dir,
+        measure=MeasureSettings(warmup=1, min_repeats=3, min_time_s=0.0, max_time_s=0.05),
+    )
     values.update(overrides)
     return BenchSettings(**values)
 

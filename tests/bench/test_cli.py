@@ -16,9 +16,26 @@ TINY = ["--batches", "1,2,4", "--d-model", "16", "--n-layers", "2", "--threads",
 
 def test_bench_command_writes_a_run_folder(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "latlab.cli", "bench", "--experiments", "batch_size,n_layers",
-                             "--layers", "1,2", *TINY, "--cache-dir", str(tmp_path / "cache"), "--out", str(out)],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "latlab.cli",
+            "bench",
+            "--experiments",
+            "batch_size,n_layers",
+            "--layers",
+            "1,2",
+            *TINY,
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert f"results: {out / 'bench.json'}" in result.stdout
     doc = json.loads((out / "bench.json").read_text())
@@ -29,19 +46,23 @@ def test_bench_command_writes_a_run_folder(tmp_path: Path) -> None:
     assert (out / "batch_size.png").is_file() and (out / "n_layers.png").is_file()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--backends", "ort-tpu"], "unknown backend 'ort-tpu'"),
-    (["--experiments", "width"], "unknown experiment 'width'"),
-    (["--models", "gpt5"], "unknown model 'gpt5'"),
-    (["--batches", "1,two"], "--batches: cannot read '1,two'"),
-    (["--d-models", "0"], "--d-models needs positive integers"),
-    (["--experiments", "zoo_batch"], "needs --models"),
-    (["--threads", "-1"], "--threads and --max-params must be >= 0"),
-    (["--fixed-params", "0"], "needs positive integers"),
-    (["--min-time", "-1"], "--min-time must be a finite number >= 0"),
-])
-def test_user_errors_are_one_line_and_exit_2(args: list[str], message: str, tmp_path: Path,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--backends", "ort-tpu"], "unknown backend 'ort-tpu'"),
+        (["--experiments", "width"], "unknown experiment 'width'"),
+        (["--models", "gpt5"], "unknown model 'gpt5'"),
+        (["--batches", "1,two"], "--batches: cannot read '1,two'"),
+        (["--d-models", "0"], "--d-models needs positive integers"),
+        (["--experiments", "zoo_batch"], "needs --models"),
+        (["--threads", "-1"], "--threads and --max-params must be >= 0"),
+        (["--fixed-params", "0"], "needs positive integers"),
+        (["--min-time", "-1"], "--min-time must be a finite number >= 0"),
+    ],
+)
+def test_user_errors_are_one_line_and_exit_2(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code = main(["bench", *args, "--out", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache")])
     err = capsys.readouterr().err
     assert code == 2

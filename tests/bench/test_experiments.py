@@ -30,8 +30,13 @@ def test_ffn_onnx_file_computes_what_the_module_computes(tmp_path: Path) -> None
 
 
 def test_point_inputs_repeat_the_row_keeping_dtype(tmp_path: Path) -> None:
-    point = bb.PointModel(torch.nn.Identity(), {"ids": torch.tensor([[5, 7, 9]]), "mask": torch.ones(1, 3)},
-                          ["y"], tmp_path / "m.onnx", {})
+    point = bb.PointModel(
+        torch.nn.Identity(),
+        {"ids": torch.tensor([[5, 7, 9]]), "mask": torch.ones(1, 3)},
+        ["y"],
+        tmp_path / "m.onnx",
+        {},
+    )
     inputs = point.inputs(4)
     assert inputs["ids"].shape == (4, 3) and inputs["ids"].dtype == torch.int64
     assert inputs["ids"].tolist() == [[5, 7, 9]] * 4
@@ -88,7 +93,8 @@ def test_a_point_that_fails_is_recorded_and_the_sweep_goes_on(tiny, monkeypatch:
     doc = run_seed_experiment("batch_size", tiny(backends=["ort-cpu"]), log=lambda line: None)
     assert sorted(p["batch_size"] for p in doc["points"]) == [1, 2]
     assert [(s["point"]["batch_size"], s["reason"]) for s in doc["skipped"]] == [
-        (4, "failed: out of memory allocating the batch")]
+        (4, "failed: out of memory allocating the batch")
+    ]
 
 
 def test_cuda_backend_is_measured_or_skipped_never_faked(tiny) -> None:
@@ -110,15 +116,21 @@ def test_zoo_batch_sweep_carries_the_models_config(tiny, zoo_cache: Path) -> Non
     doc = run_zoo_experiment("mlp", tiny(cache_dir=zoo_cache), log=lambda line: None)
     assert (doc["name"], doc["model"], doc["vary"]) == ("zoo_batch", "mlp", "batch_size")
     assert sorted((p["backend"], p["batch_size"]) for p in doc["points"]) == sorted(
-        (b, n) for b in ("ort-cpu", "torch-cpu") for n in (1, 2))
+        (b, n) for b in ("ort-cpu", "torch-cpu") for n in (1, 2)
+    )
     for point in doc["points"]:
         assert POINT_KEYS | {"in_features", "hidden", "out_features"} <= set(point)
         assert point["params"] == 4 * 100 + 100 + 100 + 1
 
 
 def test_run_bench_writes_the_schema_and_one_figure_per_experiment(tiny, tmp_path: Path, zoo_cache: Path) -> None:
-    settings = tiny(experiments=["batch_size", "d_model", "n_layers", "fixed_params", "zoo_batch"], models=["mlp"],
-                    batches=[1, 2], backends=["torch-cpu", "ort-cpu"], cache_dir=zoo_cache)
+    settings = tiny(
+        experiments=["batch_size", "d_model", "n_layers", "fixed_params", "zoo_batch"],
+        models=["mlp"],
+        batches=[1, 2],
+        backends=["torch-cpu", "ort-cpu"],
+        cache_dir=zoo_cache,
+    )
     threads_before = torch.get_num_threads()
     doc = run_bench(settings, log=lambda line: None)
     written = write_run(doc, tmp_path / "run")
@@ -135,18 +147,34 @@ def test_run_bench_writes_the_schema_and_one_figure_per_experiment(tiny, tmp_pat
         assert experiment["points"], experiment["name"]
     fixed = next(e for e in loaded["experiments"] if e["name"] == "fixed_params")
     assert sorted((p["n_layers"], p["d_model"]) for p in fixed["points"] if p["backend"] == "ort-cpu") == [
-        (1, 32), (4, 16)]
+        (1, 32),
+        (4, 16),
+    ]
     pngs = sorted(p.name for p in written if p.suffix == ".png")
     assert pngs == ["batch_size.png", "d_model.png", "fixed_params.png", "n_layers.png", "zoo_batch.png"]
     assert all(p.read_bytes().startswith(PNG_MAGIC) for p in written if p.suffix == ".png")
 
 
 def test_plot_bench_renders_from_a_document_alone() -> None:
-    point = {"backend": "ort-cpu", "batch_size": 1, "d_model": 8, "n_layers": 2, "params": 128,
-             "median_s": 2e-3, "min_s": 1e-3, "max_s": 3e-3, "repeats": 5}
-    doc = {"schema": SCHEMA, "machine": {}, "experiments": [
-        {"name": "n_layers", "model": "ffn", "vary": "n_layers", "fixed": {}, "points": [point], "skipped": []},
-        {"name": "d_model", "model": "ffn", "vary": "d_model", "fixed": {}, "points": [], "skipped": []}]}
+    point = {
+        "backend": "ort-cpu",
+        "batch_size": 1,
+        "d_model": 8,
+        "n_layers": 2,
+        "params": 128,
+        "median_s": 2e-3,
+        "min_s": 1e-3,
+        "max_s": 3e-3,
+        "repeats": 5,
+    }
+    doc = {
+        "schema": SCHEMA,
+        "machine": {},
+        "experiments": [
+            {"name": "n_layers", "model": "ffn", "vary": "n_layers", "fixed": {}, "points": [point], "skipped": []},
+            {"name": "d_model", "model": "ffn", "vary": "d_model", "fixed": {}, "points": [], "skipped": []},
+        ],
+    }
     figures = plot_bench(doc)
     assert list(figures) == ["n_layers.png"]  # an experiment with nothing measured draws nothing
     assert figures["n_layers.png"].startswith(PNG_MAGIC)

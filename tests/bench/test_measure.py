@@ -55,8 +55,9 @@ def test_median_min_max_come_from_the_samples() -> None:
     def run() -> None:
         now[0] += next(durations)
 
-    timing = measure(run, MeasureSettings(warmup=1, min_repeats=4, min_time_s=0, max_repeats=4, max_time_s=100),
-                     lambda: now[0])
+    timing = measure(
+        run, MeasureSettings(warmup=1, min_repeats=4, min_time_s=0, max_repeats=4, max_time_s=100), lambda: now[0]
+    )
     assert (timing.median_s, timing.min_s, timing.max_s, timing.repeats) == (2.5, 1.0, 5.0, 4)
 
 
@@ -67,16 +68,18 @@ def test_fixed_params_width_is_a_multiple_of_eight_near_sqrt() -> None:
 
 
 def test_grids_follow_the_seed() -> None:
-    settings = BenchSettings(batches=[1, 2], d_models=[64, 128], layers=[128, 256], fixed_params=2**20,
-                             fixed_layers=[1, 16])
+    settings = BenchSettings(
+        batches=[1, 2], d_models=[64, 128], layers=[128, 256], fixed_params=2**20, fixed_layers=[1, 16]
+    )
     assert grid("batch_size", settings) == ({"d_model": 128, "n_layers": 128}, [(128, 128, [1, 2])])
     assert grid("d_model", settings)[1] == [(64, 128, [1]), (128, 128, [1])]
     assert grid("n_layers", settings)[1] == [(128, 128, [1]), (128, 256, [1])]
     assert grid("fixed_params", settings) == ({"batch_size": 1, "params": 2**20}, [(1024, 1, [1]), (256, 16, [1])])
 
 
-@pytest.mark.parametrize("text, expected", [("1,2,4", [1, 2, 4]), ("128:512:128", [128, 256, 384, 512]),
-                                            (" 8 , 16:32:8", [8, 16, 24, 32])])
+@pytest.mark.parametrize(
+    "text, expected", [("1,2,4", [1, 2, 4]), ("128:512:128", [128, 256, 384, 512]), (" 8 , 16:32:8", [8, 16, 24, 32])]
+)
 def test_parse_ints(text: str, expected: list[int]) -> None:
     assert parse_ints("--batches", text) == expected
 

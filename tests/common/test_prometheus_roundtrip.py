@@ -22,8 +22,8 @@ from latlab.loadtest.from_prometheus import curves_from_prometheus
 from latlab.loadtest.results import SCHEMA, read_results, write_results
 
 RUN = "t1"
-DEPLOYMENTS = ("mlp-b1", "mlp-batch")   # swept in this order
-MEDIANS_S = (0.0008, 0.003, 0.02)       # one per step: latency grows with load
+DEPLOYMENTS = ("mlp-b1", "mlp-batch")  # swept in this order
+MEDIANS_S = (0.0008, 0.003, 0.02)  # one per step: latency grows with load
 SAMPLES = 2000
 
 EXPORTER = textwrap.dedent("""
@@ -65,9 +65,16 @@ def known_run() -> dict:
             latencies = rng.lognormal(np.log(median), 0.7, SAMPLES)
             p50, p99 = np.percentile(latencies, [50, 99], method="inverted_cdf")
             target = 250.0 * (i + 1)
-            stats = {"target_rps": target, "offered_rps": target * 0.99731 + d, "achieved_rps": target * 0.98113,
-                     "errors": i + d, "p50_s": float(p50), "p99_s": float(p99),
-                     "generator_bound": i == 2, "stable": i < 2}
+            stats = {
+                "target_rps": target,
+                "offered_rps": target * 0.99731 + d,
+                "achieved_rps": target * 0.98113,
+                "errors": i + d,
+                "p50_s": float(p50),
+                "p99_s": float(p99),
+                "generator_bound": i == 2,
+                "stable": i < 2,
+            }
             steps.append({"latencies": latencies.tolist(), "stats": stats, "ended_at": now - 60 + 20 * d + 5 * i})
         deployments[name] = steps
     return {"run": RUN, "deployments": deployments}
@@ -82,8 +89,10 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict]]:
     (tmp / "known.json").write_text(json.dumps(known))
     (tmp / "exporter.py").write_text(EXPORTER)
     exporter_port, prom_port = procs.free_port(), procs.free_port()
-    exporter = procs.start([sys.executable, str(tmp / "exporter.py"), str(exporter_port), str(tmp / "known.json")],
-                           log_path=tmp / "exporter.log")
+    exporter = procs.start(
+        [sys.executable, str(tmp / "exporter.py"), str(exporter_port), str(tmp / "known.json")],
+        log_path=tmp / "exporter.log",
+    )
     server = None
     try:
         procs.wait_ready(f"http://127.0.0.1:{exporter_port}/metrics", exporter, 60, tmp / "exporter.log")
@@ -92,7 +101,8 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict]]:
         url = prometheus.base_url(prom_port)
         prometheus.wait_ready(url, server, 60, tmp / "prometheus.log")
         prometheus.wait_for_series(
-            url, f'count(last_over_time(latlab_loadtest_step_end_timestamp_seconds{{run="{RUN}"}}[5m])) == 6', 40)
+            url, f'count(last_over_time(latlab_loadtest_step_end_timestamp_seconds{{run="{RUN}"}}[5m])) == 6', 40
+        )
         time.sleep(1.5)  # the last step's histogram scraped too
         yield url, known
     finally:
@@ -123,9 +133,26 @@ def test_curves_rebuilt_from_prometheus_match_the_recorded_steps(lab) -> None:
 def test_rebuilt_document_is_a_valid_results_file(lab, tmp_path: Path) -> None:
     url, _ = lab
     doc = curves_from_prometheus(url, RUN)
-    sweep_keys = {"target_rps", "offered_rps", "achieved_rps", "sent", "ok", "errors", "dropped", "late",
-                  "incomplete", "p50_s", "p90_s", "p99_s", "max_s", "mean_s", "duration_s", "avg_batch_size",
-                  "generator_cpu_percent", "generator_bound"}
+    sweep_keys = {
+        "target_rps",
+        "offered_rps",
+        "achieved_rps",
+        "sent",
+        "ok",
+        "errors",
+        "dropped",
+        "late",
+        "incomplete",
+        "p50_s",
+        "p90_s",
+        "p99_s",
+        "max_s",
+        "mean_s",
+        "duration_s",
+        "avg_batch_size",
+        "generator_cpu_percent",
+        "generator_bound",
+    }
     assert all(sweep_keys <= set(step) for curve in doc["deployments"] for step in curve["steps"])
     write_results(tmp_path / "results.json", doc)
     (back,) = read_results(tmp_path)
@@ -165,9 +192,11 @@ def test_wait_for_series_times_out_naming_the_query(lab) -> None:
 def test_written_config_passes_promtool(tmp_path: Path) -> None:
     promtool = shutil.which("promtool")
     assert promtool, "promtool not found: it comes with Debian's `prometheus` package"
-    config = prometheus.write_config(tmp_path / "prometheus.yml",
-                                     {"loadgen": ["127.0.0.1:9101"], "server": ["127.0.0.1:8000", "127.0.0.1:8001"]},
-                                     interval_s=0.5)
+    config = prometheus.write_config(
+        tmp_path / "prometheus.yml",
+        {"loadgen": ["127.0.0.1:9101"], "server": ["127.0.0.1:8000", "127.0.0.1:8001"]},
+        interval_s=0.5,
+    )
     result = subprocess.run([promtool, "check", "config", str(config)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "scrape_interval: 500ms" in config.read_text()

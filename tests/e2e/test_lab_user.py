@@ -23,10 +23,13 @@ VOCAB, WIDTH, FEATURES = 128, 8, 6
 def scorer(path: Path) -> Path:
     """y = x @ W with x FP32 [batch, 6]: a model of the user's, not of the zoo."""
     w = np.random.default_rng(3).standard_normal((FEATURES, 2)).astype(np.float32)
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["score"])], "scorer",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", FEATURES])],
-                              [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["n", 2])],
-                              initializer=[numpy_helper.from_array(w, "W")])
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["score"])],
+        "scorer",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", FEATURES])],
+        [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["n", 2])],
+        initializer=[numpy_helper.from_array(w, "W")],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
     return path
 
@@ -34,12 +37,17 @@ def scorer(path: Path) -> Path:
 def pooled_embedding(path: Path) -> Path:
     """Token ids INT64 [batch, seq] -> the mean of their embeddings [batch, 8]: a dynamic sequence axis."""
     table = np.random.default_rng(4).standard_normal((VOCAB, WIDTH)).astype(np.float32)
-    nodes = [helper.make_node("Gather", ["table", "input_ids"], ["vectors"]),
-             helper.make_node("ReduceMean", ["vectors"], ["pooled"], axes=[1], keepdims=0)]
-    graph = helper.make_graph(nodes, "pooled",
-                              [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])],
-                              [helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", WIDTH])],
-                              initializer=[numpy_helper.from_array(table, "table")])
+    nodes = [
+        helper.make_node("Gather", ["table", "input_ids"], ["vectors"]),
+        helper.make_node("ReduceMean", ["vectors"], ["pooled"], axes=[1], keepdims=0),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "pooled",
+        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])],
+        [helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", WIDTH])],
+        initializer=[numpy_helper.from_array(table, "table")],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
     return path
 
@@ -48,8 +56,9 @@ def pooled_embedding(path: Path) -> Path:
 def short_quick_plan(monkeypatch: pytest.MonkeyPatch) -> None:
     """`--quick` in fewer, shorter steps, with no raising past the listed rates: a test of the path, not a
     measurement."""
-    monkeypatch.setitem(PLANS, "quick", replace(PLANS["quick"], step_seconds=0.5, warmup_seconds=0.3, max_windows=3,
-                                                raise_cap=1.0))
+    monkeypatch.setitem(
+        PLANS, "quick", replace(PLANS["quick"], step_seconds=0.5, warmup_seconds=0.3, max_windows=3, raise_cap=1.0)
+    )
 
 
 def run_lab(tmp_path: Path, *args: str) -> Path:
@@ -57,8 +66,21 @@ def run_lab(tmp_path: Path, *args: str) -> Path:
     every process the lab started is gone."""
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     runs = tmp_path / "runs"
-    status = cli.main(["lab", "--quick", "--providers", "cpu", "--rates", "40,120", "--runs-dir", str(runs),
-                       "--models-dir", str(tmp_path / "models"), *args])
+    status = cli.main(
+        [
+            "lab",
+            "--quick",
+            "--providers",
+            "cpu",
+            "--rates",
+            "40,120",
+            "--runs-dir",
+            str(runs),
+            "--models-dir",
+            str(tmp_path / "models"),
+            *args,
+        ]
+    )
     assert status == 0
     left = {p.pid for p in psutil.Process().children(recursive=True)} - before
     assert not left, f"lab left processes running: {left}"
@@ -69,10 +91,10 @@ def run_lab(tmp_path: Path, *args: str) -> Path:
 def verdict_of(report: Path, model: str) -> str:
     """The model's part of the report's first screen: its sentence and verdict table."""
     page = report.read_text()
-    answer = page[page.index("<section id='answer'>"):]
-    answer = answer[:answer.index("</section>")]
+    answer = page[page.index("<section id='answer'>") :]
+    answer = answer[: answer.index("</section>")]
     assert f"<h2 class='model'>{model}</h2>" in answer
-    return answer[answer.index(f"<h2 class='model'>{model}</h2>"):]
+    return answer[answer.index(f"<h2 class='model'>{model}</h2>") :]
 
 
 def check_results(run: Path, model: str, row_shape: list[int]) -> dict:
@@ -91,8 +113,7 @@ def test_lab_on_an_onnx_file_with_real_inputs_from_a_sample_file(tmp_path: Path,
     samples = tmp_path / "samples.npz"
     real = np.random.default_rng(5).uniform(0, 1, (10, FEATURES)).astype(np.float32)
     np.savez(samples, x=real)
-    run = run_lab(tmp_path, "--onnx", str(model), "--inputs", str(samples), "--slo", "20ms,80ms",
-                  "--price", "cpu=0.20")
+    run = run_lab(tmp_path, "--onnx", str(model), "--inputs", str(samples), "--slo", "20ms,80ms", "--price", "cpu=0.20")
     check_results(run, "scorer", [FEATURES])
     np.testing.assert_array_equal(np.load(run / "scorer" / "inputs.npz")["x"], real)  # the user's rows, as given
     verdict = verdict_of(run / "report.html", "scorer")

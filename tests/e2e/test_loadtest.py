@@ -17,8 +17,13 @@ CLI = [sys.executable, "-m", "latlab.cli"]
 
 
 def loadtest(host: str, out: Path, *args: str, env: dict | None = None, timeout: float = 180) -> dict:
-    result = subprocess.run([*CLI, "loadtest", "--host", host, "--deployment", "m", "--out", str(out), *args],
-                            capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    result = subprocess.run(
+        [*CLI, "loadtest", "--host", host, "--deployment", "m", "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     doc = json.loads((out / "results.json").read_text())
     doc["_stdout"] = result.stdout
@@ -43,8 +48,23 @@ def test_open_loop_shows_a_stall_that_closed_loop_hides(tmp_path):
 def test_slo_search_finds_a_known_capacity(tmp_path):
     capacity = 300.0
     with stub_server(StubModel(capacity=capacity)) as host:
-        doc = loadtest(host, tmp_path / "search", "--slo", "p99=500ms", "--rates", "40", "--resolution", "0.05",
-                       "--warmup-seconds", "0.5", "--step-seconds", "3", "--max-windows", "3", timeout=300)
+        doc = loadtest(
+            host,
+            tmp_path / "search",
+            "--slo",
+            "p99=500ms",
+            "--rates",
+            "40",
+            "--resolution",
+            "0.05",
+            "--warmup-seconds",
+            "0.5",
+            "--step-seconds",
+            "3",
+            "--max-windows",
+            "3",
+            timeout=300,
+        )
     search = doc["deployments"][0]["search"]
     assert search["rate"] is not None
     assert abs(search["rate"] - capacity) <= 0.1 * capacity, search
@@ -57,8 +77,21 @@ def test_raising_past_the_listed_rates_finds_a_known_capacity(tmp_path):
     sustained is within 10% of the stub's capacity, and the curve says it saw saturation."""
     capacity = 200.0
     with stub_server(StubModel(capacity=capacity)) as host:
-        doc = loadtest(host, tmp_path / "raise", "--rates", "60", "--max-rate", "3000", "--warmup-seconds", "0.5",
-                       "--step-seconds", "3", "--max-windows", "3", timeout=300)
+        doc = loadtest(
+            host,
+            tmp_path / "raise",
+            "--rates",
+            "60",
+            "--max-rate",
+            "3000",
+            "--warmup-seconds",
+            "0.5",
+            "--step-seconds",
+            "3",
+            "--max-windows",
+            "3",
+            timeout=300,
+        )
     curve = doc["deployments"][0]
     assert curve["saturated"] is True and curve["rate_cap_rps"] == 3000, curve["stop_reason"]
     # the highest throughput of a step that kept up (the report's max rate is achieved, not offered)
@@ -72,8 +105,23 @@ def test_a_cap_below_capacity_is_marked_not_saturated_and_short_steps_do_not_lie
     their intended send time (achieved never above offered, offered within Poisson noise of the target) and
     a low rate's windows grow until the step holds enough requests for a p99."""
     with stub_server(StubModel()) as host:
-        doc = loadtest(host, tmp_path / "capped", "--rates", "20,200", "--max-rate", "300", "--warmup-seconds", "0.3",
-                       "--step-seconds", "1.5", "--max-windows", "3", "--machine-name", "stub-box", timeout=300)
+        doc = loadtest(
+            host,
+            tmp_path / "capped",
+            "--rates",
+            "20,200",
+            "--max-rate",
+            "300",
+            "--warmup-seconds",
+            "0.3",
+            "--step-seconds",
+            "1.5",
+            "--max-windows",
+            "3",
+            "--machine-name",
+            "stub-box",
+            timeout=300,
+        )
     assert doc["machine"]["name"] == "stub-box"  # what reports call this machine
     curve = doc["deployments"][0]
     assert curve["saturated"] is False and "not saturated" in curve["stop_reason"] and curve["rate_cap_rps"] == 300
@@ -88,8 +136,20 @@ def test_a_cap_below_capacity_is_marked_not_saturated_and_short_steps_do_not_lie
 
 def test_distributed_fleet_totals_equal_the_sum_of_the_workers(tmp_path):
     with stub_server(StubModel()) as host:
-        doc = loadtest(host, tmp_path / "dist", "--workers", "2", "--rates", "60,120",
-                       "--warmup-seconds", "1", "--step-seconds", "3", "--max-windows", "3")
+        doc = loadtest(
+            host,
+            tmp_path / "dist",
+            "--workers",
+            "2",
+            "--rates",
+            "60,120",
+            "--warmup-seconds",
+            "1",
+            "--step-seconds",
+            "3",
+            "--max-windows",
+            "3",
+        )
     assert doc["workers"] == 2
     for step in doc["deployments"][0]["steps"]:
         per_worker = step["sent_by_worker"]
@@ -106,8 +166,13 @@ def test_options_come_from_the_environment_and_a_config_file(tmp_path):
     config = tmp_path / "lt.toml"
     config.write_text('[loadtest]\nrates = "30"\nwarmup-seconds = 0.3\nstep-seconds = 1.5\nmax-windows = 3\n')
     with stub_server(StubModel()) as host:
-        doc = loadtest(host, tmp_path / "env", "--config-file", str(config),
-                       env={"LATLAB_RATES": "100,150", "LATLAB_CONSTANT": "1"})
+        doc = loadtest(
+            host,
+            tmp_path / "env",
+            "--config-file",
+            str(config),
+            env={"LATLAB_RATES": "100,150", "LATLAB_CONSTANT": "1"},
+        )
     steps = doc["deployments"][0]["steps"]
     assert [s["target_rps"] for s in steps] == [100, 150]  # the environment beats the file
     assert doc["arrivals"] == "constant"
@@ -119,8 +184,21 @@ def test_options_come_from_the_environment_and_a_config_file(tmp_path):
 def test_both_http_clients_send_the_planned_load(tmp_path, client):
     """The lean client (the default) and Locust's own measure the same server alike, and say which ran."""
     with stub_server(StubModel()) as host:
-        doc = loadtest(host, tmp_path / client, "--client", client, "--rates", "80", "--constant",
-                       "--warmup-seconds", "0.5", "--step-seconds", "3", "--max-windows", "3")
+        doc = loadtest(
+            host,
+            tmp_path / client,
+            "--client",
+            client,
+            "--rates",
+            "80",
+            "--constant",
+            "--warmup-seconds",
+            "0.5",
+            "--step-seconds",
+            "3",
+            "--max-windows",
+            "3",
+        )
     (step,) = doc["deployments"][0]["steps"]
     assert doc["payload"]["client"] == client
     assert step["errors"] == 0 and step["dropped"] == 0 and step["sent"] >= 0.9 * 80 * 3
@@ -131,9 +209,25 @@ def test_both_http_clients_send_the_planned_load(tmp_path, client):
 
 
 def test_overload_refuses_a_recovery_load_outside_0_to_1(tmp_path):
-    result = subprocess.run([*CLI, "loadtest", "--host", "http://127.0.0.1:9", "--deployment", "m", "--overload", "3",
-                             "--recovery-load", "1.5", "--out", str(tmp_path / "x")],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            *CLI,
+            "loadtest",
+            "--host",
+            "http://127.0.0.1:9",
+            "--deployment",
+            "m",
+            "--overload",
+            "3",
+            "--recovery-load",
+            "1.5",
+            "--out",
+            str(tmp_path / "x"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2, result.stdout + result.stderr
     assert "--recovery-load between 0 and 1" in result.stderr + result.stdout
     assert not (tmp_path / "x" / "results.json").exists()
@@ -154,9 +248,23 @@ def test_slo_brackets_below_the_first_rate_and_never_only_with_evidence(tmp_path
     slo_a, slo_b = service_s / 2, 8 * service_s
     first = 1.1 * capacity
     with stub_server(StubModel(capacity=capacity)) as host:
-        doc = loadtest(host, tmp_path / "brackets", "--rates", f"{first:g}",
-                       "--slos", f"{slo_a * 1e3:g}ms,{slo_b * 1e3:g}ms", "--resolution", "0.3",
-                       "--warmup-seconds", "0.5", "--step-seconds", "1.5", "--max-windows", "3", timeout=400)
+        doc = loadtest(
+            host,
+            tmp_path / "brackets",
+            "--rates",
+            f"{first:g}",
+            "--slos",
+            f"{slo_a * 1e3:g}ms,{slo_b * 1e3:g}ms",
+            "--resolution",
+            "0.3",
+            "--warmup-seconds",
+            "0.5",
+            "--step-seconds",
+            "1.5",
+            "--max-windows",
+            "3",
+            timeout=400,
+        )
     curve = doc["deployments"][0]
     never, below = curve["slo_brackets"]
     single = curve["single_request"]
@@ -170,22 +278,41 @@ def test_slo_brackets_below_the_first_rate_and_never_only_with_evidence(tmp_path
     assert "never (p99" in page and "one request at a time" in page
 
 
-@pytest.mark.parametrize("slow_every, extra, verdict", [
-    (200, 0, "undecided"),   # 0.5% slow, ~300 requests: one or two over the bound cannot tell 0.5% from 1%
-    # 0.25% slow, the step extended until its count decides: within the SLO. At 0.5% (the first version) a count
-    # can need thousands of requests, and the extension rightly stops when the windows left cannot bring them
-    # (a fresh-clone CI run: 5 over in 917, 1441 needed after 6 windows)
-    (400, 40, "met"),
-    (50, 40, "broken"),      # 2% slow: over the SLO once enough requests arrive
-])
+@pytest.mark.parametrize(
+    "slow_every, extra, verdict",
+    [
+        (200, 0, "undecided"),  # 0.5% slow, ~300 requests: one or two over the bound cannot tell 0.5% from 1%
+        # 0.25% slow, the step extended until its count decides: within the SLO. At 0.5% (the first version) a count
+        # can need thousands of requests, and the extension rightly stops when the windows left cannot bring them
+        # (a fresh-clone CI run: 5 over in 917, 1441 needed after 6 windows)
+        (400, 40, "met"),
+        (50, 40, "broken"),  # 2% slow: over the SLO once enough requests arrive
+    ],
+)
 def test_a_known_tail_is_decided_once_enough_requests_arrive(tmp_path, slow_every, extra, verdict):
     """A stub whose every n-th answer is slow and the rest immediate: the p99 SLO (half the slow time) is met when
     fewer than 1% are slow. The step's decision says so only when its request count supports it."""
     slow_s = 0.2
     with stub_server(StubModel(slow_every=slow_every, slow_for=slow_s)) as host:
-        doc = loadtest(host, tmp_path / "tail", "--rates", "200", "--slos", f"{slow_s / 2 * 1e3:g}ms",
-                       "--decide-windows", str(extra), "--slo-steps", "0", "--warmup-seconds", "0.5",
-                       "--step-seconds", "1.5", "--max-windows", "3", timeout=300)
+        doc = loadtest(
+            host,
+            tmp_path / "tail",
+            "--rates",
+            "200",
+            "--slos",
+            f"{slow_s / 2 * 1e3:g}ms",
+            "--decide-windows",
+            str(extra),
+            "--slo-steps",
+            "0",
+            "--warmup-seconds",
+            "0.5",
+            "--step-seconds",
+            "1.5",
+            "--max-windows",
+            "3",
+            timeout=300,
+        )
     (step,) = doc["deployments"][0]["steps"]
     (decision,) = step["confidence"]["slos"]
     assert decision["verdict"] == verdict, (decision, step["samples"], step["extended_windows"])

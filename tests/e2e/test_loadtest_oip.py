@@ -45,11 +45,12 @@ def test_a_standard_routes_only_server_is_swept_and_reported_client_side(tmp_pat
 
 def test_triton_counters_at_a_given_url_feed_where_the_time_goes(tmp_path):
     with stub_server(StubModel(), standard_only=True, triton_metrics_path="/triton/metrics") as host:
-        doc = loadtest(host, tmp_path / "triton", "--rates", "50", "--server-metrics", f"{host}/triton/metrics",
-                       *SHORT)
+        doc = loadtest(host, tmp_path / "triton", "--rates", "50", "--server-metrics", f"{host}/triton/metrics", *SHORT)
     said = [line for line in doc["_stdout"].splitlines() if line.startswith(f"server at {host}")]
-    assert len(said) == 1 and f"server figures and batch sizes from Triton's nv_inference_* counters at " \
-                               f"{host}/triton/metrics" in said[0], doc["_stdout"]
+    assert (
+        len(said) == 1
+        and f"server figures and batch sizes from Triton's nv_inference_* counters at {host}/triton/metrics" in said[0]
+    ), doc["_stdout"]
     curve = doc["deployments"][0]
     assert curve["server_metrics"]["kind"] == "triton"
     (step,) = curve["steps"]

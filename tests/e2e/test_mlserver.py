@@ -69,14 +69,30 @@ def write_repository(folder: Path, model: Path, name: str, ports: list[int]) -> 
     (folder / "runtime.py").write_text(RUNTIME)
     (folder / "model.onnx").write_bytes(model.read_bytes())
     http, grpc, metrics = ports
-    (folder / "settings.json").write_text(json.dumps({
-        "host": "127.0.0.1", "http_port": http, "grpc_port": grpc, "metrics_port": metrics,
-        "parallel_workers": 0, "debug": False, "load_models_at_startup": True}))
-    (folder / "model-settings.json").write_text(json.dumps({
-        "name": name, "implementation": "runtime.OnnxModel",
-        "parameters": {"uri": str(folder / "model.onnx")},
-        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, TINY_IN]}],
-        "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, TINY_OUT]}]}))
+    (folder / "settings.json").write_text(
+        json.dumps(
+            {
+                "host": "127.0.0.1",
+                "http_port": http,
+                "grpc_port": grpc,
+                "metrics_port": metrics,
+                "parallel_workers": 0,
+                "debug": False,
+                "load_models_at_startup": True,
+            }
+        )
+    )
+    (folder / "model-settings.json").write_text(
+        json.dumps(
+            {
+                "name": name,
+                "implementation": "runtime.OnnxModel",
+                "parameters": {"uri": str(folder / "model.onnx")},
+                "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, TINY_IN]}],
+                "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, TINY_OUT]}],
+            }
+        )
+    )
 
 
 CAUSE = re.compile(r"^(?:[A-Za-z_]\w*\.)+[A-Z]\w*: \S|^[A-Z]\w*(?:Error|Exception): \S")
@@ -97,15 +113,21 @@ def mlserver(folder: Path, model: Path, name: str = "tiny") -> Iterator[str]:
     """MLServer serving `model` as `name`; yields its URL. Fails the test with one line when it cannot start."""
     script = Path(sys.executable).parent / "mlserver"
     if not script.exists():
-        pytest.fail(f"MLServer cannot start: no {script} (pip install -e '.[test]' installs the pinned mlserver)",
-                    pytrace=False)
+        pytest.fail(
+            f"MLServer cannot start: no {script} (pip install -e '.[test]' installs the pinned mlserver)", pytrace=False
+        )
     http, *rest = distinct_ports(3)
     write_repository(folder, model, name, [http, *rest])
     log = folder / "mlserver.log"
     with log.open("w") as out:
-        process = subprocess.Popen([str(script), "start", str(folder)], cwd=folder, stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**os.environ, "PYTHONPATH": str(folder)})
+        process = subprocess.Popen(
+            [str(script), "start", str(folder)],
+            cwd=folder,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "PYTHONPATH": str(folder)},
+        )
     host = f"http://127.0.0.1:{http}"
     try:
         why = wait_ready(process, f"{host}/v2/models/{name}/ready", log)
@@ -152,8 +174,9 @@ def test_a_real_mlserver_is_swept_reported_and_put_beside_latlab(tmp_path: Path,
     run = tmp_path / "mlserver-run"
     with mlserver(tmp_path / "repository", tiny_model) as host:
         assert requests.get(f"{host}/v2/models/tiny/config", timeout=5).status_code == 404  # no latlab extras
-        swept = run_cli("loadtest", "--host", host, "--deployment", "tiny", "--provider", "cpu", "--out", str(run),
-                        *SHORT)
+        swept = run_cli(
+            "loadtest", "--host", host, "--deployment", "tiny", "--provider", "cpu", "--out", str(run), *SHORT
+        )
     said = [line for line in swept.stdout.splitlines() if line.startswith(f"server at {host}")]
     assert len(said) == 1, swept.stdout  # its missing extras, said once
     assert "GET /v2/models/tiny/config answered 404" in said[0] and "no server figures" in said[0], said[0]
@@ -179,8 +202,10 @@ def test_a_real_mlserver_is_swept_reported_and_put_beside_latlab(tmp_path: Path,
     twin = copy.deepcopy(doc)
     twin["run_id"] = latlab.name
     for deployment in twin["deployments"]:
-        deployment.update(server={"name": "latlab", "version": "0.1.0"},
-                          batcher={"max_batch_size": 32, "max_queue_delay_ms": 2.0, "instances": 1})
+        deployment.update(
+            server={"name": "latlab", "version": "0.1.0"},
+            batcher={"max_batch_size": 32, "max_queue_delay_ms": 2.0, "instances": 1},
+        )
         deployment.pop("settings_unknown", None)
         for step in deployment["steps"]:
             step["achieved_rps"] *= 2

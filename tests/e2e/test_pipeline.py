@@ -54,9 +54,12 @@ def test_server_process_answers_the_protocol_and_survives_bad_input(server):
     host, process = server
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     good = {"id": "7", "inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "data": x.tolist()}]}
-    bad_bodies = [b"{not json", b'{"inputs": []}',
-                  json.dumps({"inputs": [{**good["inputs"][0], "name": "z"}]}).encode(),
-                  json.dumps({"inputs": [{**good["inputs"][0], "datatype": "INT64", "data": [1] * 8}]}).encode()]
+    bad_bodies = [
+        b"{not json",
+        b'{"inputs": []}',
+        json.dumps({"inputs": [{**good["inputs"][0], "name": "z"}]}).encode(),
+        json.dumps({"inputs": [{**good["inputs"][0], "datatype": "INT64", "data": [1] * 8}]}).encode(),
+    ]
     for body in bad_bodies:
         response = requests.post(f"{host}/v2/models/tiny/infer", data=body, timeout=10)
         assert response.status_code == 400
@@ -74,9 +77,28 @@ def test_locust_sweep_against_the_real_server(server, tmp_path, encoding):
     host, _ = server
     out = tmp_path / "run"
     binary = ["--binary"] if encoding == "binary" else []
-    result = subprocess.run([*CLI, "loadtest", "--host", host, "--deployment", "tiny", "--rates", "40,120",
-                             "--step-seconds", "2", "--warmup-seconds", "0.5", "--out", str(out), *binary],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            *CLI,
+            "loadtest",
+            "--host",
+            host,
+            "--deployment",
+            "tiny",
+            "--rates",
+            "40,120",
+            "--step-seconds",
+            "2",
+            "--warmup-seconds",
+            "0.5",
+            "--out",
+            str(out),
+            *binary,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     doc = json.loads((out / "results.json").read_text())
     assert doc["payload"]["encoding"] == encoding  # every request below was answered 200 in it
@@ -98,9 +120,18 @@ def test_lab_runs_end_to_end_and_stops_everything(tmp_path):
     from latlab.lab import run_lab
     from latlab.lab_plan import LabPlan, ModelPlan
 
-    plan = LabPlan(models=(ModelPlan("mlp", rates=(50, 150)),
-                           ModelPlan("ffn", {"d_model": 16, "n_layers": 2}, rates=(50, 150), binary=True)),
-                   step_seconds=0.5, warmup_seconds=0.3, max_windows=3, bench=False, raise_cap=1.0, slo_steps=0)
+    plan = LabPlan(
+        models=(
+            ModelPlan("mlp", rates=(50, 150)),
+            ModelPlan("ffn", {"d_model": 16, "n_layers": 2}, rates=(50, 150), binary=True),
+        ),
+        step_seconds=0.5,
+        warmup_seconds=0.3,
+        max_windows=3,
+        bench=False,
+        raise_cap=1.0,
+        slo_steps=0,
+    )
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     report = run_lab(tmp_path / "runs", tmp_path / "models", plan)
     assert report.is_file() and "data:image/png;base64," in report.read_text()
@@ -121,11 +152,14 @@ def test_lab_runs_end_to_end_and_stops_everything(tmp_path):
     assert first_screen_problems(probe(report, tmp_path / "chromium-profile")) == []
 
 
-@pytest.mark.parametrize("content, expected", [
-    (None, "does not exist"),
-    ("[server\nport = 1", "not valid TOML"),
-    ('[[deployments]]\nname = "m"\nmodel_path = "missing.onnx"\n', "missing.onnx does not exist"),
-])
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (None, "does not exist"),
+        ("[server\nport = 1", "not valid TOML"),
+        ('[[deployments]]\nname = "m"\nmodel_path = "missing.onnx"\n', "missing.onnx does not exist"),
+    ],
+)
 def test_serve_refuses_bad_config_with_one_line(tmp_path, content, expected):
     config = tmp_path / "lab.toml"
     if content is not None:
@@ -158,12 +192,19 @@ def test_ctrl_c_or_kill_stops_the_lab_and_everything_it_started(tmp_path, sent, 
     import time
 
     # The CLI's own interrupt handling (exit 130) around a small plan, so the test need not export the zoo.
-    script = ("import sys; from latlab.cli import main; from latlab.lab_plan import PLANS, LabPlan, ModelPlan; "
-              "PLANS['cpu'] = LabPlan(models=(ModelPlan('mlp', rates=(50,) * 40),), bench=False); "
-              f"sys.exit(main(['lab', '--runs-dir', {str(tmp_path / 'runs')!r}, '--models-dir', "
-              f"{str(tmp_path / 'models')!r}]))")
-    lab = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           preexec_fn=_interruptible)
+    script = (
+        "import sys; from latlab.cli import main; from latlab.lab_plan import PLANS, LabPlan, ModelPlan; "
+        "PLANS['cpu'] = LabPlan(models=(ModelPlan('mlp', rates=(50,) * 40),), bench=False); "
+        f"sys.exit(main(['lab', '--runs-dir', {str(tmp_path / 'runs')!r}, '--models-dir', "
+        f"{str(tmp_path / 'models')!r}]))"
+    )
+    lab = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_interruptible,
+    )
     children: list[psutil.Process] = []
     try:
         for line in lab.stdout:  # wait until the server and the load generator both run
@@ -196,21 +237,48 @@ def test_curves_rebuilt_from_prometheus_match_the_json(server, tmp_path):
 
     host, _ = server
     metrics_port, prom_port = procs.free_port(), procs.free_port()
-    config = prometheus.write_config(tmp_path / "prometheus.yml", {
-        "latlab-server": [host.removeprefix("http://")], "latlab-loadgen": [f"127.0.0.1:{metrics_port}"]})
+    config = prometheus.write_config(
+        tmp_path / "prometheus.yml",
+        {"latlab-server": [host.removeprefix("http://")], "latlab-loadgen": [f"127.0.0.1:{metrics_port}"]},
+    )
     prom = prometheus.start(config, tmp_path / "tsdb", prom_port, tmp_path / "prometheus.log")
     url = prometheus.base_url(prom_port)
     try:
         prometheus.wait_ready(url, prom, log_path=tmp_path / "prometheus.log")
         run = tmp_path / "run-prom"
-        result = subprocess.run([*CLI, "loadtest", "--host", host, "--deployment", "tiny", "--rates", "60,150",
-                                 "--step-seconds", "3", "--warmup-seconds", "0.5", "--max-windows", "3",
-                                 "--metrics-port", str(metrics_port), "--out", str(run)],
-                                capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [
+                *CLI,
+                "loadtest",
+                "--host",
+                host,
+                "--deployment",
+                "tiny",
+                "--rates",
+                "60,150",
+                "--step-seconds",
+                "3",
+                "--warmup-seconds",
+                "0.5",
+                "--max-windows",
+                "3",
+                "--metrics-port",
+                str(metrics_port),
+                "--out",
+                str(run),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         rebuilt_dir = tmp_path / "rebuilt"
-        report = subprocess.run([*CLI, "report", str(rebuilt_dir), "--from-prometheus", url, "--run", run.name],
-                                capture_output=True, text=True, timeout=120)
+        report = subprocess.run(
+            [*CLI, "report", str(rebuilt_dir), "--from-prometheus", url, "--run", run.name],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert report.returncode == 0, report.stderr[-3000:]
         # The server was scraped too: its histograms are in the same Prometheus.
         assert prometheus.query(url, 'latlab_batcher_batch_size_count{deployment="tiny"}')
@@ -231,8 +299,10 @@ def test_sigterm_answers_everything_accepted_then_exits_0(tmp_path, tiny_model):
 
     port = procs.free_port()
     config = tmp_path / "drain.toml"
-    config.write_text(f'[server]\nport = {port}\n[[deployments]]\nname = "tiny"\nmodel_path = "{tiny_model}"\n'
-                      '[deployments.batcher]\nmax_batch_size = 64\nmax_queue_delay_ms = 800\n')
+    config.write_text(
+        f'[server]\nport = {port}\n[[deployments]]\nname = "tiny"\nmodel_path = "{tiny_model}"\n'
+        "[deployments.batcher]\nmax_batch_size = 64\nmax_queue_delay_ms = 800\n"
+    )
     process = procs.start([*CLI, "serve", "--config", str(config)], log_path=tmp_path / "server.log")
     host = f"http://127.0.0.1:{port}"
     statuses: list = []
@@ -245,6 +315,7 @@ def test_sigterm_answers_everything_accepted_then_exits_0(tmp_path, tiny_model):
                 statuses.append(requests.post(f"{host}/v2/models/tiny/infer", json=body, timeout=15).status_code)
             except requests.RequestException as exc:
                 statuses.append(repr(exc))
+
         clients = [threading.Thread(target=send) for _ in range(8)]
         for client in clients:
             client.start()

@@ -25,12 +25,19 @@ def two_output_model(path: Path) -> Path:
     """y = x @ W + b and z = relu(y), so a client can ask for one output or both."""
     w, b = tiny_weights()
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"]),
-         helper.make_node("Relu", ["y"], ["z"])],
-        "two", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3]),
-         helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 3])],
-        initializer=[numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")])
+        [
+            helper.make_node("MatMul", ["x", "W"], ["xw"]),
+            helper.make_node("Add", ["xw", "b"], ["y"]),
+            helper.make_node("Relu", ["y"], ["z"]),
+        ],
+        "two",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3]),
+            helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 3]),
+        ],
+        initializer=[numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")],
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
     return path
@@ -38,9 +45,12 @@ def two_output_model(path: Path) -> Path:
 
 def string_model(path: Path) -> Path:
     """Identity over a BYTES tensor: what goes in must come back byte for byte."""
-    graph = helper.make_graph([helper.make_node("Identity", ["s"], ["t"])], "strings",
-                              [helper.make_tensor_value_info("s", TensorProto.STRING, ["batch", 2])],
-                              [helper.make_tensor_value_info("t", TensorProto.STRING, ["batch", 2])])
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["s"], ["t"])],
+        "strings",
+        [helper.make_tensor_value_info("s", TensorProto.STRING, ["batch", 2])],
+        [helper.make_tensor_value_info("t", TensorProto.STRING, ["batch", 2])],
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
     return path
@@ -56,13 +66,13 @@ def client(tmp_path_factory):
 port = {port}
 [[deployments]]
 name = "two"
-model_path = "{two_output_model(folder / 'two' / 'model.onnx')}"
+model_path = "{two_output_model(folder / "two" / "model.onnx")}"
 [deployments.batcher]
 max_batch_size = 8
 max_queue_delay_ms = 1
 [[deployments]]
 name = "strings"
-model_path = "{string_model(folder / 'strings' / 'model.onnx')}"
+model_path = "{string_model(folder / "strings" / "model.onnx")}"
 [deployments.batcher]
 max_batch_size = 4
 """)
@@ -128,8 +138,9 @@ def test_bytes_tensors_round_trip(client, binary):
     s = np.array([[b"hello", b""], ["naïve".encode(), last]], dtype=np.object_)
     tensor = tritonclient_http.InferInput("s", [2, 2], "BYTES")
     tensor.set_data_from_numpy(s, binary_data=binary)
-    result = client.infer("strings", [tensor],
-                          outputs=[tritonclient_http.InferRequestedOutput("t", binary_data=binary)])
+    result = client.infer(
+        "strings", [tensor], outputs=[tritonclient_http.InferRequestedOutput("t", binary_data=binary)]
+    )
     got = [[v if isinstance(v, bytes) else str(v).encode() for v in row] for row in result.as_numpy("t").tolist()]
     assert got == s.tolist()
 

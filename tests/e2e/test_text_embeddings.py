@@ -62,13 +62,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 port = {port}
 [[deployments]]
 name = "minilm-text"
-model_path = "{folder / 'model.onnx'}"
+model_path = "{folder / "model.onnx"}"
 [deployments.batcher]
 max_batch_size = 8
 max_queue_delay_ms = 50
 [deployments.tokenizer]
-file = "{text['tokenizer']['file']}"
-max_length = {text['tokenizer']['max_length']}
+file = "{text["tokenizer"]["file"]}"
+max_length = {text["tokenizer"]["max_length"]}
 """)
     log = folder / "server.log"
     process = procs.start([*CLI, "serve", "--config", str(config)], log_path=log)
@@ -89,11 +89,11 @@ def latlab_infer(server: str, sentences: list[str], binary: bool) -> tuple[np.nd
         client.close()
     assert answer.status == 200, answer.body[:300]
     length = answer.headers.get(HEADER_LENGTH.lower())
-    header = orjson.loads(answer.body if length is None else answer.body[:int(length)])
+    header = orjson.loads(answer.body if length is None else answer.body[: int(length)])
     (output,) = header["outputs"]
     if length is None:
         return np.array(output["data"], np.float32).reshape(output["shape"]), header
-    return np.frombuffer(answer.body[int(length):], "<f4").reshape(output["shape"]), header
+    return np.frombuffer(answer.body[int(length) :], "<f4").reshape(output["shape"]), header
 
 
 def triton_infer(server: str, sentences: list[str], binary: bool) -> np.ndarray:
@@ -130,8 +130,9 @@ def test_latlab_client_gets_sentence_transformers_embeddings(server: str, expect
 
 
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
-def test_tritonclient_bytes_gets_sentence_transformers_embeddings(server: str, expected: np.ndarray,
-                                                                  binary: bool) -> None:
+def test_tritonclient_bytes_gets_sentence_transformers_embeddings(
+    server: str, expected: np.ndarray, binary: bool
+) -> None:
     have = triton_infer(server, SENTENCES, binary)
     assert np.max(np.abs(have - expected)) < TOLERANCE
 
@@ -145,6 +146,7 @@ def test_sentences_sent_at_once_are_batched_padded_and_still_equal(server: str, 
     def send(index: int) -> None:
         start.wait()
         results[index] = triton_infer(server, [SENTENCES[index]], binary=index % 2 == 0)[0]
+
     threads = [threading.Thread(target=send, args=(i,)) for i in range(len(SENTENCES))]
     for thread in threads:
         thread.start()

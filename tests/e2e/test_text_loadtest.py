@@ -32,7 +32,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 port = {port}
 [[deployments]]
 name = "text"
-model_path = "{token_model(folder / 'toy' / 'model.onnx')}"
+model_path = "{token_model(folder / "toy" / "model.onnx")}"
 [deployments.batcher]
 max_batch_size = 8
 max_queue_delay_ms = 2
@@ -41,7 +41,7 @@ file = "{TOKENIZER}"
 max_length = 64
 [[deployments]]
 name = "tiny"
-model_path = "{build_tiny_model(folder / 'tiny' / 'model.onnx')}"
+model_path = "{build_tiny_model(folder / "tiny" / "model.onnx")}"
 """)
     process = procs.start([*CLI, "serve", "--config", str(config)], log_path=folder / "server.log")
     url = f"http://127.0.0.1:{port}"
@@ -63,10 +63,35 @@ def preprocess(host: str, suffix: str) -> float:
 def test_text_load_reaches_the_tokenizer(host: str, tmp_path: Path, encoding: str) -> None:
     before = preprocess(host, "count")
     out = tmp_path / "run"
-    result = subprocess.run([*CLI, "loadtest", "--host", host, "--deployment", "text", "--text", "--seq-len", "12",
-                             "--seq-len-max", "40", "--rates", "30", "--step-seconds", "1.5", "--warmup-seconds", "0.5",
-                             "--max-windows", "3", "--out", str(out), *(["--binary"] if encoding == "binary" else [])],
-                            capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        [
+            *CLI,
+            "loadtest",
+            "--host",
+            host,
+            "--deployment",
+            "text",
+            "--text",
+            "--seq-len",
+            "12",
+            "--seq-len-max",
+            "40",
+            "--rates",
+            "30",
+            "--step-seconds",
+            "1.5",
+            "--warmup-seconds",
+            "0.5",
+            "--max-windows",
+            "3",
+            "--out",
+            str(out),
+            *(["--binary"] if encoding == "binary" else []),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     doc = json.loads((out / "results.json").read_text())
     assert doc["payload"]["text"] is True and doc["payload"]["encoding"] == encoding
@@ -77,8 +102,24 @@ def test_text_load_reaches_the_tokenizer(host: str, tmp_path: Path, encoding: st
 
 
 def test_text_against_a_token_deployment_is_one_readable_line(host: str, tmp_path: Path) -> None:
-    result = subprocess.run([*CLI, "loadtest", "--host", host, "--deployment", "tiny", "--text", "--rates", "10",
-                             "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            *CLI,
+            "loadtest",
+            "--host",
+            host,
+            "--deployment",
+            "tiny",
+            "--text",
+            "--rates",
+            "10",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     assert "deployment 'tiny'" in result.stderr and "takes no text" in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
@@ -88,9 +129,36 @@ def test_plain_locust_with_the_shipped_locustfile_sends_sentences(host: str, tmp
     """`locust -f loadtest/locustfile.py --latlab-text ...` on its own, headless, for a few seconds."""
     before = preprocess(host, "count")
     locustfile = Path(__file__).resolve().parents[2] / "loadtest" / "locustfile.py"
-    result = subprocess.run([sys.executable, "-m", "locust", "-f", str(locustfile), "--headless", "--users", "1",
-                             "--spawn-rate", "1", "--run-time", "3s", "--host", host, "--latlab-deployment", "text",
-                             "--latlab-text", "--latlab-rate", "20", "--latlab-seq-len", "10", "--latlab-binary",
-                             "--only-summary"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "locust",
+            "-f",
+            str(locustfile),
+            "--headless",
+            "--users",
+            "1",
+            "--spawn-rate",
+            "1",
+            "--run-time",
+            "3s",
+            "--host",
+            host,
+            "--latlab-deployment",
+            "text",
+            "--latlab-text",
+            "--latlab-rate",
+            "20",
+            "--latlab-seq-len",
+            "10",
+            "--latlab-binary",
+            "--only-summary",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert preprocess(host, "count") - before >= 20  # ~60 sentences in 3 s at 20/s, all tokenized

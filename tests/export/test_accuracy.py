@@ -89,8 +89,12 @@ def test_the_check_set_is_fixed_and_apart_from_calibration() -> None:
 
 def test_a_text_model_is_checked_on_real_sentences_through_its_tokenizer() -> None:
     ids = torch.zeros(2, 4, dtype=torch.int64)
-    zoo = ZooModel(nn.Identity(), {"input_ids": ids, "attention_mask": ids}, ["embedding"],
-                   files={samples.TOKENIZER_FILE: model_dir() / "tokenizer.json"})
+    zoo = ZooModel(
+        nn.Identity(),
+        {"input_ids": ids, "attention_mask": ids},
+        ["embedding"],
+        files={samples.TOKENIZER_FILE: model_dir() / "tokenizer.json"},
+    )
     batches = samples.check_batches(zoo)
     assert sum(len(b["input_ids"]) for b in batches) == len(samples.SENTENCES)
     for batch in batches:

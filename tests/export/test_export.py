@@ -89,15 +89,17 @@ def test_onnx_runtime_matches_torch_at_any_batch(exported: tuple[ZooModel, dict,
 def test_metadata_params_count_every_torch_parameter(exported: tuple[ZooModel, dict, Path]) -> None:
     zoo, metadata, _ = exported
     assert metadata["params"] == sum(p.numel() for p in zoo.module.parameters())
-    by_hand = {"ffn": FFN_LAYERS * FFN_D_MODEL ** 2,  # bias-free blocks
-               "mlp": MLP_IN * MLP_HIDDEN + MLP_HIDDEN + MLP_HIDDEN * MLP_OUT + MLP_OUT}
+    by_hand = {
+        "ffn": FFN_LAYERS * FFN_D_MODEL**2,  # bias-free blocks
+        "mlp": MLP_IN * MLP_HIDDEN + MLP_HIDDEN + MLP_HIDDEN * MLP_OUT + MLP_OUT,
+    }
     assert metadata["params"] == by_hand[metadata["name"]]
 
 
 def test_flops_per_sample_are_twice_the_dense_multiply_adds(exported: tuple[ZooModel, dict, Path]) -> None:
     zoo, metadata, _ = exported
     assert metadata["flops_per_sample"] == 2 * sum(m.in_features * m.out_features for m in linear_layers(zoo.module))
-    by_hand = {"ffn": 2 * FFN_LAYERS * FFN_D_MODEL ** 2, "mlp": 2 * (4 * 8 + 8 * 2)}
+    by_hand = {"ffn": 2 * FFN_LAYERS * FFN_D_MODEL**2, "mlp": 2 * (4 * 8 + 8 * 2)}
     assert metadata["flops_per_sample"] == by_hand[metadata["name"]]
 
 

@@ -18,14 +18,18 @@ def lstm_graph(computed_weights: bool, seq: int | str = "seq") -> onnx.ModelProt
     r = numpy_helper.from_array(np.zeros((1, 4 * H, H), np.float32), "R")
     nodes = [helper.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=H)]
     if computed_weights:
-        halves = [numpy_helper.from_array(w[:, : 2 * H], "W0"), numpy_helper.from_array(w[:, 2 * H:], "W1")]
+        halves = [numpy_helper.from_array(w[:, : 2 * H], "W0"), numpy_helper.from_array(w[:, 2 * H :], "W1")]
         nodes.insert(0, helper.make_node("Concat", ["W0", "W1"], ["W"], axis=1))
         inits = [*halves, r]
     else:
         inits = [numpy_helper.from_array(w, "W"), r]
-    graph = helper.make_graph(nodes, "lstm",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [seq, "batch", IN])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=inits)
+    graph = helper.make_graph(
+        nodes,
+        "lstm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [seq, "batch", IN])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
 
 
@@ -42,8 +46,12 @@ def test_unknown_sequence_length_gives_none_not_a_wrong_number() -> None:
 
 def test_conv_counts_kernel_times_output_pixels() -> None:
     kernel = numpy_helper.from_array(np.zeros((16, 3, 3, 3), np.float32), "K")
-    graph = helper.make_graph([helper.make_node("Conv", ["x", "K"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2])], "conv",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 32, 32])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], initializer=[kernel])
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "K"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2])],
+        "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 32, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[kernel],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     assert flops_per_sample(model) == 2 * 16 * 3 * 3 * 3 * 16 * 16

@@ -124,8 +124,9 @@ def test_weights_past_the_threshold_go_to_external_data(tmp_path: Path) -> None:
     x = torch.randn(5, 4)
     with torch.no_grad():
         want = zoo.module(x).numpy()
-    (have,) = ort.InferenceSession(str(folder / "model.onnx"),
-                                   providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})
+    (have,) = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x.numpy()}
+    )
     assert np.allclose(want, have, atol=1e-5)
     # a later export under the threshold is self-contained again: no stale weights file beside it
     meta = export("mlp", zoo, tmp_path, source="test")
@@ -141,6 +142,8 @@ def test_fp16_variant_follows_the_external_data_threshold(tmp_path: Path) -> Non
 
 
 def test_cli_threshold_option(tmp_path: Path) -> None:
-    assert cli.main(["export", "mlp", "--hidden", "8", "--models-dir", str(tmp_path),
-                     "--external-data-threshold", "0"]) == 0
+    assert (
+        cli.main(["export", "mlp", "--hidden", "8", "--models-dir", str(tmp_path), "--external-data-threshold", "0"])
+        == 0
+    )
     assert (tmp_path / "mlp" / "model.onnx.data").is_file()

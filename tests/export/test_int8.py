@@ -37,15 +37,24 @@ class TinyTextEncoder(nn.Module):
 
 def tiny_text() -> ZooModel:
     """The tiny encoder with minilm's tokenizer beside it: checked on real sentences, by cosine similarity."""
-    return ZooModel(TinyTextEncoder().eval(), random_tokens(2, 8, VOCAB), ["embedding"], {"tiny": True},
-                    dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}},
-                    files={samples.TOKENIZER_FILE: model_dir() / "tokenizer.json"})
+    return ZooModel(
+        TinyTextEncoder().eval(),
+        random_tokens(2, 8, VOCAB),
+        ["embedding"],
+        {"tiny": True},
+        dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}},
+        files={samples.TOKENIZER_FILE: model_dir() / "tokenizer.json"},
+    )
 
 
 def build(kind: str) -> ZooModel:
     torch.manual_seed(0)
-    builders = {"mlp": lambda: build_mlp(4, 16, 3), "ffn": lambda: build_ffn(d_model=32, n_layers=4),
-                "cnn": lambda: build_cnn(image_size=32, width=8, classes=10), "minilm": tiny_text}
+    builders = {
+        "mlp": lambda: build_mlp(4, 16, 3),
+        "ffn": lambda: build_ffn(d_model=32, n_layers=4),
+        "cnn": lambda: build_cnn(image_size=32, width=8, classes=10),
+        "minilm": tiny_text,
+    }
     return builders[kind]()
 
 
@@ -96,8 +105,11 @@ def test_accuracy_is_recorded_within_its_bound_and_reproducible(variant: tuple[s
     assert bound.minimum <= accuracy["figure"] < 1.0  # close to FP32, and really quantized
     assert accuracy["min_accuracy"] == bound.minimum and accuracy["samples"] > 0
     batches = samples.check_batches(zoo)
-    again = compare(bound.measure, run(models_dir / kind / "model.onnx", batches),
-                    run(models_dir / f"{kind}-int8" / "model.onnx", batches))
+    again = compare(
+        bound.measure,
+        run(models_dir / kind / "model.onnx", batches),
+        run(models_dir / f"{kind}-int8" / "model.onnx", batches),
+    )
     assert again.figure == pytest.approx(accuracy["figure"])
 
 
@@ -107,8 +119,11 @@ def test_int8_variant_holds_its_bound_on_inputs_it_was_not_checked_on(variant: t
         torch.manual_seed(99)
         fresh = [{n: t.numpy() for n, t in zoo.random_inputs(16).items()} for _ in range(2)]
     bound = Bound.for_model(kind)
-    accuracy = compare(bound.measure, run(models_dir / kind / "model.onnx", fresh),
-                       run(models_dir / f"{kind}-int8" / "model.onnx", fresh))
+    accuracy = compare(
+        bound.measure,
+        run(models_dir / kind / "model.onnx", fresh),
+        run(models_dir / f"{kind}-int8" / "model.onnx", fresh),
+    )
     assert accuracy.meets(bound), accuracy
 
 
@@ -139,7 +154,8 @@ def test_fp16_variant_is_held_to_the_same_measure(tmp_path: Path) -> None:
 
 
 def test_cli_exports_an_int8_variant_and_refuses_one_below_min_accuracy(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     args = ["export", "mlp", "--hidden", "8", "--models-dir", str(tmp_path), "--int8"]
     assert cli.main(args) == 0
     out = capsys.readouterr().out

@@ -17,8 +17,11 @@ from latlab.export.minilm import TOKENIZER_FILES, model_dir, random_tokens
 from latlab.export.onnx_export import MAX_REL_ERROR, export
 from latlab.export.zoo import ZooModel, build_minilm
 
-SENTENCES = ["hello world", "A much longer sentence about latency, GPUs and the batching of requests.",
-             "CPUs hold their own at batch one."]
+SENTENCES = [
+    "hello world",
+    "A much longer sentence about latency, GPUs and the batching of requests.",
+    "CPUs hold their own at batch one.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -55,15 +58,18 @@ def embed(session: ort.InferenceSession, ids: np.ndarray, mask: np.ndarray) -> n
 def test_signature_has_dynamic_batch_and_sequence(exported: tuple[ZooModel, dict, Path]) -> None:
     _, metadata, folder = exported
     onnx.checker.check_model(str(folder / "model.onnx"), full_check=True)
-    assert metadata["inputs"] == [{"name": "input_ids", "datatype": "INT64", "shape": ["batch", "seq"]},
-                                  {"name": "attention_mask", "datatype": "INT64", "shape": ["batch", "seq"]}]
+    assert metadata["inputs"] == [
+        {"name": "input_ids", "datatype": "INT64", "shape": ["batch", "seq"]},
+        {"name": "attention_mask", "datatype": "INT64", "shape": ["batch", "seq"]},
+    ]
     assert metadata["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": ["batch", 384]}]
     assert metadata["params"] == 22_565_376  # BERT-MiniLM L6 H384 without its unused pooler head
     assert metadata["parity"]["max_rel_error"] <= MAX_REL_ERROR
 
 
-def test_matches_sentence_transformers_on_real_sentences(exported: tuple[ZooModel, dict, Path],
-                                                         session: ort.InferenceSession) -> None:
+def test_matches_sentence_transformers_on_real_sentences(
+    exported: tuple[ZooModel, dict, Path], session: ort.InferenceSession
+) -> None:
     """The copied tokenizer + the ONNX model give sentence-transformers' own embeddings."""
     from sentence_transformers import SentenceTransformer
     from tokenizers import Tokenizer
@@ -82,8 +88,9 @@ def test_matches_sentence_transformers_on_real_sentences(exported: tuple[ZooMode
 
 
 @pytest.mark.parametrize("batch, seq", [(1, 3), (5, 8), (2, 40)])
-def test_parity_on_random_tokens_and_masks(exported: tuple[ZooModel, dict, Path], session: ort.InferenceSession,
-                                           batch: int, seq: int) -> None:
+def test_parity_on_random_tokens_and_masks(
+    exported: tuple[ZooModel, dict, Path], session: ort.InferenceSession, batch: int, seq: int
+) -> None:
     zoo, _, _ = exported
     torch.manual_seed(batch * 100 + seq)
     inputs = random_tokens(batch, seq, 30522)

@@ -25,13 +25,16 @@ def export_cli(tmp_path: Path, *args: str) -> int:
     return cli.main(["export", "--models-dir", str(tmp_path), *args])
 
 
-def test_module_factory_exports_two_inputs_and_named_outputs(tmp_path: Path,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_module_factory_exports_two_inputs_and_named_outputs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert export_cli(tmp_path, "--module", f"{FACTORY}:two_inputs", "--name", "mine") == 0
     meta = load_metadata(tmp_path / "mine")
     assert meta["source"] == f"user module {FACTORY}:two_inputs"
-    assert meta["inputs"] == [{"name": "a", "datatype": "FP32", "shape": ["batch", IN_A]},
-                              {"name": "b", "datatype": "FP32", "shape": ["batch", IN_B]}]
+    assert meta["inputs"] == [
+        {"name": "a", "datatype": "FP32", "shape": ["batch", IN_A]},
+        {"name": "b", "datatype": "FP32", "shape": ["batch", IN_B]},
+    ]
     assert [o["name"] for o in meta["outputs"]] == ["y", "total"]
     assert meta["params"] == IN_A * OUT + OUT + IN_B * OUT + OUT
     assert meta["parity"]["max_rel_error"] <= 1e-4
@@ -50,16 +53,20 @@ def test_factory_without_output_names_gets_numbered_ones() -> None:
     assert zoo.output_names == ["y0", "y1"] and zoo.config == {"module": f"{FACTORY}:unnamed_outputs"}
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("no_colon_here", "write package.module:factory"),
-    ("latlab_no_such_package.mod:f", "cannot import latlab_no_such_package.mod"),
-    (f"{FACTORY}:missing", "has no attribute 'missing'"),
-    (f"{FACTORY}:not_a_module", "not an nn.Module"),
-    (f"{FACTORY}:bad_inputs", "dict of name -> tensor"),
-    (f"{FACTORY}:fixed_batch", "torch.onnx.export failed"),
-])
-def test_bad_module_spec_is_one_readable_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                              spec: str, message: str) -> None:
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("no_colon_here", "write package.module:factory"),
+        ("latlab_no_such_package.mod:f", "cannot import latlab_no_such_package.mod"),
+        (f"{FACTORY}:missing", "has no attribute 'missing'"),
+        (f"{FACTORY}:not_a_module", "not an nn.Module"),
+        (f"{FACTORY}:bad_inputs", "dict of name -> tensor"),
+        (f"{FACTORY}:fixed_batch", "torch.onnx.export failed"),
+    ],
+)
+def test_bad_module_spec_is_one_readable_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: str, message: str
+) -> None:
     assert export_cli(tmp_path, "--module", spec, "--name", "x") == 2
     err = capsys.readouterr().err
     assert err.startswith("latlab: error:") and message in err and "Traceback" not in err
@@ -87,10 +94,12 @@ def test_onnx_file_is_adopted_with_its_signature(tmp_path: Path, capsys: pytest.
 def fixed_batch_model(path: Path) -> Path:
     w, b = tiny_weights()
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])], "fixed",
+        [helper.make_node("MatMul", ["x", "W"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["y"])],
+        "fixed",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3])],
-        initializer=[numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")])
+        initializer=[numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "b")],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
     return path
 
@@ -137,15 +146,19 @@ def test_adopt_api_refuses_without_the_cli(tmp_path: Path) -> None:
         adopt_onnx(tmp_path / "absent.onnx", "a", tmp_path / "models")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["mlp", "--onnx", "x.onnx", "--name", "n"], "exactly one of"),
-    ([], "exactly one of"),
-    (["--onnx", "x.onnx"], "need --name"),
-    (["cnn", "--width", "0"], "--width must be a positive integer"),
-    (["rnn", "--seq-len", "-3"], "--seq-len must be a positive integer"),
-])
-def test_source_must_be_exactly_one(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str],
-                                    message: str) -> None:
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["mlp", "--onnx", "x.onnx", "--name", "n"], "exactly one of"),
+        ([], "exactly one of"),
+        (["--onnx", "x.onnx"], "need --name"),
+        (["cnn", "--width", "0"], "--width must be a positive integer"),
+        (["rnn", "--seq-len", "-3"], "--seq-len must be a positive integer"),
+    ],
+)
+def test_source_must_be_exactly_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
     assert export_cli(tmp_path, *argv) == 2
     assert message in capsys.readouterr().err
 
@@ -154,8 +167,9 @@ def test_adopted_external_data_model_is_copied_with_its_weights(tmp_path: Path) 
     src_dir = tmp_path / "src"
     src_dir.mkdir()
     model = onnx.load(str(build_tiny_model(tmp_path / "t.onnx")))
-    onnx.save_model(model, str(src_dir / "ext.onnx"), save_as_external_data=True, location="weights.bin",
-                    size_threshold=0)
+    onnx.save_model(
+        model, str(src_dir / "ext.onnx"), save_as_external_data=True, location="weights.bin", size_threshold=0
+    )
     meta = adopt_onnx(src_dir / "ext.onnx", "ext", tmp_path / "models", external_data_threshold=0)
     shutil.rmtree(src_dir)  # the adopted copy must not depend on the original's files
     folder = tmp_path / "models" / "ext"

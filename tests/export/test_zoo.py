@@ -141,13 +141,44 @@ def test_rnn_rejects_an_unknown_cell() -> None:
 
 
 def test_cli_exports_rnn_and_cnn(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["export", "rnn", "--models-dir", str(tmp_path), "--cell", "gru", "--hidden", "6",
-                     "--input-size", "3", "--rnn-layers", "1", "--seq-len", "4", "--name", "tiny-gru"]) == 0
+    assert (
+        cli.main(
+            [
+                "export",
+                "rnn",
+                "--models-dir",
+                str(tmp_path),
+                "--cell",
+                "gru",
+                "--hidden",
+                "6",
+                "--input-size",
+                "3",
+                "--rnn-layers",
+                "1",
+                "--seq-len",
+                "4",
+                "--name",
+                "tiny-gru",
+            ]
+        )
+        == 0
+    )
     meta = load_metadata(tmp_path / "tiny-gru")
-    assert meta["config"] == {"cell": "gru", "input_size": 3, "hidden": 6, "rnn_layers": 1, "seq_len": 4,
-                              "out_features": 8}
-    assert cli.main(["export", "cnn", "--models-dir", str(tmp_path), "--width", "4", "--image-size", "16",
-                     "--classes", "5"]) == 0
+    assert meta["config"] == {
+        "cell": "gru",
+        "input_size": 3,
+        "hidden": 6,
+        "rnn_layers": 1,
+        "seq_len": 4,
+        "out_features": 8,
+    }
+    assert (
+        cli.main(
+            ["export", "cnn", "--models-dir", str(tmp_path), "--width", "4", "--image-size", "16", "--classes", "5"]
+        )
+        == 0
+    )
     assert load_metadata(tmp_path / "cnn")["outputs"][0]["shape"] == ["batch", 5]
     out = capsys.readouterr().out
     assert out.count("max rel error") == 2 and "exported tiny-gru" in out and "exported cnn" in out

@@ -61,8 +61,17 @@ def targets() -> list[Target]:
     for stem, dashboard in dashboards().items():
         for panel in panels(dashboard):
             for target in panel.get("targets", []):
-                found.append(Target(stem, panel["id"], panel.get("title", ""), target.get("refId", ""),
-                                    target.get("expr", ""), bool(target.get("instant")), panel.get("repeat")))
+                found.append(
+                    Target(
+                        stem,
+                        panel["id"],
+                        panel.get("title", ""),
+                        target.get("refId", ""),
+                        target.get("expr", ""),
+                        bool(target.get("instant")),
+                        panel.get("repeat"),
+                    )
+                )
     return found
 
 
@@ -72,6 +81,7 @@ def referenced_variables(text: str) -> set[str]:
 
 def substitute(expr: str, values: dict[str, str]) -> str:
     """Replace $name and ${name} by values[name]; a name without a value is an error, not left as is."""
+
     def one(match: re.Match) -> str:
         name = match.group(1) or match.group(2)
         if name not in values:

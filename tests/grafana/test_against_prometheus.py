@@ -46,8 +46,10 @@ CLI = [sys.executable, "-m", "latlab.cli"]
 # Grafana's $__rate_interval is max($__interval + scrape interval, 4 x scrape interval): 8 s at the
 # shipped 2 s (the datasource's timeInterval); $__interval never drops below that 2 s either.
 GRAFANA_BUILTINS = {"__rate_interval": "8s", "__interval": "2s"}
-GPU_ONLY = re.compile(r"latlab_gpu_(utilization_ratio|memory_used_bytes|memory_total_bytes)"
-                      r"|latlab_batcher_(input|output)_transfer_duration")
+GPU_ONLY = re.compile(
+    r"latlab_gpu_(utilization_ratio|memory_used_bytes|memory_total_bytes)"
+    r"|latlab_batcher_(input|output)_transfer_duration"
+)
 DEPLOYMENTS = ("tiny-cpu", "tiny-b1", "tiny-tight", "tiny-text")
 SERVER_CONFIG = """
 [server]
@@ -116,8 +118,11 @@ class Lab:
 
 def query_range(url: str, expr: str, start: float, end: float, step_s: float = 1.0) -> list[dict]:
     """A range query as Grafana sends it; raises PrometheusQueryError when Prometheus refuses it."""
-    response = requests.get(f"{url}/api/v1/query_range", timeout=30, params={
-        "query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step_s:g}"})
+    response = requests.get(
+        f"{url}/api/v1/query_range",
+        timeout=30,
+        params={"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step_s:g}"},
+    )
     body = response.json()
     if body.get("status") != "success":
         raise prometheus.PrometheusQueryError(f"{body.get('errorType')}: {body.get('error')} in {expr!r}")
@@ -126,8 +131,11 @@ def query_range(url: str, expr: str, start: float, end: float, step_s: float = 1
 
 def label_values(lab: Lab, selector: str, label: str) -> list[str]:
     """What Grafana's label_values(selector, label) lists over the dashboard's time range."""
-    response = requests.get(f"{lab.url}/api/v1/label/{label}/values", timeout=30, params={
-        "match[]": selector, "start": f"{lab.start:.3f}", "end": f"{lab.end:.3f}"})
+    response = requests.get(
+        f"{lab.url}/api/v1/label/{label}/values",
+        timeout=30,
+        params={"match[]": selector, "start": f"{lab.start:.3f}", "end": f"{lab.end:.3f}"},
+    )
     body = response.json()
     assert body["status"] == "success", f"label_values({selector}, {label}): {body}"
     return body["data"]
@@ -215,9 +223,15 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     model = build_tiny_model(tmp / "tiny" / "model.onnx")
     server_port, metrics_port, loadgen_port, prom_port = (procs.free_port() for _ in range(4))
     config = tmp / "server.toml"
-    config.write_text(SERVER_CONFIG.format(port=server_port, metrics_port=metrics_port, model=model,
-                                           tokenizer=TOKENIZER,
-                                           text_model=token_model(tmp / "tiny-text" / "model.onnx")))
+    config.write_text(
+        SERVER_CONFIG.format(
+            port=server_port,
+            metrics_port=metrics_port,
+            model=model,
+            tokenizer=TOKENIZER,
+            text_model=token_model(tmp / "tiny-text" / "model.onnx"),
+        )
+    )
     # Prometheus scrapes the observer port, as the shipped targets/servers.json does (port + 1 there)
     server, loadgen = f"127.0.0.1:{metrics_port}", f"127.0.0.1:{loadgen_port}"
     prom_config = shipped_prometheus_config(tmp / "prometheus", server, loadgen)
@@ -234,19 +248,44 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         side = SideTraffic(host)
         side.start()
         run = tmp / "run-grafana"
-        result = subprocess.run([*CLI, "loadtest", "--host", host, "--deployment", "tiny-cpu", "--rates", "50,100",
-                                 "--step-seconds", "1.5", "--warmup-seconds", "0.5", "--max-windows", "3",
-                                 "--metrics-port", str(loadgen_port), "--out", str(run)],
-                                capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [
+                *CLI,
+                "loadtest",
+                "--host",
+                host,
+                "--deployment",
+                "tiny-cpu",
+                "--rates",
+                "50,100",
+                "--step-seconds",
+                "1.5",
+                "--warmup-seconds",
+                "0.5",
+                "--max-windows",
+                "3",
+                "--metrics-port",
+                str(loadgen_port),
+                "--out",
+                str(run),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         codes = side.stop()
         assert result.returncode == 0, result.stderr[-3000:]
         assert {200, 503, 504} <= set(codes), f"tiny-tight should refuse (503) and expire (504): {set(codes)}"
         wait_for_recorded_series(url, start)
         devices = prometheus.query(url, "max(latlab_gpu_devices)")
-        ready = Lab(url, start, time.time(), run.name, server, loadgen,
-                    prometheus.sample_value(devices[0]) if devices else 0.0)
-        ready.variables = {(stem, pick_all): resolve_variables(ready, dashboard, pick_all)
-                           for stem, dashboard in shipped.dashboards().items() for pick_all in (True, False)}
+        ready = Lab(
+            url, start, time.time(), run.name, server, loadgen, prometheus.sample_value(devices[0]) if devices else 0.0
+        )
+        ready.variables = {
+            (stem, pick_all): resolve_variables(ready, dashboard, pick_all)
+            for stem, dashboard in shipped.dashboards().items()
+            for pick_all in (True, False)
+        }
         yield ready
     finally:
         if side is not None:
@@ -258,7 +297,9 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
 def test_file_sd_found_the_server_and_the_load_generator(lab: Lab):
     active = requests.get(f"{lab.url}/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
     assert {(t["labels"]["job"], t["labels"]["instance"]) for t in active} == {
-        ("latlab-server", lab.server), ("latlab-loadgen", lab.loadgen)}
+        ("latlab-server", lab.server),
+        ("latlab-loadgen", lab.loadgen),
+    }
     for job in ("latlab-server", "latlab-loadgen"):  # both really scraped (the generator has exited since)
         assert 1.0 in finite_values(lab.range(f'up{{job="{job}"}}')), job
 
@@ -281,8 +322,10 @@ def test_every_panel_target_returns_data(lab: Lab, target: shipped.Target, pick_
         result = lab.instant(expr) if target.instant else lab.range(expr)  # raises if it does not parse
         if GPU_ONLY.search(expr) and lab.gpu_devices == 0:
             assert result == [], f"{target.name}: GPU series without a GPU: {result[:2]}"
-            print(f"{target.name} ({target.panel_title}): parses; no GPU here (latlab_gpu_devices = 0), "
-                  "so no data: needs a GPU box to check its data")
+            print(
+                f"{target.name} ({target.panel_title}): parses; no GPU here (latlab_gpu_devices = 0), "
+                "so no data: needs a GPU box to check its data"
+            )
             continue
         assert finite_values(result), f"{target.name} ({target.panel_title!r}) returned no data for {expr}"
 
@@ -310,8 +353,9 @@ def test_prometheus_runs_every_shipped_rule_healthily(lab: Lab):
 
 
 def panel_target(dashboard: str, title: str, ref_id: str = "A") -> shipped.Target:
-    (target,) = [t for t in shipped.targets()
-                 if t.dashboard == dashboard and t.panel_title == title and t.ref_id == ref_id]
+    (target,) = [
+        t for t in shipped.targets() if t.dashboard == dashboard and t.panel_title == title and t.ref_id == ref_id
+    ]
     return target
 
 

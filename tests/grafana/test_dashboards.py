@@ -69,7 +69,7 @@ def test_variables_are_label_values_queries_on_the_datasource(stem):
         if variable["multi"]:
             assert variable["includeAll"] and variable["allValue"] == ".*", variable["name"]
         # A variable may only use the ones defined before it (Grafana resolves them in order).
-        earlier = {v["name"] for v in variables[:variables.index(variable)]}
+        earlier = {v["name"] for v in variables[: variables.index(variable)]}
         assert shipped.referenced_variables(variable["definition"]) <= earlier, variable["name"]
 
 
@@ -195,8 +195,9 @@ def test_compose_runs_prometheus_grafana_and_the_server_on_the_shipped_files():
     mounts = compose_mounts("prometheus")
     (config_flag,) = [a for a in services["prometheus"]["command"] if a.startswith("--config.file=")]
     config = Path(config_flag.split("=", 1)[1])
-    seen_as = [repo / config.relative_to(container) for container, repo in mounts.items()
-               if config.is_relative_to(container)]
+    seen_as = [
+        repo / config.relative_to(container) for container, repo in mounts.items() if config.is_relative_to(container)
+    ]
     assert seen_as == [shipped.GRAFANA / "prometheus.yml"]
     # Grafana and the server share Prometheus' network namespace, so 127.0.0.1 targets hold in Docker too.
     assert services["grafana"]["network_mode"] == services["lab"]["network_mode"] == "service:prometheus"

@@ -36,8 +36,9 @@ def test_promtool_accepts_the_shipped_rules():
 
 def file_sd_patterns() -> dict[str, list[str]]:
     config = yaml.safe_load((shipped.GRAFANA / "prometheus.yml").read_text())
-    return {job["job_name"]: [f for sd in job["file_sd_configs"] for f in sd["files"]]
-            for job in config["scrape_configs"]}
+    return {
+        job["job_name"]: [f for sd in job["file_sd_configs"] for f in sd["files"]] for job in config["scrape_configs"]
+    }
 
 
 def test_servers_and_load_generators_are_discovered_from_target_files():
@@ -47,8 +48,11 @@ def test_servers_and_load_generators_are_discovered_from_target_files():
     # the server's observer port (its port + 1): scrapes never wait behind infer requests
     expected = {"latlab-server": "127.0.0.1:8001", "latlab-loadgen": "127.0.0.1:9646"}
     for job, globs in patterns.items():
-        files = [path for path in (shipped.GRAFANA / "targets").iterdir()
-                 if any(fnmatch.fnmatch(str(path.relative_to(shipped.GRAFANA)), g) for g in globs)]
+        files = [
+            path
+            for path in (shipped.GRAFANA / "targets").iterdir()
+            if any(fnmatch.fnmatch(str(path.relative_to(shipped.GRAFANA)), g) for g in globs)
+        ]
         assert files, f"no shipped target file matches {globs} for {job}"
         groups = [group for path in files for group in json.loads(path.read_text())]
         assert all(set(group) <= {"targets", "labels"} for group in groups)
@@ -57,11 +61,11 @@ def test_servers_and_load_generators_are_discovered_from_target_files():
 
 def test_a_written_config_can_load_the_shipped_rules(tmp_path: Path):
     """What the lab writes for its own Prometheus (write_config) loads grafana/rules as they ship."""
-    config = prometheus.write_config(tmp_path / "prometheus.yml", {"latlab-server": ["127.0.0.1:8000"]},
-                                     rule_files=shipped.RULE_FILES)
+    config = prometheus.write_config(
+        tmp_path / "prometheus.yml", {"latlab-server": ["127.0.0.1:8000"]}, rule_files=shipped.RULE_FILES
+    )
     result = promtool("check", "config", str(config))
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"{len(shipped.RULE_FILES)} rule files found" in result.stdout + result.stderr
     empty = prometheus.write_config(tmp_path / "plain.yml", {})
     assert "rule_files: []" in empty.read_text()  # without rule files: as before
-

@@ -42,7 +42,8 @@ def test_every_provider_is_really_tried() -> None:
 def test_a_provider_this_build_lacks_is_named(tmp_path: Path) -> None:
     model = doctor.tiny_model(tmp_path / "t.onnx")
     assert doctor.provider_check(model, "NoSuchExecutionProvider") == (
-        f"does not load: this onnxruntime build ({ort.get_device()}) has no NoSuchExecutionProvider")
+        f"does not load: this onnxruntime build ({ort.get_device()}) has no NoSuchExecutionProvider"
+    )
 
 
 def test_gpu_lines_from_nvml(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -75,16 +75,22 @@ def test_a_rehearsed_device_call_brings_everything_back_in_one_archive_that_coll
     out, kit_dir = tmp_path / "out", tmp_path / "kit"
     env = {**os.environ, "OUT": str(out), "LATLAB_KIT": str(kit_dir)}
     bench = ["--experiments", "batch_size", "--batches", "1,4", "--backends", "ort-cpu", "--min-time", "0.01"]
-    done = subprocess.run([sys.executable, str(KIT_SCRIPT), "bench", "--rehearse", *bench], env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(KIT_SCRIPT), "bench", "--rehearse", *bench],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert [p.name for p in out.iterdir()] == ["bench.tar.gz"]  # one file, however many the step wrote
     assert not (kit_dir / "staged").exists()  # packed and cleared: the next call starts empty
 
     kept = kit.collect(out, "rehearsal", tmp_path / "reference")
     names = sorted(p.relative_to(tmp_path / "reference").as_posix() for p in kept)
-    assert "rehearsal/bench.log" in names and any(n.startswith("rehearsal/bench/") and n.endswith(".json")
-                                                  for n in names), names
+    assert "rehearsal/bench.log" in names and any(
+        n.startswith("rehearsal/bench/") and n.endswith(".json") for n in names
+    ), names
     bench_doc = next(p for p in kept if p.suffix == ".json" and "bench" in p.parent.name)
     assert json.loads(bench_doc.read_text())["experiments"][0]["points"]
 
@@ -109,7 +115,9 @@ def test_collect_keeps_result_files_where_the_report_finds_them(tmp_path: Path) 
     (files_at / "verify.log").write_text("CUDAExecutionProvider")
     kept = kit.collect(files_at, "h100", tmp_path / "reference")
     assert sorted(p.relative_to(tmp_path / "reference").as_posix() for p in kept) == [
-        "h100/lab/ffn/results.json", "h100/verify.log"]
+        "h100/lab/ffn/results.json",
+        "h100/verify.log",
+    ]
     with pytest.raises(SystemExit, match="nothing to collect"):
         kit.collect(tmp_path / "empty-does-not-exist", "h100", tmp_path / "reference")
 

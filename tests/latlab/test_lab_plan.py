@@ -13,8 +13,9 @@ from latlab.lab_plan import FFN, PLANS, cpu_share
 from latlab.server.config import load_config
 
 
-@pytest.mark.parametrize("cores, threads, workers", [(1, 1, 0), (2, 1, 0), (4, 3, 0), (8, 6, 2), (16, 12, 4),
-                                                     (64, 56, 8), (192, 184, 8)])
+@pytest.mark.parametrize(
+    "cores, threads, workers", [(1, 1, 0), (2, 1, 0), (4, 3, 0), (8, 6, 2), (16, 12, 4), (64, 56, 8), (192, 184, 8)]
+)
 def test_cpu_deployments_get_every_core_the_generator_does_not_need(cores: int, threads: int, workers: int) -> None:
     share = cpu_share(cores)
     assert (share.cpu_threads, share.load_workers) == (threads, workers)
@@ -60,13 +61,24 @@ def test_a_lab_may_run_some_of_its_plans_models_and_refuses_unknown_ones() -> No
         PLANS["cpu"].only(["resnet"])
 
 
-@pytest.mark.parametrize("plan, cores, frontends", [("gpu", 16, 8), ("gpu", 64, 8), ("gpu", 8, 5), ("gpu", 2, 1),
-                                                    ("gpu-quick", 16, 8), ("cpu", 16, 1), ("quick", 64, 1)])
+@pytest.mark.parametrize(
+    "plan, cores, frontends",
+    [
+        ("gpu", 16, 8),
+        ("gpu", 64, 8),
+        ("gpu", 8, 5),
+        ("gpu", 2, 1),
+        ("gpu-quick", 16, 8),
+        ("cpu", 16, 1),
+        ("quick", 64, 1),
+    ],
+)
 def test_gpu_plans_run_front_ends_sized_to_the_machine(tmp_path: Path, plan: str, cores: int, frontends: int) -> None:
     """Every core the generator's workers and the engine leave, up to 8, on a GPU plan of a many-core machine;
     one process on a CPU plan or a small machine (where the hop costs more than it frees)."""
     chosen = replace(PLANS[plan], models=tuple(m for m in PLANS[plan].models if not m.text))
-    text = write_config(tmp_path, {m.name: tmp_path / "m.onnx" for m in chosen.models}, 8000, chosen,
-                        cpu_share(cores)).read_text()
+    text = write_config(
+        tmp_path, {m.name: tmp_path / "m.onnx" for m in chosen.models}, 8000, chosen, cpu_share(cores)
+    ).read_text()
     assert (f"frontends = {frontends}" in text) == (frontends > 1)
     assert frontends_for(chosen, cpu_share(cores)) == frontends

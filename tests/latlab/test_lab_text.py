@@ -18,7 +18,11 @@ from tests.text_models import TOKENIZER
 
 def test_minilm_is_planned_with_token_ids_and_with_text_on_every_provider() -> None:
     assert [name for name, _, _ in PLANS["cpu"].deployments(MINILM)] == [
-        "minilm-b1", "minilm-batch", "minilm-text-b1", "minilm-text-batch"]
+        "minilm-b1",
+        "minilm-batch",
+        "minilm-text-b1",
+        "minilm-text-batch",
+    ]
     gpu = PLANS["gpu"]
     (minilm,) = [m for m in gpu.models if m.name == "minilm"]
     names = {(name, provider) for name, provider, _ in gpu.deployments(minilm)}
@@ -61,7 +65,11 @@ def test_every_plans_config_loads_from_a_folder_toml_must_escape(tmp_path: Path,
     config = load_config(write_config(tmp_path, models, 8000, lab_plan), environ={})
     assert len(config.deployments) == sum(len(lab_plan.deployments(m)) for m in lab_plan.models)
     assert {d.model_path for d in config.deployments} == set(models.values())
-    assert all(d.cpu.execution_mode == "parallel" and not d.cpu.allow_spinning
-               for d in config.deployments if d.provider == "cpu")
+    assert all(
+        d.cpu.execution_mode == "parallel" and not d.cpu.allow_spinning
+        for d in config.deployments
+        if d.provider == "cpu"
+    )
     assert {d.tokenizer.file for d in config.deployments if d.tokenizer} == {
-        folder / "minilm" / "tokenizer" / "tokenizer.json"}
+        folder / "minilm" / "tokenizer" / "tokenizer.json"
+    }

@@ -23,8 +23,12 @@ F, I64, I32 = TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32
 def identity_model(path: Path, inputs: list[tuple[str, int, list]]) -> Path:
     """Each input passed through to an output of its own, with the declared types and shapes."""
     nodes = [helper.make_node("Identity", [name], [f"{name}_out"]) for name, _, _ in inputs]
-    graph = helper.make_graph(nodes, "user", [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
-                              [helper.make_tensor_value_info(f"{n}_out", t, s) for n, t, s in inputs])
+    graph = helper.make_graph(
+        nodes,
+        "user",
+        [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+        [helper.make_tensor_value_info(f"{n}_out", t, s) for n, t, s in inputs],
+    )
     return _save(graph, path)
 
 
@@ -37,17 +41,24 @@ def _save(graph: onnx.GraphProto, path: Path) -> Path:
 def embedding(path: Path, vocab: int) -> Path:
     """Token ids [batch, seq] -> embeddings [batch, seq, 4] from a table of `vocab` rows."""
     table = numpy_helper.from_array(np.ones((vocab, 4), np.float32), "table")
-    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["vectors"])], "emb",
-                              [helper.make_tensor_value_info("ids", I64, ["batch", "seq"])],
-                              [helper.make_tensor_value_info("vectors", F, ["batch", "seq", 4])], initializer=[table])
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["vectors"])],
+        "emb",
+        [helper.make_tensor_value_info("ids", I64, ["batch", "seq"])],
+        [helper.make_tensor_value_info("vectors", F, ["batch", "seq", 4])],
+        initializer=[table],
+    )
     return _save(graph, path)
 
 
 def summed(path: Path) -> Path:
     """x [batch, 4] -> the sum of everything, a scalar: an output that does not follow the batch."""
-    graph = helper.make_graph([helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0)], "sum",
-                              [helper.make_tensor_value_info("x", F, ["batch", 4])],
-                              [helper.make_tensor_value_info("total", F, [])])
+    graph = helper.make_graph(
+        [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0)],
+        "sum",
+        [helper.make_tensor_value_info("x", F, ["batch", 4])],
+        [helper.make_tensor_value_info("total", F, [])],
+    )
     return _save(graph, path)
 
 
@@ -70,46 +81,75 @@ def samples(tmp_path: Path, **arrays: np.ndarray) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("inputs, message", [
-    ([("x", F, [1, 4])], "input 'x' has no batch axis: its first axis is fixed at 1"),
-    ([("x", F, [])], "input 'x' is a scalar: it has no batch axis"),
-    ([("x", TensorProto.STRING, ["batch"])], "input 'x' has type tensor(string), which the lab cannot generate"),
-    ([("x", TensorProto.BFLOAT16, ["batch", 4])], "tensor 'x' has type tensor(bfloat16)"),
-    (SEQ, "input 'ids' axis 1 ('seq') is dynamic: give its size with --dim seq=N"),
-    ([("x", F, ["batch", None])], "input 'x' axis 1 is dynamic and unnamed: give its size with --dim x:1=N"),
-])
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        ([("x", F, [1, 4])], "input 'x' has no batch axis: its first axis is fixed at 1"),
+        ([("x", F, [])], "input 'x' is a scalar: it has no batch axis"),
+        ([("x", TensorProto.STRING, ["batch"])], "input 'x' has type tensor(string), which the lab cannot generate"),
+        ([("x", TensorProto.BFLOAT16, ["batch", 4])], "tensor 'x' has type tensor(bfloat16)"),
+        (SEQ, "input 'ids' axis 1 ('seq') is dynamic: give its size with --dim seq=N"),
+        ([("x", F, ["batch", None])], "input 'x' axis 1 is dynamic and unnamed: give its size with --dim x:1=N"),
+    ],
+)
 def test_a_model_the_lab_cannot_serve_stops_it_with_one_line(tmp_path, capsys, inputs, message) -> None:
     model = identity_model(tmp_path / "mine.onnx", inputs)
     assert message in lab(tmp_path, capsys, "--onnx", str(model))
 
 
-@pytest.mark.parametrize("dims, message", [
-    (["seq"], "--dim 'seq': write NAME=SIZE with a positive size"),
-    (["seq=0"], "write NAME=SIZE with a positive size"),
-    (["seq=8", "batch=4"], "--dim batch: 'batch' is the batch axis, which the lab sets itself"),
-    (["seq=8", "words=4"], "--dim words: the model has no dynamic axis of that name; its dynamic axes besides "
-                           "the batch: seq"),
-])
+@pytest.mark.parametrize(
+    "dims, message",
+    [
+        (["seq"], "--dim 'seq': write NAME=SIZE with a positive size"),
+        (["seq=0"], "write NAME=SIZE with a positive size"),
+        (["seq=8", "batch=4"], "--dim batch: 'batch' is the batch axis, which the lab sets itself"),
+        (
+            ["seq=8", "words=4"],
+            "--dim words: the model has no dynamic axis of that name; its dynamic axes besides the batch: seq",
+        ),
+    ],
+)
 def test_a_dim_that_names_no_axis_or_no_size_is_refused(tmp_path, capsys, dims, message) -> None:
     model = identity_model(tmp_path / "mine.onnx", SEQ)
     assert message in lab(tmp_path, capsys, "--onnx", str(model), *[a for d in dims for a in ("--dim", d)])
 
 
-@pytest.mark.parametrize("arrays, extra, message", [
-    ({"ids": np.zeros((3, 5), np.int64)}, [], "must hold the model's inputs ['ids', 'mask']: missing ['mask']"),
-    ({"ids": np.zeros((3, 5), np.int64), "mask": np.ones((3, 5), np.int64), "x": np.ones((3, 1), np.float32)}, [],
-     "unknown ['x']"),
-    ({"ids": np.zeros((3, 5), np.int32), "mask": np.ones((3, 5), np.int64)}, [],
-     "input 'ids' is INT64, but its samples are int32"),
-    ({"ids": np.zeros((3, 5, 1), np.int64), "mask": np.ones((3, 5), np.int64)}, [],
-     "input 'ids' has shape [-1, -1] (-1: any), but its samples have [3, 5, 1]"),
-    ({"ids": np.zeros((3, 5), np.int64), "mask": np.ones((3, 6), np.int64)}, [],
-     "inputs 'ids' and 'mask' share the axis 'seq', but their samples have 5 and 6 on it"),
-    ({"ids": np.zeros((3, 5), np.int64), "mask": np.ones((2, 5), np.int64)}, [],
-     "every array needs the same number of rows"),
-    ({"ids": np.zeros((3, 5), np.int64), "mask": np.ones((3, 5), np.int64)}, ["--dim", "seq=6"],
-     "--dim seq=6, but the samples of input 'ids' have 5 on axis 1"),
-])
+@pytest.mark.parametrize(
+    "arrays, extra, message",
+    [
+        ({"ids": np.zeros((3, 5), np.int64)}, [], "must hold the model's inputs ['ids', 'mask']: missing ['mask']"),
+        (
+            {"ids": np.zeros((3, 5), np.int64), "mask": np.ones((3, 5), np.int64), "x": np.ones((3, 1), np.float32)},
+            [],
+            "unknown ['x']",
+        ),
+        (
+            {"ids": np.zeros((3, 5), np.int32), "mask": np.ones((3, 5), np.int64)},
+            [],
+            "input 'ids' is INT64, but its samples are int32",
+        ),
+        (
+            {"ids": np.zeros((3, 5, 1), np.int64), "mask": np.ones((3, 5), np.int64)},
+            [],
+            "input 'ids' has shape [-1, -1] (-1: any), but its samples have [3, 5, 1]",
+        ),
+        (
+            {"ids": np.zeros((3, 5), np.int64), "mask": np.ones((3, 6), np.int64)},
+            [],
+            "inputs 'ids' and 'mask' share the axis 'seq', but their samples have 5 and 6 on it",
+        ),
+        (
+            {"ids": np.zeros((3, 5), np.int64), "mask": np.ones((2, 5), np.int64)},
+            [],
+            "every array needs the same number of rows",
+        ),
+        (
+            {"ids": np.zeros((3, 5), np.int64), "mask": np.ones((3, 5), np.int64)},
+            ["--dim", "seq=6"],
+            "--dim seq=6, but the samples of input 'ids' have 5 on axis 1",
+        ),
+    ],
+)
 def test_a_sample_file_that_does_not_fit_the_model_is_refused(tmp_path, capsys, arrays, extra, message) -> None:
     model = identity_model(tmp_path / "mine.onnx", SEQ)
     assert message in lab(tmp_path, capsys, "--onnx", str(model), "--inputs", samples(tmp_path, **arrays), *extra)
@@ -130,8 +170,9 @@ def test_a_provider_that_does_not_load_is_named(tmp_path, capsys, monkeypatch) -
     model = identity_model(tmp_path / "mine.onnx", [("x", F, ["batch", 4])])
     err = lab(tmp_path, capsys, "--onnx", str(model), "--providers", "cpu,cuda")
     assert "cannot serve it on cuda" in err and "asked for CUDAExecutionProvider" in err
-    assert "--providers: write some of cpu, cuda, tensorrt" in lab(tmp_path, capsys, "--onnx", str(model),
-                                                                   "--providers", "gpu")
+    assert "--providers: write some of cpu, cuda, tensorrt" in lab(
+        tmp_path, capsys, "--onnx", str(model), "--providers", "gpu"
+    )
 
 
 def test_a_model_that_fails_on_the_generated_inputs_says_to_give_real_ones(tmp_path, capsys) -> None:
@@ -174,8 +215,9 @@ def test_a_servable_model_becomes_a_one_model_plan_with_inputs_from_its_declared
     assert plan.providers == ("cpu",) and not plan.bench and plan.step_seconds == PLANS["quick"].step_seconds
     shapes = {n: (a.shape[1:], a.dtype) for n, a in planned.samples.items()}
     assert shapes == {"ids": ((128,), np.int64), "mask": ((128,), np.int64), "scale": ((3,), np.float32)}
-    assert ((planned.samples["mask"] == 1).all()
-            and 0 <= planned.samples["ids"].min() <= planned.samples["ids"].max() < 100)
+    assert (planned.samples["mask"] == 1).all() and 0 <= planned.samples["ids"].min() <= planned.samples[
+        "ids"
+    ].max() < 100
     assert planned.rates == tuple(sorted(planned.rates)) and len(planned.rates) >= 2
     write_samples(tmp_path / "run", plan)  # the sweep sends what the run folder holds
     args = sweep_args(tmp_path / "run", plan, planned, "http://127.0.0.1:1", 9646)
@@ -187,8 +229,12 @@ def test_samples_give_the_dynamic_axes_their_size_without_dim(tmp_path) -> None:
     model = identity_model(tmp_path / "mine.onnx", SEQ)
     ids = np.arange(40 * 7, dtype=np.int64).reshape(40, 7)
     path = samples(tmp_path, ids=ids, mask=np.ones((40, 7), np.int64))
-    plan = plan_user_model(PLANS["cpu"], UserModel(onnx=model, inputs=Path(path), providers="cpu", rates="5,10"),
-                           tmp_path / "models", cpu_share(2))
+    plan = plan_user_model(
+        PLANS["cpu"],
+        UserModel(onnx=model, inputs=Path(path), providers="cpu", rates="5,10"),
+        tmp_path / "models",
+        cpu_share(2),
+    )
     (planned,) = plan.models
     assert planned.name == "mine" and planned.rates == (5, 10)
     np.testing.assert_array_equal(planned.samples["ids"], ids[:32])  # the first rows, as many as requests vary over
@@ -199,8 +245,12 @@ def test_an_exported_model_and_a_module_are_found_by_name(tmp_path) -> None:
     identity_model(models / "mine" / "model.onnx", [("x", F, ["batch", 4])])
     plan = plan_user_model(PLANS["cpu"], UserModel(exported="mine", providers="cpu"), models, cpu_share(2))
     assert plan.models[0].name == "mine" and plan.models[0].onnx == (models / "mine" / "model.onnx").resolve()
-    plan = plan_user_model(PLANS["cpu"], UserModel(module="tests.export.factories:two_inputs", name="two",
-                                                   providers="cpu"), models, cpu_share(2))
+    plan = plan_user_model(
+        PLANS["cpu"],
+        UserModel(module="tests.export.factories:two_inputs", name="two", providers="cpu"),
+        models,
+        cpu_share(2),
+    )
     assert plan.models[0].onnx == (models / "two" / "model.onnx").resolve()  # exported first, as `latlab export`
     assert set(plan.models[0].samples) == {"a", "b"}
 

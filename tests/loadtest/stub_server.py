@@ -29,9 +29,13 @@ from werkzeug.wrappers import Request, Response
 
 logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one access line per request drowns test output
 
-METADATA = {"name": "m", "versions": ["1"], "platform": "stub",
-            "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
-            "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 4]}]}
+METADATA = {
+    "name": "m",
+    "versions": ["1"],
+    "platform": "stub",
+    "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
+    "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 4]}],
+}
 CONFIG = {"name": "m", "model": "stub", "provider": "cpu", "batcher": {"max_batch_size": 1}}
 SERVER = {"name": "stub-oip", "version": "0.1", "extensions": []}
 TRITON_METRICS = Path(__file__).with_name("triton_metrics.txt")
@@ -46,8 +50,12 @@ def advance(text: str, model: str, add: dict[str, float]) -> str:
     lines = []
     for line in text.splitlines():
         name = line.split("{", 1)[0]
-        if not line.startswith("#") and name in add and f'model="{model}"' in line \
-                and ("reason=" not in line or 'reason="REJECTED"' in line):
+        if (
+            not line.startswith("#")
+            and name in add
+            and f'model="{model}"' in line
+            and ("reason=" not in line or 'reason="REJECTED"' in line)
+        ):
             head, value = line.rsplit(" ", 1)
             total = float(value) + add[name]
             line = f"{head} {int(total) if total == int(total) else total}"
@@ -60,8 +68,14 @@ class StubModel:
     capacity: one request at a time, each taking 1/capacity s; slow_every/slow_for: every `slow_every`-th request
     takes `slow_for` s, the others none (a known tail: exactly 1/slow_every of the answers are slow)."""
 
-    def __init__(self, stall_every: float = 0.0, stall_for: float = 0.0, capacity: float = 0.0,
-                 slow_every: int = 0, slow_for: float = 0.0) -> None:
+    def __init__(
+        self,
+        stall_every: float = 0.0,
+        stall_for: float = 0.0,
+        capacity: float = 0.0,
+        slow_every: int = 0,
+        slow_for: float = 0.0,
+    ) -> None:
         self.stall_every, self.stall_for, self.capacity = stall_every, stall_for, capacity
         self.slow_every, self.slow_for = slow_every, slow_for
         self.started = time.monotonic()
@@ -89,14 +103,20 @@ class StubModel:
             counts = dict(self.triton)
         n = counts["requests"]
         base = TRITON_METRICS.read_text().replace('model="ffn",', 'model="m",')
-        return advance(base, "m", {
-            "nv_inference_request_success": n, "nv_inference_count": n,
-            "nv_inference_exec_count": -(-n // TRITON_BATCH),
-            "nv_inference_request_duration_us": counts["request_us"],
-            "nv_inference_queue_duration_us": 0,
-            "nv_inference_compute_input_duration_us": counts["input_us"],
-            "nv_inference_compute_infer_duration_us": counts["infer_us"],
-            "nv_inference_compute_output_duration_us": counts["output_us"]})
+        return advance(
+            base,
+            "m",
+            {
+                "nv_inference_request_success": n,
+                "nv_inference_count": n,
+                "nv_inference_exec_count": -(-n // TRITON_BATCH),
+                "nv_inference_request_duration_us": counts["request_us"],
+                "nv_inference_queue_duration_us": 0,
+                "nv_inference_compute_input_duration_us": counts["input_us"],
+                "nv_inference_compute_infer_duration_us": counts["infer_us"],
+                "nv_inference_compute_output_duration_us": counts["output_us"],
+            },
+        )
 
     def serve(self) -> None:
         if self.slow_every:
@@ -140,13 +160,16 @@ def _app(model: StubModel, standard_only: bool = False, triton_metrics_path: str
             read = time.perf_counter()
             model.serve()
             served = time.perf_counter()
-            body = {"model_name": "m", "outputs": [{"name": "y", "datatype": "FP32", "shape": [1, 4],
-                                                   "data": [0, 0, 0, 0]}]}
+            body = {
+                "model_name": "m",
+                "outputs": [{"name": "y", "datatype": "FP32", "shape": [1, 4], "data": [0, 0, 0, 0]}],
+            }
             response = Response(json.dumps(body), content_type="application/json")
             model.count(began, read, served, time.perf_counter())
         else:
             response = Response('{"error": "not found"}', status=404, content_type="application/json")
         return response(environ, start_response)
+
     return app
 
 
@@ -178,8 +201,19 @@ class StubProcess:
 
         root = str(Path(__file__).resolve().parents[2])  # `tests` must import in the child, wherever it runs
         path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
-        self.process = procs.start([sys.executable, "-m", "tests.loadtest.stub_server", "--port", str(self.port),
-                                    "--capacity", str(self.capacity)], log_path=self.log_path, env={"PYTHONPATH": path})
+        self.process = procs.start(
+            [
+                sys.executable,
+                "-m",
+                "tests.loadtest.stub_server",
+                "--port",
+                str(self.port),
+                "--capacity",
+                str(self.capacity),
+            ],
+            log_path=self.log_path,
+            env={"PYTHONPATH": path},
+        )
         procs.wait_ready(f"{self.host}/v2/models/m", self.process, timeout_s=30, log_path=self.log_path)
 
     def stop(self) -> None:

@@ -8,8 +8,18 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from latlab.loadtest.confidence import (DEFAULT_CONFIDENCE, Decision, Interval, _ranks, binom_cdf, binom_sf, decide,
-                                        min_samples_to_meet, percentile_interval, slo_decision)
+from latlab.loadtest.confidence import (
+    DEFAULT_CONFIDENCE,
+    Decision,
+    Interval,
+    _ranks,
+    binom_cdf,
+    binom_sf,
+    decide,
+    min_samples_to_meet,
+    percentile_interval,
+    slo_decision,
+)
 
 SEED = 20240607
 BOUND_S = 0.100
@@ -29,8 +39,21 @@ def tail_sample(n: int, fraction_over: float, seed: int = SEED) -> np.ndarray:
 
 # --- exact binomial tails ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("n, k, p", [(1, 0, 0.5), (10, 3, 0.3), (50, 0, 0.01), (50, 2, 0.01), (30, 29, 0.5),
-                                     (200, 190, 0.99), (200, 1, 0.01), (120, 60, 0.5), (400, 3, 0.01)])
+
+@pytest.mark.parametrize(
+    "n, k, p",
+    [
+        (1, 0, 0.5),
+        (10, 3, 0.3),
+        (50, 0, 0.01),
+        (50, 2, 0.01),
+        (30, 29, 0.5),
+        (200, 190, 0.99),
+        (200, 1, 0.01),
+        (120, 60, 0.5),
+        (400, 3, 0.01),
+    ],
+)
 def test_binomial_tails_match_brute_force_sum(n: int, k: int, p: float) -> None:
     assert binom_cdf(k, n, p) == pytest.approx(brute_cdf(k, n, p), rel=1e-9, abs=1e-15)
     assert binom_sf(k, n, p) == pytest.approx(1 - brute_cdf(k - 1, n, p), rel=1e-9, abs=1e-15)
@@ -52,6 +75,7 @@ def test_binomial_cdf_at_large_n_agrees_with_normal_approximation() -> None:
 
 
 # --- early stopping: known values --------------------------------------------------------------------------------
+
 
 def test_min_samples_to_meet_p99_with_none_over_is_299() -> None:
     assert 0.99**299 < 0.05 <= 0.99**298
@@ -95,7 +119,7 @@ def test_empty_step_is_undecided_and_needs_the_clean_minimum() -> None:
 def test_needed_is_where_the_same_fraction_decides(n: int, over: int) -> None:
     d = slo_decision(n, over)
     assert d.verdict == "undecided" and d.needed is not None and d.needed > n
-    at_needed = slo_decision(d.needed, (over * d.needed + n // 2) // n)   # the fraction, rounded half up
+    at_needed = slo_decision(d.needed, (over * d.needed + n // 2) // n)  # the fraction, rounded half up
     assert at_needed.verdict == ("met" if over / n < 0.01 else "broken")
 
 
@@ -113,6 +137,7 @@ def test_bad_arguments_raise() -> None:
 
 
 # --- early stopping on sampled tails -----------------------------------------------------------------------------
+
 
 def test_tail_just_inside_the_slo_is_met_once_enough_samples_arrive() -> None:
     x = tail_sample(5_000, 0.005)
@@ -132,11 +157,11 @@ def test_decide_counts_over_the_bound_and_nan_as_over() -> None:
     d = decide([0.01, 0.2, float("nan"), 0.1, 0.05], 0.1)
     assert isinstance(d, Decision)
     assert (d.n, d.over, d.q, d.confidence) == (5, 2, 0.99, DEFAULT_CONFIDENCE)
-    assert d.as_dict() == {"verdict": d.verdict, "n": 5, "over": 2, "q": 0.99, "confidence": 0.95,
-                           "needed": d.needed}
+    assert d.as_dict() == {"verdict": d.verdict, "n": 5, "over": 2, "q": 0.99, "confidence": 0.95, "needed": d.needed}
 
 
 # --- percentile intervals ----------------------------------------------------------------------------------------
+
 
 def lognormal_quantile(mu: float, sigma: float, q: float) -> float:
     return math.exp(mu + sigma * NormalDist().inv_cdf(q))

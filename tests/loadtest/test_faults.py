@@ -17,8 +17,15 @@ from latlab.loadtest.scrape import describe, fetch, queue_gauges, scrape_batches
 from latlab.server.metrics import ServerMetrics
 
 
-def answer(recorder: Recorder, intended: float, send_delay: float, response: float, status: int,
-           retry_after: bool = False, error: str = "") -> None:
+def answer(
+    recorder: Recorder,
+    intended: float,
+    send_delay: float,
+    response: float,
+    status: int,
+    retry_after: bool = False,
+    error: str = "",
+) -> None:
     key = recorder.begin(intended, intended + send_delay)
     recorder.end(key, intended + send_delay + response, status == 200, status, retry_after, error)
 
@@ -105,10 +112,18 @@ def test_a_server_that_is_down_gives_one_readable_line_or_none() -> None:
 # --- report -------------------------------------------------------------------------------------------
 
 
-LOST = {"event": "worker_lost", "time": 1_700_000_000.0, "worker": "box_abc", "pid": 4242,
-        "reason": "its process exited (killed by SIGKILL)", "deployment": "m", "step": 1,
-        "requests_in_flight_lost": 3, "workers_left": 1,
-        "load": "its share of 60 req/s now goes to 1 worker(s): 60 each"}
+LOST = {
+    "event": "worker_lost",
+    "time": 1_700_000_000.0,
+    "worker": "box_abc",
+    "pid": 4242,
+    "reason": "its process exited (killed by SIGKILL)",
+    "deployment": "m",
+    "step": 1,
+    "requests_in_flight_lost": 3,
+    "workers_left": 1,
+    "load": "its share of 60 req/s now goes to 1 worker(s): 60 each",
+}
 
 
 def test_event_line_names_the_worker_the_reason_and_the_load() -> None:
@@ -118,14 +133,40 @@ def test_event_line_names_the_worker_the_reason_and_the_load() -> None:
 
 
 def test_report_shows_lost_workers_interrupted_steps_and_overload(tmp_path) -> None:
-    step = {"target": 50, "offered_rps": 50, "achieved_rps": 30, "p50_s": 0.002, "p90_s": 0.003, "p99_s": 0.004,
-            "max_s": 0.005, "errors": 20, "dropped": 0, "avg_batch_size": None, "generator_cpu_percent": 10.0,
-            "generator_bound": False, "stable": True}
-    interrupted = {**step, "server_interrupted": True, "interruption": "20 requests got no HTTP answer",
-                   "workers_lost": ["box_abc"]}
-    doc = {"run_id": "r1", "machine": {"hostname": "h"}, "events": [LOST], "deployments": [
-        {"name": "m", "steps": [{**step, "errors": 0}, interrupted], "stop_reason": "all loads done",
-         "overload": {"summary": "overload 3x (450 req/s offered vs capacity 150, 60 s): ..."}}]}
+    step = {
+        "target": 50,
+        "offered_rps": 50,
+        "achieved_rps": 30,
+        "p50_s": 0.002,
+        "p90_s": 0.003,
+        "p99_s": 0.004,
+        "max_s": 0.005,
+        "errors": 20,
+        "dropped": 0,
+        "avg_batch_size": None,
+        "generator_cpu_percent": 10.0,
+        "generator_bound": False,
+        "stable": True,
+    }
+    interrupted = {
+        **step,
+        "server_interrupted": True,
+        "interruption": "20 requests got no HTTP answer",
+        "workers_lost": ["box_abc"],
+    }
+    doc = {
+        "run_id": "r1",
+        "machine": {"hostname": "h"},
+        "events": [LOST],
+        "deployments": [
+            {
+                "name": "m",
+                "steps": [{**step, "errors": 0}, interrupted],
+                "stop_reason": "all loads done",
+                "overload": {"summary": "overload 3x (450 req/s offered vs capacity 150, 60 s): ..."},
+            }
+        ],
+    }
     write_results(tmp_path / "results.json", doc)
     page = write_report(tmp_path, [0.025]).read_text()
     assert "Load generator events" in page and "Locust worker box_abc (pid 4242) lost during step 1" in page

@@ -14,8 +14,8 @@ def test_each_worker_gets_its_share_between_two_reads() -> None:
     fleet.reported("a", (100.0, 5.0))
     fleet.reported("b", (100.2, 1.0))
     assert fleet.since_last_read(["a", "b"]) == {}  # the first read only marks where the span begins
-    fleet.reported("a", (102.0, 5.5))   # 0.5 CPU s in 2 s
-    fleet.reported("b", (103.2, 3.4))   # 2.4 CPU s in 3 s: more than a core's worth is not clipped
+    fleet.reported("a", (102.0, 5.5))  # 0.5 CPU s in 2 s
+    fleet.reported("b", (103.2, 3.4))  # 2.4 CPU s in 3 s: more than a core's worth is not clipped
     assert fleet.since_last_read(["a", "b"]) == pytest.approx({"a": 25.0, "b": 80.0})
     fleet.reported("a", (104.0, 6.5))
     assert fleet.since_last_read(["a", "b"]) == pytest.approx({"a": 50.0})  # b sent nothing new

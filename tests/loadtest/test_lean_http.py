@@ -19,8 +19,10 @@ def _answer(path: str) -> tuple[bytes, bool]:
     if path == "/length":
         return b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Type: text/plain\r\n\r\nhello", False
     if path == "/chunked":
-        return (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-                b"4;ext=1\r\nwiki\r\n6\r\npedia \r\n0\r\nX-Trailer: t\r\n\r\n"), False
+        return (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"4;ext=1\r\nwiki\r\n6\r\npedia \r\n0\r\nX-Trailer: t\r\n\r\n"
+        ), False
     if path == "/to-close":
         return b"HTTP/1.1 200 OK\r\n\r\nuntil the end", True
     if path == "/busy":
@@ -87,8 +89,9 @@ def client_of(server: _Server) -> LeanClient:
 
 def test_prepare_encodes_the_request_once_with_its_length() -> None:
     client = LeanClient("http://127.0.0.1:8000/prefix/")
-    request = client.prepare("POST", "/v2/models/m/infer", b'{"inputs": []}',
-                             {"Content-Type": "application/json", "Content-Length": "999"})
+    request = client.prepare(
+        "POST", "/v2/models/m/infer", b'{"inputs": []}', {"Content-Type": "application/json", "Content-Length": "999"}
+    )
     head, _, body = request.raw.partition(b"\r\n\r\n")
     lines = head.decode().split("\r\n")
     assert lines[0] == "POST /prefix/v2/models/m/infer HTTP/1.1"

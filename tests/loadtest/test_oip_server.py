@@ -7,8 +7,16 @@ from __future__ import annotations
 import pytest
 
 from latlab.report import breakdown, pictures
-from latlab.loadtest.scrape import (MetricsSource, average_batch, batch_totals, describe, extras_notice,
-                                    metrics_source, server_step, triton_batcher)
+from latlab.loadtest.scrape import (
+    MetricsSource,
+    average_batch,
+    batch_totals,
+    describe,
+    extras_notice,
+    metrics_source,
+    server_step,
+    triton_batcher,
+)
 
 from tests.loadtest.stub_server import TRITON_METRICS, StubModel, advance, stub_server
 
@@ -16,18 +24,32 @@ CAPTURED = TRITON_METRICS.read_text()
 """Triton's /metrics with models ffn (dynamic batcher) and ffn_b64 after a while of serving."""
 
 
-def later(requests: int = 400, executions: int = 100, rejected: int = 3, request_us: float = 8000.0,
-          queue_us: float = 2500.0, input_us: float = 200.0, infer_us: float = 4000.0,
-          output_us: float = 100.0) -> str:
+def later(
+    requests: int = 400,
+    executions: int = 100,
+    rejected: int = 3,
+    request_us: float = 8000.0,
+    queue_us: float = 2500.0,
+    input_us: float = 200.0,
+    infer_us: float = 4000.0,
+    output_us: float = 100.0,
+) -> str:
     """The captured text after ffn served `requests` more in `executions` runs, each request with these times."""
-    return advance(CAPTURED, "ffn", {
-        "nv_inference_request_success": requests, "nv_inference_count": requests,
-        "nv_inference_exec_count": executions, "nv_inference_request_failure": rejected,
-        "nv_inference_request_duration_us": requests * request_us,
-        "nv_inference_queue_duration_us": requests * queue_us,
-        "nv_inference_compute_input_duration_us": requests * input_us,
-        "nv_inference_compute_infer_duration_us": requests * infer_us,
-        "nv_inference_compute_output_duration_us": requests * output_us})
+    return advance(
+        CAPTURED,
+        "ffn",
+        {
+            "nv_inference_request_success": requests,
+            "nv_inference_count": requests,
+            "nv_inference_exec_count": executions,
+            "nv_inference_request_failure": rejected,
+            "nv_inference_request_duration_us": requests * request_us,
+            "nv_inference_queue_duration_us": requests * queue_us,
+            "nv_inference_compute_input_duration_us": requests * input_us,
+            "nv_inference_compute_infer_duration_us": requests * infer_us,
+            "nv_inference_compute_output_duration_us": requests * output_us,
+        },
+    )
 
 
 def test_triton_counters_give_per_request_times_between_two_snapshots() -> None:
@@ -70,12 +92,25 @@ def test_older_triton_format_without_failure_reasons() -> None:
     """Triton before 2.4x: float values, failures without a reason (no refusals can be told apart)."""
     old = "\n".join(line for line in CAPTURED.splitlines() if "reason=" not in line or 'reason="OTHER"' in line)
     old = old.replace(',reason="OTHER"', "")
-    before = "\n".join(f"{line.rsplit(' ', 1)[0]} {float(line.rsplit(' ', 1)[1]):f}"
-                       if line and not line.startswith("#") else line for line in old.splitlines()) + "\n"
-    after = advance(before, "ffn", {"nv_inference_request_success": 10, "nv_inference_count": 10,
-                                    "nv_inference_exec_count": 10, "nv_inference_queue_duration_us": 10 * 1000.0,
-                                    "nv_inference_compute_infer_duration_us": 10 * 3000.0,
-                                    "nv_inference_request_duration_us": 10 * 5000.0})
+    before = (
+        "\n".join(
+            f"{line.rsplit(' ', 1)[0]} {float(line.rsplit(' ', 1)[1]):f}" if line and not line.startswith("#") else line
+            for line in old.splitlines()
+        )
+        + "\n"
+    )
+    after = advance(
+        before,
+        "ffn",
+        {
+            "nv_inference_request_success": 10,
+            "nv_inference_count": 10,
+            "nv_inference_exec_count": 10,
+            "nv_inference_queue_duration_us": 10 * 1000.0,
+            "nv_inference_compute_infer_duration_us": 10 * 3000.0,
+            "nv_inference_request_duration_us": 10 * 5000.0,
+        },
+    )
     figures = server_step((0.0, before), (1.0, after), "ffn")
     assert "0.000000" in before and figures["queue_s"] == pytest.approx(0.001)
     assert figures["compute_s"] == pytest.approx(0.003) and figures["request_s"] == pytest.approx(0.005)
@@ -84,9 +119,13 @@ def test_older_triton_format_without_failure_reasons() -> None:
 
 
 def test_a_triton_model_config_labels_the_batcher() -> None:
-    config = {"name": "ffn", "platform": "onnxruntime_onnx", "max_batch_size": 64,
-              "dynamic_batching": {"max_queue_delay_microseconds": 500},
-              "instance_group": [{"count": 2, "kind": "KIND_CPU"}]}
+    config = {
+        "name": "ffn",
+        "platform": "onnxruntime_onnx",
+        "max_batch_size": 64,
+        "dynamic_batching": {"max_queue_delay_microseconds": 500},
+        "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
+    }
     assert triton_batcher(config) == {"max_batch_size": 64, "max_queue_delay_ms": 0.5, "instances": 2}
     no_dynamic = {**config, "dynamic_batching": None}
     assert triton_batcher(no_dynamic)["max_batch_size"] == 1  # without a dynamic batcher every request runs alone
@@ -106,8 +145,10 @@ def test_standard_routes_only_describe_the_model_from_its_metadata() -> None:
     assert "has no model 'absent': GET /v2/models/absent answered 404" in str(missing.value)
     assert source.url is None and source.kind is None and "/metrics answered 404" in source.note
     key, line = extras_notice(host, info, source)
-    assert line.startswith(f"server at {host}: GET /v2/models/m/config answered 404 (not a latlab server?): "
-                           "batcher settings unknown; no server figures")
+    assert line.startswith(
+        f"server at {host}: GET /v2/models/m/config answered 404 (not a latlab server?): "
+        "batcher settings unknown; no server figures"
+    )
     assert "the report shows the client side only" in line and "\n" not in line
 
 
@@ -121,17 +162,28 @@ def test_triton_metrics_at_a_given_url_are_found_and_said() -> None:
     with stub_server(StubModel(), standard_only=True, triton_metrics_path="/triton/metrics") as host:
         source = metrics_source(host, f"{host}/triton/metrics")
         info = describe(host, "m")
-    assert source == MetricsSource(f"{host}/triton/metrics", "triton",
-                                   f"Triton's nv_inference_* counters at {host}/triton/metrics")
+    assert source == MetricsSource(
+        f"{host}/triton/metrics", "triton", f"Triton's nv_inference_* counters at {host}/triton/metrics"
+    )
     key, line = extras_notice(host, info, source, given=True)
     assert "batcher settings unknown" in line and "server figures and batch sizes from Triton's" in line
     assert key != extras_notice(host, info, MetricsSource(None, None, "x"))[0]
 
 
 def test_the_report_says_client_side_only_where_the_server_has_no_figures() -> None:
-    curve = {"name": "m", "steps": [{"target": 50, "achieved_rps": 50, "offered_rps": 50, "p99_s": 0.002,
-                                     "server": {"seconds": 1.0, "busy_s": None, "process_cpu_cores": None}}],
-             "server_metrics": {"url": None, "kind": None, "note": "GET http://h/metrics answered 404"}}
+    curve = {
+        "name": "m",
+        "steps": [
+            {
+                "target": 50,
+                "achieved_rps": 50,
+                "offered_rps": 50,
+                "p99_s": 0.002,
+                "server": {"seconds": 1.0, "busy_s": None, "process_cpu_cores": None},
+            }
+        ],
+        "server_metrics": {"url": None, "kind": None, "note": "GET http://h/metrics answered 404"},
+    }
     text, png = pictures.time_section("m", [curve], [0.01])
     assert png is None and "the report shows the client side only" in text
     assert "GET http://h/metrics answered 404" in text and "--server-metrics" in text
@@ -146,18 +198,26 @@ def test_a_triton_config_route_is_read_as_triton_s_not_latlab_s() -> None:
     from werkzeug.serving import make_server
     from werkzeug.wrappers import Request, Response
 
-    config = {"name": "m", "platform": "onnxruntime_onnx", "max_batch_size": 64,
-              "dynamic_batching": {"max_queue_delay_microseconds": 1000},
-              "instance_group": [{"name": "m", "kind": "KIND_CPU", "count": 1}]}
-    routes = {"/v2": {"name": "triton", "version": "2.59.0", "extensions": ["binary_tensor_data"]},
-              "/v2/models/m": {"name": "m", "versions": ["1"], "platform": "onnxruntime_onnx",
-                               "inputs": [], "outputs": []},
-              "/v2/models/m/config": config}
+    config = {
+        "name": "m",
+        "platform": "onnxruntime_onnx",
+        "max_batch_size": 64,
+        "dynamic_batching": {"max_queue_delay_microseconds": 1000},
+        "instance_group": [{"name": "m", "kind": "KIND_CPU", "count": 1}],
+    }
+    routes = {
+        "/v2": {"name": "triton", "version": "2.59.0", "extensions": ["binary_tensor_data"]},
+        "/v2/models/m": {"name": "m", "versions": ["1"], "platform": "onnxruntime_onnx", "inputs": [], "outputs": []},
+        "/v2/models/m/config": config,
+    }
 
     def app(environ, start_response):
         body = routes.get(Request(environ).path)
-        response = Response(json.dumps(body), content_type="application/json") if body is not None \
+        response = (
+            Response(json.dumps(body), content_type="application/json")
+            if body is not None
             else Response('{"error":"not found"}', status=400, content_type="application/json")
+        )
         return response(environ, start_response)
 
     server = make_server("127.0.0.1", 0, app, threaded=True)

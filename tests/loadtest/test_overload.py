@@ -6,15 +6,37 @@ from typing import Callable
 
 import pytest
 
-from latlab.loadtest.overload import (NORMAL_P99_FACTOR, TAIL_REQUESTS, OverloadPlan, admitted_backlog, drain_seconds,
-                                      overload_figures, recovery_time, run_overload)
+from latlab.loadtest.overload import (
+    NORMAL_P99_FACTOR,
+    TAIL_REQUESTS,
+    OverloadPlan,
+    admitted_backlog,
+    drain_seconds,
+    overload_figures,
+    recovery_time,
+    run_overload,
+)
 from latlab.loadtest.recorder import Recorder, recovery_spans
 
 
-def window(t_s: float, p99_s: float = 0.02, errors: int = 0, offered: float = 90.0, achieved: float = 90.0,
-           incomplete: int = 0, samples: int = 45) -> dict:
-    return {"t_s": t_s, "p99_s": p99_s, "errors": errors, "offered_rps": offered, "achieved_rps": achieved,
-            "incomplete": incomplete, "samples": samples}
+def window(
+    t_s: float,
+    p99_s: float = 0.02,
+    errors: int = 0,
+    offered: float = 90.0,
+    achieved: float = 90.0,
+    incomplete: int = 0,
+    samples: int = 45,
+) -> dict:
+    return {
+        "t_s": t_s,
+        "p99_s": p99_s,
+        "errors": errors,
+        "offered_rps": offered,
+        "achieved_rps": achieved,
+        "incomplete": incomplete,
+        "samples": samples,
+    }
 
 
 def pooled(p99_s: float | None = 0.02, samples: int = 120, **fields) -> dict:
@@ -23,19 +45,28 @@ def pooled(p99_s: float | None = 0.02, samples: int = 120, **fields) -> dict:
 
 def recovery(spans: list[tuple[dict, dict]], width: float = 0.5) -> dict:
     """A recovery step: (run, rest) pooled figures from each window on."""
-    return {"window_seconds": width, "duration_s": width * len(spans), "windows": len(spans), "start_time": 100.2,
-            "recovery_spans": [{"t_s": k * width, "run": run, "rest": rest} for k, (run, rest) in enumerate(spans)]}
+    return {
+        "window_seconds": width,
+        "duration_s": width * len(spans),
+        "windows": len(spans),
+        "start_time": 100.2,
+        "recovery_spans": [{"t_s": k * width, "run": run, "rest": rest} for k, (run, rest) in enumerate(spans)],
+    }
 
 
 def test_recovery_starts_at_the_first_window_from_which_requests_were_served_normally() -> None:
-    spans = [(pooled(p99_s=0.4), pooled(p99_s=0.3)),        # the backlog's slow answers
-             (pooled(achieved=50.0), pooled()),             # throughput short
-             (pooled(errors=1), pooled(errors=1)),          # an error
-             (pooled(samples=99), pooled()),                # too few requests to have a p99
-             (pooled(), pooled()), (pooled(p99_s=0.1), pooled()), (pooled(), pooled())]
+    spans = [
+        (pooled(p99_s=0.4), pooled(p99_s=0.3)),  # the backlog's slow answers
+        (pooled(achieved=50.0), pooled()),  # throughput short
+        (pooled(errors=1), pooled(errors=1)),  # an error
+        (pooled(samples=99), pooled()),  # too few requests to have a p99
+        (pooled(), pooled()),
+        (pooled(p99_s=0.1), pooled()),
+        (pooled(), pooled()),
+    ]
     seconds, after = recovery_time(recovery(spans), baseline_p99_s=0.02)
     assert seconds == pytest.approx(2.0)  # the window starting at 2.0 s
-    assert after == "2/3"                   # the run from 2.5 s has p99 100 ms, > 4x the 20 ms baseline
+    assert after == "2/3"  # the run from 2.5 s has p99 100 ms, > 4x the 20 ms baseline
 
 
 def test_a_server_that_falls_back_has_not_recovered() -> None:
@@ -45,8 +76,10 @@ def test_a_server_that_falls_back_has_not_recovered() -> None:
 
 
 def test_no_normal_window_is_no_recovery() -> None:
-    assert recovery_time(recovery([(pooled(samples=3), pooled(samples=3)), (pooled(p99_s=None), pooled())]),
-                         0.02) == (None, "0/2")
+    assert recovery_time(recovery([(pooled(samples=3), pooled(samples=3)), (pooled(p99_s=None), pooled())]), 0.02) == (
+        None,
+        "0/2",
+    )
 
 
 def served(recorder: Recorder, latency_at: Callable[[float], float], rate: float, seconds: float) -> None:
@@ -93,15 +126,42 @@ def test_the_expected_drain_is_the_admitted_backlog_over_the_spare_capacity() ->
 
 
 def test_figures_of_a_burst() -> None:
-    by_status = {"200": {"count": 900, "p50_s": 0.2, "p99_s": 0.3, "max_s": 0.35},
-                 "503": {"count": 1800, "p99_s": 0.004, "response_p99_s": 0.002, "response_max_s": 0.01,
-                         "with_retry_after": 1799},
-                 "504": {"count": 2}, "0": {"count": 1}, "500": {"count": 4}}
-    burst = {"by_status": by_status, "offered_rps": 450.0, "achieved_rps": 148.0, "duration_s": 60.0,
-             "incomplete": 5, "queue_depth_max": 32.0, "queue_capacity": 32.0, "end_time": 100.0,
-             "generator_bound": False, "generator_cpu_percent": 30.0, "dropped": 0, "late": 12}
-    figures = overload_figures(150.0, 3.0, {"batcher": {"timeout_ms": 1000}}, {"p99_s": 0.02}, burst,
-                               recovery([(pooled(), pooled())]), hanging=0)
+    by_status = {
+        "200": {"count": 900, "p50_s": 0.2, "p99_s": 0.3, "max_s": 0.35},
+        "503": {
+            "count": 1800,
+            "p99_s": 0.004,
+            "response_p99_s": 0.002,
+            "response_max_s": 0.01,
+            "with_retry_after": 1799,
+        },
+        "504": {"count": 2},
+        "0": {"count": 1},
+        "500": {"count": 4},
+    }
+    burst = {
+        "by_status": by_status,
+        "offered_rps": 450.0,
+        "achieved_rps": 148.0,
+        "duration_s": 60.0,
+        "incomplete": 5,
+        "queue_depth_max": 32.0,
+        "queue_capacity": 32.0,
+        "end_time": 100.0,
+        "generator_bound": False,
+        "generator_cpu_percent": 30.0,
+        "dropped": 0,
+        "late": 12,
+    }
+    figures = overload_figures(
+        150.0,
+        3.0,
+        {"batcher": {"timeout_ms": 1000}},
+        {"p99_s": 0.02},
+        burst,
+        recovery([(pooled(), pooled())]),
+        hanging=0,
+    )
     assert figures["rejected"] == 1800 and figures["rejected_without_retry_after"] == 1
     assert figures["accepted"] == 900 and figures["timeouts"] == 2 and figures["unanswered"] == 1
     assert figures["other_statuses"] == {"500": 4} and figures["timeout_s"] == 1.0
@@ -118,23 +178,59 @@ def test_the_phases_measure_capacity_then_baseline_burst_and_recovery() -> None:
     calls: list[tuple] = []
     capacity = 120.0
 
-    def phase(name: str, load: float, seconds: float, windows: int = 3, warmup: float = 0.0,
-              drain: bool = True, spans: bool = False) -> dict:
+    def phase(
+        name: str,
+        load: float,
+        seconds: float,
+        windows: int = 3,
+        warmup: float = 0.0,
+        drain: bool = True,
+        spans: bool = False,
+    ) -> dict:
         calls.append((name, load, seconds, windows, drain, spans))
         served = min(load, capacity)
         by_status = {"200": {"count": int(served * seconds), "p50_s": 0.01, "p99_s": 0.02, "max_s": 0.03}}
-        return {"achieved_rps": served, "offered_rps": load, "p99_s": 0.02, "by_status": by_status,
-                "duration_s": seconds, "incomplete": 0, "queue_depth_max": 32.0, "queue_capacity": 32.0,
-                "end_time": 10.0, "start_time": 10.1, "generator_bound": False, "generator_cpu_percent": 20.0,
-                "dropped": 0, "late": 0, "window_seconds": seconds / windows, "windows": windows,
-                "timeline": [window(i * seconds / windows) for i in range(windows)],
-                "recovery_spans": [{"t_s": i * seconds / windows, "run": pooled(), "rest": pooled()}
-                                   for i in range(windows)] if spans else None}
+        return {
+            "achieved_rps": served,
+            "offered_rps": load,
+            "p99_s": 0.02,
+            "by_status": by_status,
+            "duration_s": seconds,
+            "incomplete": 0,
+            "queue_depth_max": 32.0,
+            "queue_capacity": 32.0,
+            "end_time": 10.0,
+            "start_time": 10.1,
+            "generator_bound": False,
+            "generator_cpu_percent": 20.0,
+            "dropped": 0,
+            "late": 0,
+            "window_seconds": seconds / windows,
+            "windows": windows,
+            "timeline": [window(i * seconds / windows) for i in range(windows)],
+            "recovery_spans": [
+                {"t_s": i * seconds / windows, "run": pooled(), "rest": pooled()} for i in range(windows)
+            ]
+            if spans
+            else None,
+        }
 
-    figures = run_overload(phase, OverloadPlan(factor=3.0, burst_seconds=60.0), start_rate=40.0,
-                           probe_seconds=3.0, info={}, outstanding=lambda: 0)
-    assert [(c[0], c[1]) for c in calls] == [("capacity", 40.0), ("capacity", 80.0), ("capacity", 160.0),
-                                             ("baseline", 72.0), ("burst", 360.0), ("recovery", 72.0)]
+    figures = run_overload(
+        phase,
+        OverloadPlan(factor=3.0, burst_seconds=60.0),
+        start_rate=40.0,
+        probe_seconds=3.0,
+        info={},
+        outstanding=lambda: 0,
+    )
+    assert [(c[0], c[1]) for c in calls] == [
+        ("capacity", 40.0),
+        ("capacity", 80.0),
+        ("capacity", 160.0),
+        ("baseline", 72.0),
+        ("burst", 360.0),
+        ("recovery", 72.0),
+    ]
     assert calls[4][2] == 60.0 and not calls[4][4] and not calls[5][4]  # no pause between burst and recovery
     assert calls[5][3] == 16 and calls[5][5]  # 8 s of 0.5 s windows, pooled
     assert figures["capacity_rps"] == 120.0 and figures["recovery_s"] == pytest.approx(0.0)

@@ -3,12 +3,25 @@
 import numpy as np
 import pytest
 
-from latlab.loadtest.payloads import (BODY_BUDGET_BYTES, HEADER_LENGTH, PayloadOptions, check_samples, load_samples,
-                                      random_bodies, request_bodies, save_samples, text_body)
+from latlab.loadtest.payloads import (
+    BODY_BUDGET_BYTES,
+    HEADER_LENGTH,
+    PayloadOptions,
+    check_samples,
+    load_samples,
+    random_bodies,
+    request_bodies,
+    save_samples,
+    text_body,
+)
 from latlab.server.protocol import decode_request
 
-TOKENS = {"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]},
-                     {"name": "attention_mask", "datatype": "INT64", "shape": [-1, -1]}]}
+TOKENS = {
+    "inputs": [
+        {"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]},
+        {"name": "attention_mask", "datatype": "INT64", "shape": [-1, -1]},
+    ]
+}
 IMAGE = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3, 224, 224]}]}
 
 
@@ -103,8 +116,8 @@ def test_sample_rows_are_sent_one_per_request_as_given(tmp_path, binary):
     assert len(bodies) == 5
     for row, body in enumerate(bodies):
         sent = _decode(body).inputs
-        np.testing.assert_array_equal(sent["input_ids"], ids[row:row + 1])
-        np.testing.assert_array_equal(sent["attention_mask"], mask[row:row + 1])
+        np.testing.assert_array_equal(sent["input_ids"], ids[row : row + 1])
+        np.testing.assert_array_equal(sent["attention_mask"], mask[row : row + 1])
 
 
 def test_samples_are_saved_under_any_input_name_and_read_back(tmp_path):
@@ -115,12 +128,17 @@ def test_samples_are_saved_under_any_input_name_and_read_back(tmp_path):
     assert all(loaded[n].dtype == a.dtype and (loaded[n] == a).all() for n, a in arrays.items())
 
 
-@pytest.mark.parametrize("arrays, message", [
-    ({"input_ids": np.zeros((2, 4), np.int64)}, r"missing \['attention_mask'\]"),
-    ({"input_ids": np.zeros((2, 4), np.int32), "attention_mask": np.ones((2, 4), np.int64)},
-     "'input_ids' is INT64, but its samples are int32"),
-    ({"input_ids": np.zeros((2, 4, 1), np.int64), "attention_mask": np.ones((2, 4), np.int64)}, "has shape"),
-])
+@pytest.mark.parametrize(
+    "arrays, message",
+    [
+        ({"input_ids": np.zeros((2, 4), np.int64)}, r"missing \['attention_mask'\]"),
+        (
+            {"input_ids": np.zeros((2, 4), np.int32), "attention_mask": np.ones((2, 4), np.int64)},
+            "'input_ids' is INT64, but its samples are int32",
+        ),
+        ({"input_ids": np.zeros((2, 4, 1), np.int64), "attention_mask": np.ones((2, 4), np.int64)}, "has shape"),
+    ],
+)
 def test_samples_that_do_not_fit_the_model_are_named(arrays, message):
     with pytest.raises(ValueError, match=message):
         check_samples(TOKENS, arrays)
@@ -133,9 +151,13 @@ def test_a_file_that_is_not_an_npz_of_rows_is_refused_in_one_line(tmp_path):
     (tmp_path / "text.npz").write_text("hello")
     np.savez(tmp_path / "ragged.npz", a=np.zeros((2, 1)), b=np.zeros((3, 1)))
     np.savez(tmp_path / "empty.npz")
-    for name, message in (("one.npy", "one unnamed array"), ("text.npz", "not an .npz of named arrays"),
-                          ("ragged.npz", "same number of rows"), ("empty.npz", "holds no arrays"),
-                          ("missing.npz", "does not exist")):
+    for name, message in (
+        ("one.npy", "one unnamed array"),
+        ("text.npz", "not an .npz of named arrays"),
+        ("ragged.npz", "same number of rows"),
+        ("empty.npz", "holds no arrays"),
+        ("missing.npz", "does not exist"),
+    ):
         with pytest.raises(ValueError, match=message) as caught:
             load_samples(tmp_path / name)
         assert "\n" not in str(caught.value)
@@ -146,9 +168,26 @@ def test_loadtest_refuses_a_sample_file_it_cannot_read_before_any_load(tmp_path)
     import sys
 
     out = tmp_path / "run"
-    result = subprocess.run([sys.executable, "-m", "latlab.cli", "loadtest", "--host", "http://127.0.0.1:9",
-                             "--deployment", "tiny", "--inputs", str(tmp_path / "missing.npz"), "--out", str(out)],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "latlab.cli",
+            "loadtest",
+            "--host",
+            "http://127.0.0.1:9",
+            "--deployment",
+            "tiny",
+            "--inputs",
+            str(tmp_path / "missing.npz"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
-        f"latlab: error: --inputs: sample file {tmp_path / 'missing.npz'} does not exist"]
+        f"latlab: error: --inputs: sample file {tmp_path / 'missing.npz'} does not exist"
+    ]
     assert not out.exists()  # a refused run leaves no folder behind

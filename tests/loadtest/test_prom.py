@@ -24,8 +24,16 @@ RUN = {"run": "r1", "deployment": "ffn-batch"}
 
 def step_stats(**overrides: object) -> dict:
     """A step dict as sweep.py writes it (only the keys record_step reads, plus `stable`)."""
-    stats = {"target_rps": 400.0, "offered_rps": 398.25, "achieved_rps": 397.5, "errors": 2,
-             "p50_s": 0.0042, "p99_s": 0.0315, "generator_bound": False, "stable": True}
+    stats = {
+        "target_rps": 400.0,
+        "offered_rps": 398.25,
+        "achieved_rps": 397.5,
+        "errors": 2,
+        "p50_s": 0.0042,
+        "p99_s": 0.0315,
+        "generator_bound": False,
+        "stable": True,
+    }
     return {**stats, **overrides}
 
 
@@ -101,11 +109,13 @@ def test_record_step_freezes_the_window_and_its_statistics(metrics, registry) ->
     assert gauge("end_timestamp_seconds") == 1_763_730_000.25
     assert registry.get_sample_value("latlab_loadtest_step_latency_seconds_count", labels) == 500
     assert registry.get_sample_value("latlab_loadtest_step_latency_seconds_sum", labels) == pytest.approx(
-        latencies.sum())
+        latencies.sum()
+    )
     assert bucket(registry, "latlab_loadtest_step_latency_seconds", 0.005, **labels) is None  # not a bound
     below = max(b for b in LATENCY_BUCKETS_S if b < 0.005)
     assert bucket(registry, "latlab_loadtest_step_latency_seconds", below, **labels) == np.count_nonzero(
-        latencies <= below)
+        latencies <= below
+    )
     assert registry.get_sample_value("latlab_loadtest_latency_seconds_count", RUN) is None  # live one untouched
 
 
@@ -152,8 +162,9 @@ def test_interpolated_quantiles_are_within_5_percent_of_exact(registry, metrics,
     latencies = np.random.default_rng(7).lognormal(math.log(median_s), sigma, 2000)
     metrics.record_step("d", 0, latencies, step_stats())
     labels = {"run": "r1", "deployment": "d", "step": "0"}
-    cumulative = [bucket(registry, "latlab_loadtest_step_latency_seconds", b, **labels)
-                  for b in [*LATENCY_BUCKETS_S, math.inf]]
+    cumulative = [
+        bucket(registry, "latlab_loadtest_step_latency_seconds", b, **labels) for b in [*LATENCY_BUCKETS_S, math.inf]
+    ]
     for q in (0.5, 0.9, 0.99, 0.999):
         exact = np.percentile(latencies, q * 100, method="inverted_cdf")
         estimate = interpolated_quantile(q, list(LATENCY_BUCKETS_S), cumulative)

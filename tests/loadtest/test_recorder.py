@@ -112,9 +112,9 @@ def test_dropped_and_late_arrivals_are_counted_in_their_window() -> None:
     recorder.drop(0.1)
     recorder.drop(0.2)
     recorder.drop(1.5)  # outside
-    complete(recorder, 0.3, latency=0.05, send_delay=0.02)   # late
+    complete(recorder, 0.3, latency=0.05, send_delay=0.02)  # late
     complete(recorder, 0.4, latency=0.05, send_delay=0.004)  # under Recorder.LATE_AFTER_S: on time
-    complete(recorder, 1.2, latency=0.05, send_delay=0.02)   # late, outside
+    complete(recorder, 1.2, latency=0.05, send_delay=0.02)  # late, outside
     stats = recorder.window(0.0, 1.0, now=2.0)
     assert stats.dropped == 2
     assert stats.late == 1
@@ -123,11 +123,11 @@ def test_dropped_and_late_arrivals_are_counted_in_their_window() -> None:
 
 def test_achieved_rps_counts_ok_answers_to_arrivals_intended_inside_window() -> None:
     recorder = Recorder()
-    complete(recorder, intended=0.9, latency=0.2)               # intended before (warm-up): never counts here
-    complete(recorder, intended=1.2, latency=0.1)               # counts
-    complete(recorder, intended=1.5, latency=0.1, ok=False)     # an error: does not count
-    complete(recorder, intended=2.9, latency=0.2)               # answered after the edge: not done in the window
-    recorder.begin(intended=2.95, sent=2.95)                    # still in flight when read: not achieved
+    complete(recorder, intended=0.9, latency=0.2)  # intended before (warm-up): never counts here
+    complete(recorder, intended=1.2, latency=0.1)  # counts
+    complete(recorder, intended=1.5, latency=0.1, ok=False)  # an error: does not count
+    complete(recorder, intended=2.9, latency=0.2)  # answered after the edge: not done in the window
+    recorder.begin(intended=2.95, sent=2.95)  # still in flight when read: not achieved
     for i in range(5):
         complete(recorder, intended=1.0 + i * 0.1, latency=0.01)  # 5 more inside
     stats = recorder.window(1.0, 3.0, now=4.0)
@@ -201,8 +201,23 @@ def test_window_stats_as_dict_has_every_field() -> None:
     recorder = Recorder()
     complete(recorder, 0.5, latency=0.01)
     d = recorder.window(0.0, 1.0, now=1.0).as_dict()
-    assert set(d) == {"offered_rps", "achieved_rps", "sent", "ok", "errors", "dropped", "late", "incomplete",
-                      "p50_s", "p90_s", "p99_s", "max_s", "mean_s", "samples", "too_few_samples"}
+    assert set(d) == {
+        "offered_rps",
+        "achieved_rps",
+        "sent",
+        "ok",
+        "errors",
+        "dropped",
+        "late",
+        "incomplete",
+        "p50_s",
+        "p90_s",
+        "p99_s",
+        "max_s",
+        "mean_s",
+        "samples",
+        "too_few_samples",
+    }
     assert d["p50_s"] == pytest.approx(0.01)
 
 

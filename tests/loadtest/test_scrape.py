@@ -100,22 +100,28 @@ def test_server_step_means_per_request_busy_share_and_transfers(metrics: ServerM
     assert figures["seconds"] == 2.0
     assert figures["request_s"] == pytest.approx((0.010 + 0.012 + 0.008 + 0.0001) / 4)
     assert figures["request_count"] == 4 and figures["ok_count"] == 3 and figures["rejected_count"] == 1
-    assert figures["queue_s"] == pytest.approx(0.002)          # per request
-    assert figures["compute_s"] == pytest.approx(0.003)        # per batch: what each of its requests waits through
+    assert figures["queue_s"] == pytest.approx(0.002)  # per request
+    assert figures["compute_s"] == pytest.approx(0.003)  # per batch: what each of its requests waits through
     assert figures["input_transfer_s"] == pytest.approx(0.0005)
     assert figures["output_transfer_s"] == pytest.approx(0.0003)
     assert figures["busy_s"] == pytest.approx(0.006) and figures["busy_share"] == pytest.approx(0.006 / 4)
-    assert "preprocess_s" not in figures                        # a histogram the server does not have
-    assert figures["process_cpu_cores"] >= 0                    # this test's own process, through ServerMetrics
+    assert "preprocess_s" not in figures  # a histogram the server does not have
+    assert figures["process_cpu_cores"] >= 0  # this test's own process, through ServerMetrics
 
 
 def test_server_step_reads_process_cpu_and_preprocess_when_exported() -> None:
-    before = (10.0, 'process_cpu_seconds_total 4.0\n'
-                    'latlab_server_preprocess_duration_seconds_sum{deployment="fast"} 1.0\n'
-                    'latlab_server_preprocess_duration_seconds_count{deployment="fast"} 10.0\n')
-    after = (14.0, 'process_cpu_seconds_total 7.0\n'
-                   'latlab_server_preprocess_duration_seconds_sum{deployment="fast"} 1.5\n'
-                   'latlab_server_preprocess_duration_seconds_count{deployment="fast"} 110.0\n')
+    before = (
+        10.0,
+        "process_cpu_seconds_total 4.0\n"
+        'latlab_server_preprocess_duration_seconds_sum{deployment="fast"} 1.0\n'
+        'latlab_server_preprocess_duration_seconds_count{deployment="fast"} 10.0\n',
+    )
+    after = (
+        14.0,
+        "process_cpu_seconds_total 7.0\n"
+        'latlab_server_preprocess_duration_seconds_sum{deployment="fast"} 1.5\n'
+        'latlab_server_preprocess_duration_seconds_count{deployment="fast"} 110.0\n',
+    )
     figures = server_step(before, after, "fast")
     assert figures["process_cpu_cores"] == pytest.approx(0.75)
     assert figures["preprocess_s"] == pytest.approx(0.005)

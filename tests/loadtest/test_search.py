@@ -10,11 +10,23 @@ from latlab.loadtest.search import is_stable
 
 def simulated(capacity: float, slo_break: float, **extra):
     """A server meeting any SLO below `slo_break` req/s and saturating at `capacity`."""
+
     def measure(rate: float) -> dict:
         achieved = min(rate, capacity)
         p99 = 0.010 if rate <= slo_break else 0.500
-        return {"target": rate, "offered_rps": rate, "achieved_rps": achieved, "p99_s": p99, "errors": 0,
-                "dropped": 0, "sent": 5000, "stable": True, "generator_bound": False, **extra}
+        return {
+            "target": rate,
+            "offered_rps": rate,
+            "achieved_rps": achieved,
+            "p99_s": p99,
+            "errors": 0,
+            "dropped": 0,
+            "sent": 5000,
+            "stable": True,
+            "generator_bound": False,
+            **extra,
+        }
+
     return measure
 
 
@@ -31,11 +43,14 @@ def test_saturation_counts_as_a_failure_even_when_latency_looks_fine():
     assert 400 * 0.9 <= result.rate <= 400 / 0.9
 
 
-@pytest.mark.parametrize("extra, reason", [
-    ({"sent": MIN_REQUESTS - 1}, "too few requests"),
-    ({"stable": False}, "unstable"),
-    ({"generator_bound": True}, "generator saturated"),
-])
+@pytest.mark.parametrize(
+    "extra, reason",
+    [
+        ({"sent": MIN_REQUESTS - 1}, "too few requests"),
+        ({"stable": False}, "unstable"),
+        ({"generator_bound": True}, "generator saturated"),
+    ],
+)
 def test_untrustworthy_passing_step_makes_the_result_invalid(extra, reason):
     result = slo_search(simulated(capacity=2000, slo_break=500, **extra), 0.050, start=100, max_probes=30)
     assert not result.valid

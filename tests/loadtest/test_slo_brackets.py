@@ -34,18 +34,39 @@ class Curve:
         self.asked.append(rate)
         p99 = self.p99(rate)
         achieved = min(rate, self.capacity)
-        return {"target": rate, "target_rps": rate, "offered_rps": rate, "achieved_rps": achieved,
-                "p99_s": p99 if p99 < math.inf else 60.0, "errors": 0, "dropped": 0, "sent": self.samples,
-                "too_few_samples": False}
+        return {
+            "target": rate,
+            "target_rps": rate,
+            "offered_rps": rate,
+            "achieved_rps": achieved,
+            "p99_s": p99 if p99 < math.inf else 60.0,
+            "errors": 0,
+            "dropped": 0,
+            "sent": self.samples,
+            "too_few_samples": False,
+        }
 
     def single(self) -> dict:
         self.single_calls += 1
-        return {"requests": 300, "errors": 0, "p50_s": self.service_s, "p99_s": self.service_s,
-                "max_s": self.service_s, "too_few_samples": False}
+        return {
+            "requests": 300,
+            "errors": 0,
+            "p50_s": self.service_s,
+            "p99_s": self.service_s,
+            "max_s": self.service_s,
+            "too_few_samples": False,
+        }
 
 
-def run(curve: Curve, listed: list[float], slos: tuple[float, ...], resolution: float = 0.1,
-        floor: float = 1.0, budget: int = 40, time_left=lambda: True) -> tuple[list[dict], dict]:
+def run(
+    curve: Curve,
+    listed: list[float],
+    slos: tuple[float, ...],
+    resolution: float = 0.1,
+    floor: float = 1.0,
+    budget: int = 40,
+    time_left=lambda: True,
+) -> tuple[list[dict], dict]:
     steps = [curve.step(rate) for rate in listed]
 
     def measure(rate: float) -> dict:
@@ -160,8 +181,15 @@ def test_a_step_with_decisions_is_judged_by_them_not_by_its_sample_p99():
 
     def step(rate: float, verdict: str, needed: int = 0) -> dict:
         decision = {"slo_p99_s": 0.05, "verdict": verdict, "over": 2, "needed": needed}
-        return {"target_rps": rate, "offered_rps": rate, "achieved_rps": rate, "p99_s": 0.049, "errors": 0,
-                "dropped": 0, "confidence": {"level": 0.95, "samples": 300, "slos": [decision]}}
+        return {
+            "target_rps": rate,
+            "offered_rps": rate,
+            "achieved_rps": rate,
+            "p99_s": 0.049,
+            "errors": 0,
+            "dropped": 0,
+            "confidence": {"level": 0.95, "samples": 300, "slos": [decision]},
+        }
 
     assert slo_verdict(step(100, "undecided", 473), 0.05) == "undecided"  # sample p99 within, yet not "met"
     assert slo_verdict(step(100, "met"), 0.05) == "met"
@@ -180,23 +208,42 @@ def test_tables_show_a_wide_bracket_and_an_undecided_upper_end():
     from latlab.report.verdict import rate_text
 
     step = {"target_rps": 100, "offered_rps": 100, "achieved_rps": 101, "p99_s": 0.005, "errors": 0}
-    bracket = {"slo_p99_s": 0.01, "met_rps": 100, "broke_rps": 500, "width": 4.0, "resolution": 0.1,
-               "meaning": "wider than the resolution (the step or time budget ran out)", "broke_verdict": "broken"}
+    bracket = {
+        "slo_p99_s": 0.01,
+        "met_rps": 100,
+        "broke_rps": 500,
+        "width": 4.0,
+        "resolution": 0.1,
+        "meaning": "wider than the resolution (the step or time budget ran out)",
+        "broke_verdict": "broken",
+    }
     curve = {"steps": [step], "slo_brackets": [bracket]}
     assert rate_text(curve, step, 0.01) == "101–500"
     narrow = {**bracket, "broke_rps": 108, "width": 0.08, "broke_verdict": "undecided", "needed": 900}
-    assert rate_text({**curve, "slo_brackets": [narrow]}, step, 0.01) == \
-        "101 (undecided at 108: 900 requests would decide)"
+    assert (
+        rate_text({**curve, "slo_brackets": [narrow]}, step, 0.01)
+        == "101 (undecided at 108: 900 requests would decide)"
+    )
     assert rate_text({**curve, "slo_brackets": [{**narrow, "broke_verdict": "broken"}]}, step, 0.01) == "101"
 
 
 def test_the_search_below_stops_where_the_p99_stops_falling():
     """A machine whose tail, not its load, sets the p99 at low rates: halving the rate does not help, so the
     search stops after the step that shows it and says so (never 'never': one request at a time meets it)."""
+
     def measure(rate: float) -> dict:
         asked.append(rate)
-        steps.append({"target": rate, "target_rps": rate, "offered_rps": rate, "achieved_rps": rate,
-                      "p99_s": 0.015 if rate < 200 else 0.030, "errors": 0, "dropped": 0})
+        steps.append(
+            {
+                "target": rate,
+                "target_rps": rate,
+                "offered_rps": rate,
+                "achieved_rps": rate,
+                "p99_s": 0.015 if rate < 200 else 0.030,
+                "errors": 0,
+                "dropped": 0,
+            }
+        )
         return steps[-1]
 
     asked: list[float] = []
@@ -208,4 +255,5 @@ def test_the_search_below_stops_where_the_p99_stops_falling():
     (record,) = found["slo_brackets"]
     assert asked == [100, 500, 50] and record["meaning"].startswith("not met down to 50 req/s")
     from latlab.report.verdict import rate_text
+
     assert rate_text({"steps": steps, "slo_brackets": [record]}, None, 0.010).startswith("not met down to 50")

@@ -81,8 +81,12 @@ class Server:
         return bool(children) and all(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
 
     def infer(self, body: bytes, model: str = "tiny", headers: dict | None = None) -> requests.Response:
-        return self.session.post(f"{self.url}/v2/models/{model}/infer", data=body,
-                                 headers={"Content-Type": "application/json", **(headers or {})}, timeout=15)
+        return self.session.post(
+            f"{self.url}/v2/models/{model}/infer",
+            data=body,
+            headers={"Content-Type": "application/json", **(headers or {})},
+            timeout=15,
+        )
 
     def metric(self, name: str, **labels: str) -> float:
         """One sample from /metrics (0 when absent)."""
@@ -95,8 +99,9 @@ class Server:
 
 
 @contextlib.contextmanager
-def running_server(folder: Path, deployments: list[dict], env: dict | None = None,
-                   **server: object) -> Iterator[Server]:
+def running_server(
+    folder: Path, deployments: list[dict], env: dict | None = None, **server: object
+) -> Iterator[Server]:
     """Start `latlab serve` on a free 127.0.0.1 port, wait until ready, and always stop it."""
     port = procs.free_port()
     config = write_config(folder / "server.toml", deployments, port=port, **server)
@@ -158,10 +163,15 @@ class ValidTraffic:
             x = rng.standard_normal((int(rng.integers(1, MAX_BATCH + 1)), 4)).astype(np.float32)
             self.sent += 1
             try:
-                response = session.post(f"{self._server.url}/v2/models/tiny/infer", data=tiny_body(x),
-                                        headers={"Content-Type": "application/json"}, timeout=15)
-                if response.status_code == 200 and np.allclose(output_of(response, (len(x), 3)), tiny_y(x),
-                                                               rtol=1e-4, atol=1e-5):
+                response = session.post(
+                    f"{self._server.url}/v2/models/tiny/infer",
+                    data=tiny_body(x),
+                    headers={"Content-Type": "application/json"},
+                    timeout=15,
+                )
+                if response.status_code == 200 and np.allclose(
+                    output_of(response, (len(x), 3)), tiny_y(x), rtol=1e-4, atol=1e-5
+                ):
                     self.correct += 1
                 else:
                     self.failures.append(f"{response.status_code} {response.content[:200]!r}")
@@ -205,8 +215,9 @@ def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One tiny-model server for the bad-input, body-limit and property tests (64 KiB bodies, batches of 8)."""
     folder = tmp_path_factory.mktemp("shared-server")
     model = build_tiny_model(folder / "tiny" / "model.onnx")
-    deployments = [{"name": "tiny", "model_path": str(model),
-                    "batcher": {"max_batch_size": MAX_BATCH, "max_queue_delay_ms": 1}}]
+    deployments = [
+        {"name": "tiny", "model_path": str(model), "batcher": {"max_batch_size": MAX_BATCH, "max_queue_delay_ms": 1}}
+    ]
     with running_server(folder, deployments, max_body_bytes=MAX_BODY) as server:
         procs.wait_ready(f"{server.url}/v2/health/ready", server.process, timeout_s=30, log_path=server.log)
         yield server
@@ -220,8 +231,10 @@ def build_poison_model(path: Path) -> Path:
     graph = helper.make_graph(
         [helper.make_node("Gather", ["table", "i"], ["row"], axis=0), helper.make_node("Add", ["x", "row"], ["y"])],
         "poison",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
-         helper.make_tensor_value_info("i", TensorProto.INT64, ["batch"])],
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
+            helper.make_tensor_value_info("i", TensorProto.INT64, ["batch"]),
+        ],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
         initializer=[numpy_helper.from_array(table, "table")],
     )

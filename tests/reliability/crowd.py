@@ -87,8 +87,14 @@ def follow_the_burst(crowd: Crowd, loadgen: str, burst_rps: float, done: threadi
             text = requests.get(loadgen, timeout=2).text
         except requests.RequestException:
             continue
-        target = max((float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                      if line.startswith("latlab_loadtest_target_rps{")), default=0.0)
+        target = max(
+            (
+                float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines()
+                if line.startswith("latlab_loadtest_target_rps{")
+            ),
+            default=0.0,
+        )
         if target >= 0.9 * burst_rps:
             crowd.active.set()
         elif crowd.active.is_set():
@@ -99,8 +105,10 @@ def crowd_process(port: int, loadgen: str, burst_rps: float, worker_pid: int, st
     """The crowd, its trigger and the connection count, in a process of their own: 200 client threads in the
     test's process would slow its probes (the GIL) and the probes would time the client, not the server."""
     crowd, done, peaks = Crowd(port), threading.Event(), []
-    for target, args in ((follow_the_burst, (crowd, loadgen, burst_rps, done)),
-                         (peak_connections, (psutil.Process(worker_pid), port, done, peaks))):
+    for target, args in (
+        (follow_the_burst, (crowd, loadgen, burst_rps, done)),
+        (peak_connections, (psutil.Process(worker_pid), port, done, peaks)),
+    ):
         threading.Thread(target=target, args=args, daemon=True).start()
     stop.wait()
     done.set()
@@ -112,7 +120,12 @@ def peak_connections(worker, port: int, stop: threading.Event, peaks: list[int])
     """The most established connections to the main port, sampled from the worker process."""
     while not stop.wait(0.25):
         try:
-            peaks.append(sum(1 for c in worker.net_connections("tcp") if c.laddr and c.laddr.port == port
-                             and c.status == "ESTABLISHED"))
+            peaks.append(
+                sum(
+                    1
+                    for c in worker.net_connections("tcp")
+                    if c.laddr and c.laddr.port == port and c.status == "ESTABLISHED"
+                )
+            )
         except Exception:  # noqa: BLE001 - a worker gone is asserted elsewhere
             return

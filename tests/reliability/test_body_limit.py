@@ -51,10 +51,12 @@ def assert_still_serving(server: Server) -> None:
 
 
 def test_declared_length_over_the_limit_is_413_before_any_body_is_sent(shared_server: Server) -> None:
-    declared = 1024 ** 3  # a gigabyte announced; only the headers and a few bytes ever go out
+    declared = 1024**3  # a gigabyte announced; only the headers and a few bytes ever go out
     with connect(shared_server) as sock:
-        sock.sendall(b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n{\"in" % declared)
+        sock.sendall(
+            b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b'Content-Length: %d\r\n\r\n{"in' % declared
+        )
         started = time.monotonic()
         raw = read_response(sock)
     status, body = status_and_body(raw)
@@ -71,8 +73,10 @@ def test_chunked_body_over_the_limit_is_413_and_the_rest_is_never_read(shared_se
     chunk = b"%x\r\n" % 65536 + b" " * 65536 + b"\r\n"
     sent = 0
     with connect(shared_server) as sock:
-        sock.sendall(b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                     b"Transfer-Encoding: chunked\r\n\r\n")
+        sock.sendall(
+            b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
         responses: list[bytes] = []
         reader = threading.Thread(target=lambda: responses.append(read_response(sock, 20)))
         reader.start()

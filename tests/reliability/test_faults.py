@@ -19,8 +19,15 @@ from latlab.server.app import create_app
 from latlab.server.deployment import Deployment
 
 from tests.conftest import server_config
-from tests.reliability.conftest import (COUNTS, POISON, Server, assert_error, build_poison_model, output_of,
-                                        running_server)
+from tests.reliability.conftest import (
+    COUNTS,
+    POISON,
+    Server,
+    assert_error,
+    build_poison_model,
+    output_of,
+    running_server,
+)
 
 pytestmark = pytest.mark.e2e
 BATCH = 3
@@ -30,9 +37,14 @@ PATH_LIKE = re.compile(r"/\w+/\w+|\.py\b|\.onnx\b")
 
 
 def request_body(index: int, x: np.ndarray) -> bytes:
-    return orjson.dumps({"inputs": [
-        {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": x.reshape(-1).tolist()},
-        {"name": "i", "shape": [1], "datatype": "INT64", "data": [index]}]})
+    return orjson.dumps(
+        {
+            "inputs": [
+                {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": x.reshape(-1).tolist()},
+                {"name": "i", "shape": [1], "datatype": "INT64", "data": [index]},
+            ]
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +52,9 @@ def poison_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """Batches of exactly 3 (a long delay, so a batch leaves only when full), one instance."""
     folder = tmp_path_factory.mktemp("poison-server")
     model = build_poison_model(folder / "poison" / "model.onnx")
-    deployments = [{"name": "poison", "model_path": str(model),
-                    "batcher": {"max_batch_size": BATCH, "max_queue_delay_ms": 2000}}]
+    deployments = [
+        {"name": "poison", "model_path": str(model), "batcher": {"max_batch_size": BATCH, "max_queue_delay_ms": 2000}}
+    ]
     with running_server(folder, deployments) as server:
         yield server
 
@@ -54,8 +67,11 @@ def send_together(server: Server, indexes: list[int]) -> list[tuple[int, request
     def send(slot: int) -> None:
         x = np.full((1, 4), slot, np.float32)
         start.wait()
-        results[slot] = (indexes[slot], requests.post(f"{server.url}/v2/models/poison/infer",
-                                                      data=request_body(indexes[slot], x), timeout=30))
+        results[slot] = (
+            indexes[slot],
+            requests.post(f"{server.url}/v2/models/poison/infer", data=request_body(indexes[slot], x), timeout=30),
+        )
+
     threads = [threading.Thread(target=send, args=(slot,)) for slot in range(len(indexes))]
     for thread in threads:
         thread.start()
@@ -79,7 +95,7 @@ def test_a_failing_batch_fails_only_its_own_requests(poison_server: Server, roun
         assert_error(response, 500, "model run failed", "indices element out of data bounds")
     for index, response in answered:
         slot = indexes.index(index)
-        np.testing.assert_allclose(output_of(response, (1, 4)), slot + TABLE[index:index + 1], rtol=1e-6)
+        np.testing.assert_allclose(output_of(response, (1, 4)), slot + TABLE[index : index + 1], rtol=1e-6)
     assert poison_server.metric("latlab_batcher_batches_total", **LABELS, outcome="error") == errors_before + 1
     assert poison_server.metric("latlab_batcher_batches_total", **LABELS, outcome="ok") == ok_before + 1
     assert poison_server.metric("latlab_server_requests_total", **LABELS, outcome="error") == BATCH * (round_ + 1)
@@ -104,8 +120,9 @@ def test_a_500_carries_a_message_but_no_trace_or_path_and_the_log_has_the_trace(
     COUNTS["faults injected (failing batches)"] += 1
 
 
-def test_an_unexpected_error_is_a_bare_500_and_logged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                      caplog: pytest.LogCaptureFixture) -> None:
+def test_an_unexpected_error_is_a_bare_500_and_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """Any bug past the error classes: the client sees only 'internal server error'; the log has the trace."""
     from tests.conftest import build_tiny_model
 
@@ -113,11 +130,16 @@ def test_an_unexpected_error_is_a_bare_500_and_logged(tmp_path: Path, monkeypatc
 
     def broken(self: Deployment, request: object) -> None:
         raise RuntimeError(f"secret detail in {tmp_path}/server/module.py")
+
     monkeypatch.setattr(Deployment, "infer", broken)
     try:
         with caplog.at_level(logging.ERROR, logger="latlab.server"):
-            response = app.test_client().post("/v2/models/tiny/infer", data=orjson.dumps({"inputs": [
-                {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0, 0, 0, 0]}]}))
+            response = app.test_client().post(
+                "/v2/models/tiny/infer",
+                data=orjson.dumps(
+                    {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0, 0, 0, 0]}]}
+                ),
+            )
     finally:
         app.extensions["latlab"].close()
     assert response.status_code == 500

@@ -24,8 +24,12 @@ STEP = ["--warmup-seconds", "1", "--step-seconds", "3", "--max-windows", "3"]
 
 
 def start_loadtest(host: str, out: Path, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([*CLI, "loadtest", "--host", host, "--deployment", "m", "--out", str(out), *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [*CLI, "loadtest", "--host", host, "--deployment", "m", "--out", str(out), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(process: subprocess.Popen, lines: list[str], timeout: float = 120) -> tuple[str, str]:
@@ -49,6 +53,7 @@ def read_until(process: subprocess.Popen, marker: str, lines: list[str], timeout
             if marker in line:
                 found.set()
                 return
+
     thread = threading.Thread(target=reader, daemon=True)
     thread.start()
     assert found.wait(timeout_s), f"no {marker!r} in the output: {''.join(lines)[-2000:]}"
@@ -139,16 +144,33 @@ def test_a_server_that_does_not_come_back_stops_the_sweep_with_its_reason(tmp_pa
     assert f"m: {reason}" in stdout
 
 
-@pytest.mark.parametrize("deployment, expected", [
-    ("m", "cannot reach the server at http://127.0.0.1:{port}/v2/models/m/config (3 tries): connection refused"),
-    ("nope", "server at http://127.0.0.1:{port} has no model 'nope': GET /v2/models/nope answered 404"),
-])
+@pytest.mark.parametrize(
+    "deployment, expected",
+    [
+        ("m", "cannot reach the server at http://127.0.0.1:{port}/v2/models/m/config (3 tries): connection refused"),
+        ("nope", "server at http://127.0.0.1:{port} has no model 'nope': GET /v2/models/nope answered 404"),
+    ],
+)
 def test_an_unreachable_server_or_unknown_deployment_is_one_line(tmp_path, deployment, expected):
     with stub_server(StubModel()) as host:
         port = procs.free_port() if deployment == "m" else int(host.rsplit(":", 1)[1])
-        result = subprocess.run([*CLI, "loadtest", "--host", f"http://127.0.0.1:{port}", "--deployment", deployment,
-                                 "--out", str(tmp_path / "run"), "--rates", "10"],
-                                capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [
+                *CLI,
+                "loadtest",
+                "--host",
+                f"http://127.0.0.1:{port}",
+                "--deployment",
+                deployment,
+                "--out",
+                str(tmp_path / "run"),
+                "--rates",
+                "10",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     (line,) = result.stderr.strip().splitlines()

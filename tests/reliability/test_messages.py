@@ -10,19 +10,31 @@ from latlab.server.protocol import MAX_ERROR_LENGTH, encode_error
 ORT_LOAD_ERROR = (
     "[ONNXRuntimeError] : 1 : FAIL : Load model from /srv/models/secret/model.onnx failed:"
     "/onnxruntime_src/onnxruntime/core/graph/model.cc:256 onnxruntime::Model::Model(onnx::ModelProto&&, "
-    "const onnxruntime::PathString&, const onnxruntime::logging::Logger&) Unsupported model IR version: 99\n")
-CUDA_ERROR = ("CUDA failure 2: out of memory ; GPU=0 ; hostname=box ; "
-              "file=/onnxruntime_src/onnxruntime/core/providers/cuda/cuda_allocator.cc ; line=47")
+    "const onnxruntime::PathString&, const onnxruntime::logging::Logger&) Unsupported model IR version: 99\n"
+)
+CUDA_ERROR = (
+    "CUDA failure 2: out of memory ; GPU=0 ; hostname=box ; "
+    "file=/onnxruntime_src/onnxruntime/core/providers/cuda/cuda_allocator.cc ; line=47"
+)
 
 
-@pytest.mark.parametrize("raw, kept, gone", [
-    (ORT_LOAD_ERROR, ["Load model from <path>", "Unsupported model IR version: 99"],
-     ["/srv/models", "model.cc", "onnxruntime::Model::Model", "\n"]),
-    (CUDA_ERROR, ["CUDA failure 2: out of memory", "file=<path>"], ["cuda_allocator.cc", "/onnxruntime_src"]),
-    ("indices element out of data bounds, idx=99 must be within the inclusive range [-8,7]",
-     ["idx=99 must be within the inclusive range [-8,7]"], ["<path>"]),
-    ("ratio 3/4 and a/b stay", ["ratio 3/4 and a/b stay"], ["<path>"]),
-])
+@pytest.mark.parametrize(
+    "raw, kept, gone",
+    [
+        (
+            ORT_LOAD_ERROR,
+            ["Load model from <path>", "Unsupported model IR version: 99"],
+            ["/srv/models", "model.cc", "onnxruntime::Model::Model", "\n"],
+        ),
+        (CUDA_ERROR, ["CUDA failure 2: out of memory", "file=<path>"], ["cuda_allocator.cc", "/onnxruntime_src"]),
+        (
+            "indices element out of data bounds, idx=99 must be within the inclusive range [-8,7]",
+            ["idx=99 must be within the inclusive range [-8,7]"],
+            ["<path>"],
+        ),
+        ("ratio 3/4 and a/b stay", ["ratio 3/4 and a/b stay"], ["<path>"]),
+    ],
+)
 def test_public_message_keeps_the_cause_and_drops_paths(raw: str, kept: list[str], gone: list[str]) -> None:
     message = public_message(RuntimeError(raw))
     for fragment in kept:

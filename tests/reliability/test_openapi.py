@@ -13,8 +13,12 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from prometheus_client import CollectorRegistry
 from schemathesis import GenerationMode
-from schemathesis.checks import (content_type_conformance, not_a_server_error, response_schema_conformance,
-                                 status_code_conformance)
+from schemathesis.checks import (
+    content_type_conformance,
+    not_a_server_error,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from latlab.server.app import create_app
 from latlab.server.openapi import OPENAPI_PATH, openapi_spec
@@ -31,9 +35,12 @@ INFER_EXAMPLES = 150
 def test_every_route_is_described(tmp_path: Path) -> None:
     app = create_app(server_config(build_tiny_model(tmp_path / "tiny" / "model.onnx")), registry=CollectorRegistry())
     try:
-        routes = {(re.sub(r"<(\w+)>", r"{\1}", rule.rule), method.lower())
-                  for rule in app.url_map.iter_rules() if rule.endpoint != "static"
-                  for method in rule.methods - {"HEAD", "OPTIONS"}}
+        routes = {
+            (re.sub(r"<(\w+)>", r"{\1}", rule.rule), method.lower())
+            for rule in app.url_map.iter_rules()
+            if rule.endpoint != "static"
+            for method in rule.methods - {"HEAD", "OPTIONS"}
+        }
     finally:
         app.extensions["latlab"].close()
     spec = openapi_spec(auth=True)
@@ -75,26 +82,40 @@ def live_schema(fuzzed_server: Server) -> schemathesis.BaseSchema:
 SPEC = openapi_spec(auth=True)
 # Negative cases need something to break: a body, or the Authorization header of the protected routes
 # (an operation with only a patterned path parameter has no invalid value schemathesis can send).
-CASES = [(path, method, mode) for path, item in SPEC["paths"].items() for method, operation in item.items()
-         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
-         if mode == GenerationMode.POSITIVE or "requestBody" in operation or "security" in operation]
+CASES = [
+    (path, method, mode)
+    for path, item in SPEC["paths"].items()
+    for method, operation in item.items()
+    for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
+    if mode == GenerationMode.POSITIVE or "requestBody" in operation or "security" in operation
+]
 CHECKS = [not_a_server_error, response_schema_conformance, status_code_conformance, content_type_conformance]
 
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("path, method, mode", CASES, ids=[f"{m.upper()} {p} {g}" for p, m, g in CASES])
-def test_fuzzing_from_the_description_finds_nothing(fuzzed_server: Server, live_schema: schemathesis.BaseSchema,
-                                                     path: str, method: str, mode: GenerationMode) -> None:
+def test_fuzzing_from_the_description_finds_nothing(
+    fuzzed_server: Server, live_schema: schemathesis.BaseSchema, path: str, method: str, mode: GenerationMode
+) -> None:
     """Positive cases fit the description, negative ones break it (wrong types, missing fields, bad values)."""
     operation = live_schema[path][method.upper()]
     session = requests.Session()
 
-    @settings(max_examples=INFER_EXAMPLES if method == "post" else EXAMPLES, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=INFER_EXAMPLES if method == "post" else EXAMPLES,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=operation.as_strategy(generation_mode=mode))
     def fuzz(case: schemathesis.Case) -> None:
-        case.call_and_validate(base_url=fuzzed_server.url, session=session, checks=CHECKS, timeout=15,
-                               headers={"Authorization": f"Bearer {TOKEN}"})
+        case.call_and_validate(
+            base_url=fuzzed_server.url,
+            session=session,
+            checks=CHECKS,
+            timeout=15,
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
         COUNTS["fuzzed requests (schemathesis)"] += 1
 
     fuzz()

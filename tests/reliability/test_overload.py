@@ -36,20 +36,35 @@ def build_slow_model(path: Path, layers: int = 40, rows: int = 128, width: int =
     """y = mean(tanh(... tanh(ones[rows,1] @ (x W_in) @ W) ... @ W)) W_out: x FP32 [batch, 4] -> y [batch, 3].
     One weight matrix shared by every layer stays in cache, so the run time is compute, not memory."""
     rng = np.random.default_rng(0)
-    weights = {"w_in": rng.standard_normal((4, width)) / 2, "w": rng.standard_normal((width, width)) / np.sqrt(width),
-               "w_out": rng.standard_normal((width, 3)) / np.sqrt(width), "ones": np.ones((rows, 1))}
-    nodes = [helper.make_node("MatMul", ["x", "w_in"], ["h"]), helper.make_node("Unsqueeze", ["h", "axis"], ["hu"]),
-             helper.make_node("MatMul", ["ones", "hu"], ["a0"])]
+    weights = {
+        "w_in": rng.standard_normal((4, width)) / 2,
+        "w": rng.standard_normal((width, width)) / np.sqrt(width),
+        "w_out": rng.standard_normal((width, 3)) / np.sqrt(width),
+        "ones": np.ones((rows, 1)),
+    }
+    nodes = [
+        helper.make_node("MatMul", ["x", "w_in"], ["h"]),
+        helper.make_node("Unsqueeze", ["h", "axis"], ["hu"]),
+        helper.make_node("MatMul", ["ones", "hu"], ["a0"]),
+    ]
     for i in range(layers):
-        nodes += [helper.make_node("MatMul", [f"a{i}", "w"], [f"m{i}"]),
-                  helper.make_node("Tanh", [f"m{i}"], [f"a{i + 1}"])]
-    nodes += [helper.make_node("ReduceMean", [f"a{layers}", "axis"], ["r"], keepdims=0),
-              helper.make_node("MatMul", ["r", "w_out"], ["y"])]
+        nodes += [
+            helper.make_node("MatMul", [f"a{i}", "w"], [f"m{i}"]),
+            helper.make_node("Tanh", [f"m{i}"], [f"a{i + 1}"]),
+        ]
+    nodes += [
+        helper.make_node("ReduceMean", [f"a{layers}", "axis"], ["r"], keepdims=0),
+        helper.make_node("MatMul", ["r", "w_out"], ["y"]),
+    ]
     initializers = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in weights.items()]
     initializers.append(numpy_helper.from_array(np.array([1], np.int64), "axis"))
-    graph = helper.make_graph(nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
-                              initializer=initializers)
+    graph = helper.make_graph(
+        nodes,
+        "slow",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])],
+        initializer=initializers,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
     onnx.checker.check_model(model)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -120,8 +135,11 @@ def server_side_refusals(metrics_text: str) -> dict:
         elif line.startswith("latlab_batcher_compute_duration_seconds_count{"):
             compute_count = value
     bound = next((b for b, count in sorted(buckets) if count >= 0.99 * refused), None)
-    return {"server_refused": refused, "server_refusal_p99_at_most_s": bound,
-            "compute_mean_s": compute_sum / compute_count if compute_count else None}
+    return {
+        "server_refused": refused,
+        "server_refusal_p99_at_most_s": bound,
+        "compute_mean_s": compute_sum / compute_count if compute_count else None,
+    }
 
 
 def worker_of(server: subprocess.Popen, timeout_s: float = 10.0) -> psutil.Process:
@@ -150,15 +168,36 @@ def overload(tmp_path_factory) -> dict:
         procs.wait_ready(f"{host}/v2/health/ready", server, timeout_s=60, log_path=log)
         worker = worker_of(server)
         sampler = RssSampler(worker)
-        result = subprocess.run([*CLI, "loadtest", "--host", host, "--deployment", "slow", "--overload", "3",
-                                 "--burst-seconds", "60", "--rates", "250", "--step-seconds", "3",
-                                 "--workers", str(WORKERS),
-                                 # This VM's speed drifts by up to 2x within minutes (capacity measured 70 to
-                                 # 169 req/s in one hour): at 60% of a capacity measured a minute earlier the
-                                 # "normal" load can exceed what the server does by then. 40% leaves room.
-                                 "--recovery-load", "0.4",
-                                 "--out", str(tmp / "run")],
-                                capture_output=True, text=True, timeout=170)
+        result = subprocess.run(
+            [
+                *CLI,
+                "loadtest",
+                "--host",
+                host,
+                "--deployment",
+                "slow",
+                "--overload",
+                "3",
+                "--burst-seconds",
+                "60",
+                "--rates",
+                "250",
+                "--step-seconds",
+                "3",
+                "--workers",
+                str(WORKERS),
+                # This VM's speed drifts by up to 2x within minutes (capacity measured 70 to
+                # 169 req/s in one hour): at 60% of a capacity measured a minute earlier the
+                # "normal" load can exceed what the server does by then. 40% leaves room.
+                "--recovery-load",
+                "0.4",
+                "--out",
+                str(tmp / "run"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=170,
+        )
         sampler.stop()
         alive = server.poll() is None and worker.is_running() and worker in psutil.Process(server.pid).children(True)
         server_side = server_side_refusals(requests.get(f"{host}/metrics", timeout=10).text)
@@ -171,12 +210,23 @@ def overload(tmp_path_factory) -> dict:
     (deployment,) = json.loads((tmp / "run" / "results.json").read_text())["deployments"]
     burst = next(s for s in deployment["steps"] if s["phase"] == "burst")
     rss = [r / 2**20 for r in sampler.between(burst["start_time"], burst["end_time"])]
-    figures = {**deployment["overload"], **server_side, "rss_start_mib": rss[0], "rss_end_mib": rss[-1],
-               "rss_min_mib": min(rss), "rss_max_mib": max(rss), "process_alive": alive, "worker_pid": worker.pid,
-               "cpu_count": os.cpu_count(), "test_seconds": time.monotonic() - started}
-    figures["readme"] = (f"{figures['summary']}; server RSS {figures['rss_start_mib']:.0f} -> "
-                         f"{figures['rss_end_mib']:.0f} MiB (max {figures['rss_max_mib']:.0f}); "
-                         f"process {'alive' if alive else 'DEAD'}")
+    figures = {
+        **deployment["overload"],
+        **server_side,
+        "rss_start_mib": rss[0],
+        "rss_end_mib": rss[-1],
+        "rss_min_mib": min(rss),
+        "rss_max_mib": max(rss),
+        "process_alive": alive,
+        "worker_pid": worker.pid,
+        "cpu_count": os.cpu_count(),
+        "test_seconds": time.monotonic() - started,
+    }
+    figures["readme"] = (
+        f"{figures['summary']}; server RSS {figures['rss_start_mib']:.0f} -> "
+        f"{figures['rss_end_mib']:.0f} MiB (max {figures['rss_max_mib']:.0f}); "
+        f"process {'alive' if alive else 'DEAD'}"
+    )
     (tmp / "overload.json").write_text(json.dumps(figures, indent=2))
     print(f"{tmp / 'overload.json'}:\n{(tmp / 'overload.json').read_text()}")
     return figures
@@ -208,11 +258,13 @@ def test_rejections_are_immediate_with_retry_after(overload):
     # request waits in the queue (the tail of either is this 2-core machine's scheduling as much as the server's:
     # with other work on the cores, 503s took 110 ms at p99 from the actual send against 117 ms of queueing).
     assert overload["rejected_response_p50_s"] < 0.25 * overload["accepted_p50_s"]
-    # The issue's "p99 of a 503 under 5 ms" is an absolute time, which a test on a shared 2-core box must
+    # The target "p99 of a 503 under 5 ms" is an absolute time, which a test on a shared 2-core box must
     # not assert; the figures are printed and recorded in the README instead.
-    print(f"503 p99: server-side <= {overload['server_refusal_p99_at_most_s'] * 1e3:g} ms (histogram bucket), "
-          f"client-side {overload['rejected_response_p99_s'] * 1e3:.1f} ms from the actual send "
-          f"(issue target: 5 ms); one model run {overload['compute_mean_s'] * 1e3:.1f} ms")
+    print(
+        f"503 p99: server-side <= {overload['server_refusal_p99_at_most_s'] * 1e3:g} ms (histogram bucket), "
+        f"client-side {overload['rejected_response_p99_s'] * 1e3:.1f} ms from the actual send "
+        f"(target: 5 ms); one model run {overload['compute_mean_s'] * 1e3:.1f} ms"
+    )
 
 
 def test_accepted_requests_meet_their_timeout_and_none_hang(overload):
@@ -240,5 +292,7 @@ def test_service_is_normal_again_soon_after_the_backlog_drains(overload):
 
 def test_goodput_is_measured(overload):
     assert overload["goodput_source"] == "server" and 0 < overload["goodput_fraction"]
-    print(f"goodput {overload['goodput_fraction']:.2f} of capacity; model busy {overload['busy_share']:.2f} of the "
-          f"burst, a run {overload['compute_slowdown']:.2f}x its baseline time")
+    print(
+        f"goodput {overload['goodput_fraction']:.2f} of capacity; model busy {overload['busy_share']:.2f} of the "
+        f"burst, a run {overload['compute_slowdown']:.2f}x its baseline time"
+    )

@@ -38,13 +38,21 @@ class Case:
 
 ascii_text = st.text(st.characters(min_codepoint=33, max_codepoint=126), max_size=30)  # valid header values
 names = st.sampled_from(["x", "y", "X", ""]) | st.text(max_size=12)
-dims = st.integers(-2, 12) | st.sampled_from([2 ** 31, 2 ** 63 - 1, 10 ** 7])
-absurd_shapes = st.lists(st.sampled_from([0, 1, 4, 2 ** 31, 2 ** 62, 2 ** 63 - 1]), min_size=1, max_size=5)
+dims = st.integers(-2, 12) | st.sampled_from([2**31, 2**63 - 1, 10**7])
+absurd_shapes = st.lists(st.sampled_from([0, 1, 4, 2**31, 2**62, 2**63 - 1]), min_size=1, max_size=5)
 shapes = st.lists(dims, max_size=5) | st.integers(0, MAX_BATCH + 2).map(lambda n: [n, 4]) | absurd_shapes
-scalars = (st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70) | st.text(max_size=4)
-           | st.floats(allow_nan=False, allow_infinity=False))
-json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
-                           | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=30)
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.text(max_size=4)
+    | st.floats(allow_nan=False, allow_infinity=False)
+)
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    max_leaves=30,
+)
 datatypes = st.sampled_from([*DATATYPES, "BYTES", "FLOAT", "fp32"]) | ascii_text
 
 
@@ -66,18 +74,22 @@ def absurd_tensor(draw: st.DrawFn) -> dict:
     tensor = {"name": "x", "shape": draw(absurd_shapes), "datatype": draw(st.sampled_from(list(DATATYPES)))}
     if draw(st.booleans()):
         return tensor | {"data": draw(st.just([]) | st.lists(st.integers(0, 1), max_size=8))}
-    return tensor | {"parameters": {"binary_data_size": draw(st.sampled_from([0, 1, 2 ** 62]))}}
+    return tensor | {"parameters": {"binary_data_size": draw(st.sampled_from([0, 1, 2**62]))}}
 
 
-absurd_case = absurd_tensor().map(lambda tensor: Case("/v2/models/tiny/infer", dumps({"inputs": [tensor]}),
-                                                       {"Content-Type": "application/json"}))
+absurd_case = absurd_tensor().map(
+    lambda tensor: Case("/v2/models/tiny/infer", dumps({"inputs": [tensor]}), {"Content-Type": "application/json"})
+)
 
 
 @st.composite
 def broken_tensor(draw: st.DrawFn) -> dict:
-    tensor = {"name": draw(mostly(st.just("x"), names)), "shape": draw(mostly(shapes, json_values)),
-              "datatype": draw(mostly(st.sampled_from(list(DATATYPES)), datatypes)),
-              "data": draw(st.just([]) | st.lists(scalars, max_size=40) | json_values)}
+    tensor = {
+        "name": draw(mostly(st.just("x"), names)),
+        "shape": draw(mostly(shapes, json_values)),
+        "datatype": draw(mostly(st.sampled_from(list(DATATYPES)), datatypes)),
+        "data": draw(st.just([]) | st.lists(scalars, max_size=40) | json_values),
+    }
     if draw(st.booleans()):
         tensor["parameters"] = {"binary_data_size": draw(st.integers(-8, 200) | json_values)}
     for key in draw(st.sets(st.sampled_from(list(tensor)), max_size=2)):
@@ -92,19 +104,35 @@ def json_case(draw: st.DrawFn) -> Case:
     if draw(st.booleans()):
         x = draw(valid_x())
         doc = {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.reshape(-1).tolist()}]}
-        doc |= draw(st.fixed_dictionaries({}, optional={
-            "id": st.text(max_size=256), "outputs": st.just([{"name": "y"}]),
-            "parameters": st.fixed_dictionaries({}, optional={
-                "timeout": st.integers(10 ** 6, 10 ** 7), "binary_data_output": st.booleans()})}))
+        doc |= draw(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "id": st.text(max_size=256),
+                    "outputs": st.just([{"name": "y"}]),
+                    "parameters": st.fixed_dictionaries(
+                        {}, optional={"timeout": st.integers(10**6, 10**7), "binary_data_output": st.booleans()}
+                    ),
+                },
+            )
+        )
         return Case(path, dumps(doc), headers, x)
     # Timeouts the client may legitimately make too short (a 504) are left out: only invalid ones.
     bad_timeouts = st.integers(-5, -1) | st.floats() | st.text(max_size=4) | st.booleans()
     doc = {"inputs": draw(mostly(st.lists(broken_tensor(), min_size=1, max_size=2), json_values))}
-    doc |= draw(st.fixed_dictionaries({}, optional={
-        "id": st.text(max_size=300) | json_values,
-        "outputs": st.lists(st.fixed_dictionaries({"name": names}), max_size=2) | json_values,
-        "parameters": st.fixed_dictionaries({}, optional={"timeout": bad_timeouts,
-                                                          "binary_data_output": json_values}) | json_values}))
+    doc |= draw(
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "id": st.text(max_size=300) | json_values,
+                "outputs": st.lists(st.fixed_dictionaries({"name": names}), max_size=2) | json_values,
+                "parameters": st.fixed_dictionaries(
+                    {}, optional={"timeout": bad_timeouts, "binary_data_output": json_values}
+                )
+                | json_values,
+            },
+        )
+    )
     return Case(path, dumps(doc), headers, None)
 
 
@@ -113,9 +141,18 @@ def binary_case(draw: st.DrawFn) -> Case:
     x = draw(valid_x())
     raw = x.astype("<f4").tobytes()
     size = draw(st.just(len(raw)) | st.integers(-4, 2 * len(raw) + 8))
-    header = dumps({"inputs": [{"name": draw(st.just("x") | names), "shape": draw(st.just(list(x.shape)) | shapes),
-                                       "datatype": draw(st.just("FP32") | datatypes),
-                                       "parameters": {"binary_data_size": size}}]})
+    header = dumps(
+        {
+            "inputs": [
+                {
+                    "name": draw(st.just("x") | names),
+                    "shape": draw(st.just(list(x.shape)) | shapes),
+                    "datatype": draw(st.just("FP32") | datatypes),
+                    "parameters": {"binary_data_size": size},
+                }
+            ]
+        }
+    )
     tail = draw(st.just(raw) | st.binary(max_size=2 * len(raw) + 8))
     length = draw(st.just(str(len(header))) | st.integers(-3, len(header) + len(tail) + 3).map(str) | ascii_text)
     content_type = draw(st.sampled_from(["application/octet-stream", "application/json", None]))
@@ -126,13 +163,19 @@ def binary_case(draw: st.DrawFn) -> Case:
 @st.composite
 def odd_case(draw: st.DrawFn) -> Case:
     """Raw bytes, arbitrary JSON, odd content types, unknown models and versions, bodies over the limit."""
-    body = draw(st.binary(max_size=300) | json_values.map(dumps)
-                | st.integers(MAX_BODY - 8, MAX_BODY + 64).map(lambda n: b" " * n))
+    body = draw(
+        st.binary(max_size=300)
+        | json_values.map(dumps)
+        | st.integers(MAX_BODY - 8, MAX_BODY + 64).map(lambda n: b" " * n)
+    )
     model = draw(st.sampled_from(["tiny", "nope"]) | st.text("abcxyz-_.0123456789", min_size=1, max_size=12))
     version = draw(st.sampled_from(["", "/versions/1", "/versions/2"]))
     headers = {}
-    content_type = draw(st.none() | st.sampled_from(["application/json", "text/plain", "application/xml",
-                                                      "application/json; charset=latin-1"]) | ascii_text)
+    content_type = draw(
+        st.none()
+        | st.sampled_from(["application/json", "text/plain", "application/xml", "application/json; charset=latin-1"])
+        | ascii_text
+    )
     if content_type is not None:
         headers["Content-Type"] = content_type
     if draw(st.booleans()):
@@ -150,8 +193,12 @@ def baseline_rss(shared_server: Server) -> int:
 def test_no_request_gets_a_5xx_kills_the_server_or_grows_its_memory(shared_server: Server, baseline_rss: int) -> None:
     session = requests.Session()
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+    )
     @given(case=st.one_of(json_case(), binary_case(), odd_case(), absurd_case))
     def property_holds(case: Case) -> None:
         response = session.post(shared_server.url + case.path, data=case.body, headers=case.headers, timeout=15)
@@ -170,7 +217,7 @@ def test_no_request_gets_a_5xx_kills_the_server_or_grows_its_memory(shared_serve
     property_holds()
     assert shared_server.alive()
     grown = shared_server.worker().memory_info().rss - baseline_rss
-    assert grown < RSS_GROWTH_LIMIT, f"server RSS grew by {grown / 2 ** 20:.0f} MiB"
+    assert grown < RSS_GROWTH_LIMIT, f"server RSS grew by {grown / 2**20:.0f} MiB"
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
     response = shared_server.infer(tiny_body(x))
     assert response.status_code == 200

@@ -68,8 +68,9 @@ def test_unparsable_model_fails_at_start_naming_file_and_cause(tmp_path: Path, k
 @needs_no_cuda
 def test_cuda_deployment_without_cuda_fails_at_start_naming_the_library(tmp_path: Path) -> None:
     model = build_tiny_model(tmp_path / "tiny" / "model.onnx")
-    config = write_config(tmp_path / "s.toml", [{"name": "gpu", "model_path": str(model), "provider": "cuda"}],
-                          port=procs.free_port())
+    config = write_config(
+        tmp_path / "s.toml", [{"name": "gpu", "model_path": str(model), "provider": "cuda"}], port=procs.free_port()
+    )
     result = serve(config)
     assert_one_line_error(result, "deployment 'gpu'", str(model), "needs provider cuda, which cannot load")
     assert ".so" in result.stderr  # the library that is missing, e.g. libcublasLt.so.13
@@ -78,10 +79,15 @@ def test_cuda_deployment_without_cuda_fails_at_start_naming_the_library(tmp_path
 def test_model_path_escaping_model_dir_is_refused(tmp_path: Path) -> None:
     outside = build_tiny_model(tmp_path / "outside" / "model.onnx")
     (tmp_path / "models").mkdir()
-    config = write_config(tmp_path / "s.toml", [{"name": "sneaky", "model_path": "models/../outside/model.onnx"}],
-                          port=procs.free_port(), model_dir="models")
-    assert_one_line_error(serve(config), "deployment 'sneaky'", str(outside), "outside model_dir",
-                          str(tmp_path / "models"))
+    config = write_config(
+        tmp_path / "s.toml",
+        [{"name": "sneaky", "model_path": "models/../outside/model.onnx"}],
+        port=procs.free_port(),
+        model_dir="models",
+    )
+    assert_one_line_error(
+        serve(config), "deployment 'sneaky'", str(outside), "outside model_dir", str(tmp_path / "models")
+    )
 
 
 def test_failure_only_a_session_finds_ends_the_worker_with_one_logged_line(tmp_path: Path) -> None:
@@ -112,17 +118,26 @@ def test_skip_serves_the_others_and_readiness_tells(tmp_path: Path) -> None:
         for deployment in deployments[:2] + deployments[3:]:
             name = deployment["name"]
             for path in (f"/v2/models/{name}/ready", f"/v2/models/{name}", f"/v2/models/{name}/config"):
-                assert_error(get(server.url + path, timeout=10), 503, f"deployment '{name}'", causes[name],
-                             "failed to load at start")
+                assert_error(
+                    get(server.url + path, timeout=10),
+                    503,
+                    f"deployment '{name}'",
+                    causes[name],
+                    "failed to load at start",
+                )
             assert_error(server.infer(tiny_body(X), model=name), 503, causes[name])
         log = server.log.read_text()
-        assert "on_load_failure = \"skip\"" in log and str(tmp_path / "corrupt" / "model.onnx") in log
+        assert 'on_load_failure = "skip"' in log and str(tmp_path / "corrupt" / "model.onnx") in log
 
 
 def test_skip_with_nothing_loadable_still_fails(tmp_path: Path) -> None:
     path = corrupt_model(tmp_path / "corrupt" / "model.onnx")
-    config = write_config(tmp_path / "s.toml", [{"name": "corrupt", "model_path": str(path)}], port=procs.free_port(),
-                          on_load_failure="skip")
+    config = write_config(
+        tmp_path / "s.toml",
+        [{"name": "corrupt", "model_path": str(path)}],
+        port=procs.free_port(),
+        on_load_failure="skip",
+    )
     result = serve(config)
     assert result.returncode == 2
     assert "no deployment can be loaded" in result.stderr.splitlines()[-1]

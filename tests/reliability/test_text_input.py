@@ -33,7 +33,7 @@ port = {port}
 max_body_bytes = {MAX_BODY}
 [[deployments]]
 name = "text"
-model_path = "{token_model(folder / 'toy' / 'model.onnx')}"
+model_path = "{token_model(folder / "toy" / "model.onnx")}"
 [deployments.batcher]
 max_batch_size = 8
 max_queue_delay_ms = 300
@@ -54,8 +54,18 @@ max_length = 32
 def binary_text(elements: list[bytes], shape: list[int] | None = None) -> tuple[bytes, dict]:
     """Raw BYTES elements (any bytes, UTF-8 or not) with the binary tensor extension."""
     raw = b"".join(len(e).to_bytes(4, "little") + e for e in elements)
-    header = orjson.dumps({"inputs": [{"name": "text", "shape": shape or [len(elements)], "datatype": "BYTES",
-                                       "parameters": {"binary_data_size": len(raw)}}]})
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "text",
+                    "shape": shape or [len(elements)],
+                    "datatype": "BYTES",
+                    "parameters": {"binary_data_size": len(raw)},
+                }
+            ]
+        }
+    )
     return header + raw, {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(header))}
 
 
@@ -70,15 +80,25 @@ BAD = {
     "fp32": ((json_input(shape=[1], datatype="FP32", data=[1.5]), None), 400, ["must be BYTES", "FP32"]),
     "2d": ((json_input(shape=[1, 2], datatype="BYTES", data=["a", "b"]), None), 400, ["shape [-1]", "[1, 2]"]),
     "no-sentence": ((json_input(shape=[0], datatype="BYTES", data=[]), None), 400, ["at least one sentence"]),
-    "token-ids": ((orjson.dumps({"inputs": [{"name": "input_ids", "shape": [1, 2], "datatype": "INT64",
-                                             "data": [101, 102]}]}), None), 400, ["takes one input 'text'"]),
+    "token-ids": (
+        (
+            orjson.dumps({"inputs": [{"name": "input_ids", "shape": [1, 2], "datatype": "INT64", "data": [101, 102]}]}),
+            None,
+        ),
+        400,
+        ["takes one input 'text'"],
+    ),
     "too-long": ((text_body(["word " * (MAX_BODY // 5)]).data, None), 413, [str(MAX_BODY)]),
 }
 
 
 def post(server: Server, body: bytes, headers: dict | None) -> requests.Response:
-    return requests.post(f"{server.url}/v2/models/text/infer", data=body,
-                         headers=headers or {"Content-Type": "application/json"}, timeout=30)
+    return requests.post(
+        f"{server.url}/v2/models/text/infer",
+        data=body,
+        headers=headers or {"Content-Type": "application/json"},
+        timeout=30,
+    )
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
@@ -92,9 +112,12 @@ def test_bad_text_fails_alone_and_its_batch_neighbours_are_answered(server: Serv
     def send(key: str, data: bytes, head: dict | None) -> None:
         start.wait()
         answers[key] = post(server, data, head)
+
     threads = [threading.Thread(target=send, args=("bad", body, headers))]
-    threads += [threading.Thread(target=send, args=(f"good{i}", text_body([s]).data, None))
-                for i, s in enumerate(good_sentences)]
+    threads += [
+        threading.Thread(target=send, args=(f"good{i}", text_body([s]).data, None))
+        for i, s in enumerate(good_sentences)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -11,12 +11,26 @@ CPU_NAME = "SYNTHETIC 16-core CPU box"
 GPU_NAME = "SYNTHETIC NVIDIA H100 80GB HBM3"
 
 
-def server(request_ms: float, queue_ms: float, compute_ms: float, cpu_cores: float, busy_s: float,
-           transfer_ms: float = 0.0, seconds: float = 10.0) -> dict:
+def server(
+    request_ms: float,
+    queue_ms: float,
+    compute_ms: float,
+    cpu_cores: float,
+    busy_s: float,
+    transfer_ms: float = 0.0,
+    seconds: float = 10.0,
+) -> dict:
     """A step's server figures as scrape.server_step writes them (transfers are inside compute)."""
-    figures = {"seconds": seconds, "request_s": request_ms / 1e3, "queue_s": queue_ms / 1e3,
-               "compute_s": compute_ms / 1e3, "process_cpu_cores": cpu_cores, "busy_s": busy_s,
-               "busy_share": busy_s / seconds, "request_count": 100.0}
+    figures = {
+        "seconds": seconds,
+        "request_s": request_ms / 1e3,
+        "queue_s": queue_ms / 1e3,
+        "compute_s": compute_ms / 1e3,
+        "process_cpu_cores": cpu_cores,
+        "busy_s": busy_s,
+        "busy_share": busy_s / seconds,
+        "request_count": 100.0,
+    }
     if transfer_ms:
         figures.update(input_transfer_s=transfer_ms / 2e3, output_transfer_s=transfer_ms / 2e3)
     return figures
@@ -26,48 +40,98 @@ def step(rate: float, p99_ms: float, achieved: float | None = None, samples: int
     achieved = rate if achieved is None else achieved
     p99 = p99_ms / 1e3
     sent = int(achieved * 10)
-    figures = {"target": rate, "target_rps": rate, "offered_rps": rate, "achieved_rps": achieved, "sent": sent,
-            "ok": sent, "errors": 0, "dropped": 0, "late": 0, "incomplete": 0, "p50_s": p99 / 3, "p90_s": p99 / 2,
-            "p99_s": p99, "max_s": p99 * 1.3, "mean_s": p99 / 2.5, "duration_s": 10.0, "avg_batch_size": 1.0,
-            "generator_cpu_percent": 20.0, "generator_bound": False, "samples": samples,
-            "too_few_samples": samples < 100, **extra}
+    figures = {
+        "target": rate,
+        "target_rps": rate,
+        "offered_rps": rate,
+        "achieved_rps": achieved,
+        "sent": sent,
+        "ok": sent,
+        "errors": 0,
+        "dropped": 0,
+        "late": 0,
+        "incomplete": 0,
+        "p50_s": p99 / 3,
+        "p90_s": p99 / 2,
+        "p99_s": p99,
+        "max_s": p99 * 1.3,
+        "mean_s": p99 / 2.5,
+        "duration_s": 10.0,
+        "avg_batch_size": 1.0,
+        "generator_cpu_percent": 20.0,
+        "generator_bound": False,
+        "samples": samples,
+        "too_few_samples": samples < 100,
+        **extra,
+    }
     if extra.get("server"):  # the client sees the server's time plus the network and its own HTTP work
         figures["mean_s"] = extra["server"]["request_s"] + 0.0012
     return figures
 
 
 def curve(name: str, provider: str, batch: int, steps: list[dict], environment: dict, **extra: object) -> dict:
-    return {"name": name, "model": "minilm", "provider": provider,
-            "batcher": {"max_batch_size": batch, "max_queue_delay_ms": 2.0 if batch > 1 else 0.0, "instances": 1},
-            "cpu": {"intra_op_threads": 16}, "environment": environment, "steps": steps,
-            "stop_reason": "synthetic", **extra}
+    return {
+        "name": name,
+        "model": "minilm",
+        "provider": provider,
+        "batcher": {"max_batch_size": batch, "max_queue_delay_ms": 2.0 if batch > 1 else 0.0, "instances": 1},
+        "cpu": {"intra_op_threads": 16},
+        "environment": environment,
+        "steps": steps,
+        "stop_reason": "synthetic",
+        **extra,
+    }
 
 
 def cpu_run(tmp_path: Path) -> Path:
     env = {"name": CPU_NAME, "cpu": "SYNTHETIC CPU", "cores": 16, "cpu_threads": 16}
-    b1 = curve("minilm-cpu-b1", "cpu", 1, [
-        step(50, 8, server=server(6, 0.5, 5, 1.3, 2.5)), step(100, 14, server=server(9, 3, 5, 1.5, 5.0)),
-        step(200, 60, achieved=170)], env, saturated=True)
-    batch = curve("minilm-cpu-batch", "cpu", 32, [
-        step(5, 9, samples=50),  # a p99 of 50 requests: marked, never decides
-        step(100, 12, server=server(10, 3, 6, 1.2, 3.0)), step(240, 22, server=server(18, 8, 9, 1.6, 6.5)),
-        step(480, 90, achieved=300)], env, saturated=True)
+    b1 = curve(
+        "minilm-cpu-b1",
+        "cpu",
+        1,
+        [
+            step(50, 8, server=server(6, 0.5, 5, 1.3, 2.5)),
+            step(100, 14, server=server(9, 3, 5, 1.5, 5.0)),
+            step(200, 60, achieved=170),
+        ],
+        env,
+        saturated=True,
+    )
+    batch = curve(
+        "minilm-cpu-batch",
+        "cpu",
+        32,
+        [
+            step(5, 9, samples=50),  # a p99 of 50 requests: marked, never decides
+            step(100, 12, server=server(10, 3, 6, 1.2, 3.0)),
+            step(240, 22, server=server(18, 8, 9, 1.6, 6.5)),
+            step(480, 90, achieved=300),
+        ],
+        env,
+        saturated=True,
+    )
     run = tmp_path / "SYNTHETIC-cpu-run"
-    write_results(run / "results-minilm.json", {"run_id": "SYNTHETIC-cpu-run", "machine": {"hostname": "vm", **env},
-                                                "deployments": [b1, batch]})
+    write_results(
+        run / "results-minilm.json",
+        {"run_id": "SYNTHETIC-cpu-run", "machine": {"hostname": "vm", **env}, "deployments": [b1, batch]},
+    )
     return run
 
 
 def gpu_run(tmp_path: Path, saturated: bool = False) -> Path:
     env = {"name": GPU_NAME, "gpu": "NVIDIA H100 80GB HBM3", "cpu": "SYNTHETIC Xeon", "cores": 16}
     # At its top rate the server process uses its one interpreter core while the GPU idles: server-bound.
-    steps = [step(250, 6, server=server(4, 1, 2, 0.5, 0.5, transfer_ms=0.4)),
-             step(1000, 12, server=server(8, 3, 2.5, 0.8, 1.6, transfer_ms=0.4)),
-             step(1347, 21, server=server(15, 9, 3, 0.97, 2.0, transfer_ms=0.5))]
+    steps = [
+        step(250, 6, server=server(4, 1, 2, 0.5, 0.5, transfer_ms=0.4)),
+        step(1000, 12, server=server(8, 3, 2.5, 0.8, 1.6, transfer_ms=0.4)),
+        step(1347, 21, server=server(15, 9, 3, 0.97, 2.0, transfer_ms=0.5)),
+    ]
     gpu = curve("minilm-cuda-batch", "cuda", 32, steps, env, saturated=saturated, rate_cap_rps=1347)
     run = tmp_path / "SYNTHETIC-h100-run"
-    write_results(run / "results-minilm.json", {"run_id": "SYNTHETIC-h100-run", "machine": {"hostname": "vm", **env},
-                                                "deployments": [gpu]})
+    write_results(
+        run / "results-minilm.json",
+        {"run_id": "SYNTHETIC-h100-run", "machine": {"hostname": "vm", **env}, "deployments": [gpu]},
+    )
     return run
 
 
@@ -77,5 +141,11 @@ if __name__ == "__main__":  # the synthetic report behind docs/report-first-scre
     from latlab.report.write import write_report
 
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/synthetic-report")
-    print(write_report([cpu_run(folder), gpu_run(folder)], [0.010, 0.025, 0.050, 0.100],
-                       prices={"cpu": 0.80, "cuda": 2.50}, out=folder / "report"))
+    print(
+        write_report(
+            [cpu_run(folder), gpu_run(folder)],
+            [0.010, 0.025, 0.050, 0.100],
+            prices={"cpu": 0.80, "cuda": 2.50},
+            out=folder / "report",
+        )
+    )

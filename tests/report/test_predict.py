@@ -7,8 +7,17 @@ import random
 
 import pytest
 
-from latlab.report.predict import (BatchTimeFit, FitError, batch_size_at, bench_fits, capacity_rps,
-                                     max_rate_under_slo, p99_latency_s, predict_deployment, request_overheads)
+from latlab.report.predict import (
+    BatchTimeFit,
+    FitError,
+    batch_size_at,
+    bench_fits,
+    capacity_rps,
+    max_rate_under_slo,
+    p99_latency_s,
+    predict_deployment,
+    request_overheads,
+)
 
 MS = 1e-3
 
@@ -50,19 +59,36 @@ def test_fit_weighs_relative_errors_so_small_batches_are_not_drowned() -> None:
     assert fit.time_s(1) == pytest.approx(0.51 * MS, rel=0.05)
 
 
-@pytest.mark.parametrize("points", [[], [(8, 1 * MS)], [(8, 1 * MS), (8, 2 * MS)], [(1, 0.0), (2, 1 * MS)],
-                                    [(0, 1 * MS), (2, 1 * MS)], [(1, math.nan), (2, 1 * MS)]])
+@pytest.mark.parametrize(
+    "points",
+    [
+        [],
+        [(8, 1 * MS)],
+        [(8, 1 * MS), (8, 2 * MS)],
+        [(1, 0.0), (2, 1 * MS)],
+        [(0, 1 * MS), (2, 1 * MS)],
+        [(1, math.nan), (2, 1 * MS)],
+    ],
+)
 def test_fit_refuses_points_that_do_not_make_a_line(points) -> None:
     with pytest.raises(FitError):
         BatchTimeFit.from_points(points)
 
 
 def test_bench_fits_pick_batch_size_sweeps_per_backend() -> None:
-    points = [{"backend": backend, "batch_size": n, "params": 1000, "median_s": (a + b * n) * MS}
-              for backend, a, b in (("ort-cpu", 0.2, 0.05), ("ort-cuda", 1.0, 0.001)) for n in (1, 8, 64)]
-    doc = {"schema": "latlab.bench/1", "machine": {"hostname": "gpubox"},
-           "experiments": [{"name": "batch", "model": "ffn", "vary": "batch_size", "points": points},
-                           {"name": "width", "model": "ffn", "vary": "d_model", "points": points}]}
+    points = [
+        {"backend": backend, "batch_size": n, "params": 1000, "median_s": (a + b * n) * MS}
+        for backend, a, b in (("ort-cpu", 0.2, 0.05), ("ort-cuda", 1.0, 0.001))
+        for n in (1, 8, 64)
+    ]
+    doc = {
+        "schema": "latlab.bench/1",
+        "machine": {"hostname": "gpubox"},
+        "experiments": [
+            {"name": "batch", "model": "ffn", "vary": "batch_size", "points": points},
+            {"name": "width", "model": "ffn", "vary": "d_model", "points": points},
+        ],
+    }
     fits = {f["backend"]: f for f in bench_fits([doc])}
     assert set(fits) == {"ort-cpu", "ort-cuda"}  # the d_model sweep is not a batch-time fit
     assert fits["ort-cuda"]["fit"].a_s == pytest.approx(1.0 * MS)
@@ -85,10 +111,10 @@ def test_batch_size_without_delay_is_what_arrives_during_one_batch() -> None:
 
 
 def test_batch_size_with_delay_and_caps() -> None:
-    assert batch_size_at(100, line(1 * MS, 0.0), 64, 10 * MS, 1) == pytest.approx(2)    # 1 + λ·D
-    assert batch_size_at(10, line(0.1 * MS, 0.0), 64, 0.0, 1) == 1.0                    # never below one
-    assert batch_size_at(100_000, line(1 * MS, 0.1 * MS), 8, 0.0, 1) == 8.0             # λ·b >= k: full batches
-    assert batch_size_at(1000, line(1 * MS, 0.0), 1, 50 * MS, 1) == 1.0                 # batching off
+    assert batch_size_at(100, line(1 * MS, 0.0), 64, 10 * MS, 1) == pytest.approx(2)  # 1 + λ·D
+    assert batch_size_at(10, line(0.1 * MS, 0.0), 64, 0.0, 1) == 1.0  # never below one
+    assert batch_size_at(100_000, line(1 * MS, 0.1 * MS), 8, 0.0, 1) == 8.0  # λ·b >= k: full batches
+    assert batch_size_at(1000, line(1 * MS, 0.0), 1, 50 * MS, 1) == 1.0  # batching off
 
 
 def test_p99_at_light_load_is_the_batch_time() -> None:
@@ -132,10 +158,17 @@ def test_batching_and_instances_raise_the_predicted_rate() -> None:
 
 
 def test_predict_deployment_uses_its_machine_model_and_provider() -> None:
-    fits = [{"machine": {"hostname": "other"}, "model": "ffn", "backend": "ort-cpu", "fit": line(0.1 * MS, 0.0)},
-            {"machine": {"hostname": "box"}, "model": "ffn", "backend": "ort-cpu", "fit": line(1 * MS, 0.0)}]
-    curve = {"name": "ffn-b1", "model": "ffn", "provider": "cpu", "machine": {"hostname": "box"},
-             "batcher": {"max_batch_size": 1, "max_queue_delay_ms": 0.0, "instances": 1}}
+    fits = [
+        {"machine": {"hostname": "other"}, "model": "ffn", "backend": "ort-cpu", "fit": line(0.1 * MS, 0.0)},
+        {"machine": {"hostname": "box"}, "model": "ffn", "backend": "ort-cpu", "fit": line(1 * MS, 0.0)},
+    ]
+    curve = {
+        "name": "ffn-b1",
+        "model": "ffn",
+        "provider": "cpu",
+        "machine": {"hostname": "box"},
+        "batcher": {"max_batch_size": 1, "max_queue_delay_ms": 0.0, "instances": 1},
+    }
     predicted = predict_deployment(curve, fits, 1 * MS + 1 * MS * math.log(50))
     assert predicted["rate"] == pytest.approx(500, rel=1e-3) and predicted["backend"] == "ort-cpu"
     assert predict_deployment({**curve, "provider": "cuda"}, fits, 0.025) is None
@@ -145,23 +178,44 @@ def test_predict_deployment_uses_its_machine_model_and_provider() -> None:
 
 def test_a_bench_from_another_machine_of_the_same_hostname_is_not_its_fit() -> None:
     """Every lab VM is called `vm`: a GPU box's bench must not predict a CPU box's runs."""
-    fits = [{"machine": {"hostname": "vm", "cpu": "Intel Xeon", "cores": 16}, "model": "ffn", "backend": "ort-cpu",
-             "fit": line(1 * MS, 0.0)}]
-    curve = {"name": "ffn-b1", "model": "ffn", "provider": "cpu",
-             "batcher": {"max_batch_size": 1, "max_queue_delay_ms": 0.0, "instances": 1}}
-    assert predict_deployment({**curve, "machine": {"hostname": "vm", "cpu": "AMD EPYC", "cores": 2}}, fits,
-                              0.025) is None
-    assert predict_deployment({**curve, "machine": {"hostname": "vm", "cpu": "Intel Xeon", "cores": 16}}, fits,
-                              0.025) is not None
+    fits = [
+        {
+            "machine": {"hostname": "vm", "cpu": "Intel Xeon", "cores": 16},
+            "model": "ffn",
+            "backend": "ort-cpu",
+            "fit": line(1 * MS, 0.0),
+        }
+    ]
+    curve = {
+        "name": "ffn-b1",
+        "model": "ffn",
+        "provider": "cpu",
+        "batcher": {"max_batch_size": 1, "max_queue_delay_ms": 0.0, "instances": 1},
+    }
+    assert (
+        predict_deployment({**curve, "machine": {"hostname": "vm", "cpu": "AMD EPYC", "cores": 2}}, fits, 0.025) is None
+    )
+    assert (
+        predict_deployment({**curve, "machine": {"hostname": "vm", "cpu": "Intel Xeon", "cores": 16}}, fits, 0.025)
+        is not None
+    )
 
 
 def test_serving_overhead_is_calibrated_on_the_cheapest_batching_off_deployment() -> None:
-    fits = [{"machine": {"hostname": "box"}, "model": "mlp", "backend": "ort-cpu", "fit": line(0.01 * MS, 0.0)},
-            {"machine": {"hostname": "box"}, "model": "ffn", "backend": "ort-cpu", "fit": line(1 * MS, 0.0)}]
+    fits = [
+        {"machine": {"hostname": "box"}, "model": "mlp", "backend": "ort-cpu", "fit": line(0.01 * MS, 0.0)},
+        {"machine": {"hostname": "box"}, "model": "ffn", "backend": "ort-cpu", "fit": line(1 * MS, 0.0)},
+    ]
 
     def curve(model: str, max_batch: int, top: float) -> dict:
-        return {"name": f"{model}-{max_batch}", "model": model, "provider": "cpu", "machine": {"hostname": "box"},
-                "batcher": {"max_batch_size": max_batch}, "steps": [{"achieved_rps": top / 2}, {"achieved_rps": top}]}
+        return {
+            "name": f"{model}-{max_batch}",
+            "model": model,
+            "provider": "cpu",
+            "machine": {"hostname": "box"},
+            "batcher": {"max_batch_size": max_batch},
+            "steps": [{"achieved_rps": top / 2}, {"achieved_rps": top}],
+        }
 
     # mlp's model takes 10 us, so its 2000 req/s ceiling is the serving path: c = 0.5 ms - 0.01 ms.
     curves = [curve("mlp", 1, 2000), curve("ffn", 1, 600), curve("mlp", 64, 5000)]

@@ -26,25 +26,46 @@ def step(target: float, achieved: float, p99: float | None, errors: int = 0, avg
     empty = p99 is None or (isinstance(p99, float) and math.isnan(p99))
     sent = 0 if empty else int(achieved * 10)
     return {
-        "target_rps": target, "offered_rps": target, "achieved_rps": achieved,
-        "sent": sent, "ok": sent - errors, "errors": errors, "dropped": 0, "late": 0, "incomplete": 0,
-        "p50_s": None if empty else p99 / 4, "p90_s": None if empty else p99 / 2, "p99_s": p99,
-        "max_s": None if empty else p99 * 1.5, "mean_s": None if empty else p99 / 3,
-        "duration_s": 10.0, "avg_batch_size": avg_batch, "generator_cpu_percent": 12.5, "generator_bound": False,
+        "target_rps": target,
+        "offered_rps": target,
+        "achieved_rps": achieved,
+        "sent": sent,
+        "ok": sent - errors,
+        "errors": errors,
+        "dropped": 0,
+        "late": 0,
+        "incomplete": 0,
+        "p50_s": None if empty else p99 / 4,
+        "p90_s": None if empty else p99 / 2,
+        "p99_s": p99,
+        "max_s": None if empty else p99 * 1.5,
+        "mean_s": None if empty else p99 / 3,
+        "duration_s": 10.0,
+        "avg_batch_size": avg_batch,
+        "generator_cpu_percent": 12.5,
+        "generator_bound": False,
     }
 
 
 B1_STEPS = [step(100, 99, 0.010), step(200, 198, 0.020), step(400, 300, 0.200)]
-BATCH_STEPS = [step(100, 100, 0.008, avg_batch=1.2), step(200, 199, 0.012, avg_batch=2.5),
-               step(400, 398, 0.022, avg_batch=5.0),
-               step(800, 790, 0.030, errors=3, avg_batch=9.0),   # meets 50 ms but has errors
-               step(1600, 0, float("nan"))]                       # an empty window
+BATCH_STEPS = [
+    step(100, 100, 0.008, avg_batch=1.2),
+    step(200, 199, 0.012, avg_batch=2.5),
+    step(400, 398, 0.022, avg_batch=5.0),
+    step(800, 790, 0.030, errors=3, avg_batch=9.0),  # meets 50 ms but has errors
+    step(1600, 0, float("nan")),
+]  # an empty window
 
 
 def deployment(name: str, batch_size: int, delay_ms: float, steps: list[dict]) -> dict:
-    return {"name": name, "model": "ffn", "provider": "cpu",
-            "batcher": {"max_batch_size": batch_size, "max_queue_delay_ms": delay_ms},
-            "steps": steps, "stop_reason": "all rates done"}
+    return {
+        "name": name,
+        "model": "ffn",
+        "provider": "cpu",
+        "batcher": {"max_batch_size": batch_size, "max_queue_delay_ms": delay_ms},
+        "steps": steps,
+        "stop_reason": "all rates done",
+    }
 
 
 B1 = deployment("ffn-b1", 1, 0.0, B1_STEPS)
@@ -55,11 +76,22 @@ BATCHED = deployment("ffn-batch", 64, 2.0, BATCH_STEPS)
 def run_dir(tmp_path: Path) -> Path:
     """A run folder holding one results.json with two deployments of the model 'ffn'."""
     run = tmp_path / "20250101-120000"
-    write_results(run / RESULTS_FILE, {
-        "run_id": run.name, "created": "2025-01-01T12:00:00+0000", "host": "http://127.0.0.1:8000",
-        "machine": {"hostname": "labbox", "name": "labbox", "cpu": "Test CPU @ 3GHz", "cores": 8, "memory_gib": 31.3},
-        "deployments": [B1, BATCHED],
-    })
+    write_results(
+        run / RESULTS_FILE,
+        {
+            "run_id": run.name,
+            "created": "2025-01-01T12:00:00+0000",
+            "host": "http://127.0.0.1:8000",
+            "machine": {
+                "hostname": "labbox",
+                "name": "labbox",
+                "cpu": "Test CPU @ 3GHz",
+                "cores": 8,
+                "memory_gib": 31.3,
+            },
+            "deployments": [B1, BATCHED],
+        },
+    )
     return run
 
 
@@ -96,10 +128,16 @@ def test_verdict_says_which_deployment_never_meets_slo() -> None:
 
 
 def test_verdict_says_never_only_with_the_single_request_evidence() -> None:
-    single = {"requests": 300, "errors": 0, "p50_s": 0.0095, "p99_s": 0.0121, "max_s": 0.013,
-              "too_few_samples": False}
-    bracket = {"slo_p99_s": 0.009, "met_rps": None, "broke_rps": 100.0, "width": None, "resolution": 0.1,
-               "floor_rps": 5.0, "meaning": NEVER}
+    single = {"requests": 300, "errors": 0, "p50_s": 0.0095, "p99_s": 0.0121, "max_s": 0.013, "too_few_samples": False}
+    bracket = {
+        "slo_p99_s": 0.009,
+        "met_rps": None,
+        "broke_rps": 100.0,
+        "width": None,
+        "resolution": 0.1,
+        "floor_rps": 5.0,
+        "meaning": NEVER,
+    }
     sentence = verdict("ffn", [{**B1, "single_request": single, "slo_brackets": [bracket]}, BATCHED], 0.009)
     assert "ffn-b1 (cpu, batching off) never meets it (p99 12 ms one request at a time)" in sentence
 
@@ -163,7 +201,7 @@ def test_report_step_table_handles_empty_window(run_dir: Path) -> None:
     empty_row = "".join(f"<td>{cell}</td>" for cell in ("1600", "0", "–", "–", "–", "–", "–", "0", "0", "–"))
     assert f"<tr>{empty_row}" in page
     assert "<td>22.00</td>" in page  # the 400 req/s step's p99 in ms
-    assert "<td>5.0</td>" in page    # its average batch
+    assert "<td>5.0</td>" in page  # its average batch
 
 
 def test_cli_report(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -202,8 +240,10 @@ def test_parse_rates_errors(text: str) -> None:
 
 
 def test_verdict_survives_a_zero_throughput_step_that_meets_the_slo():
-    curves = [{"name": "a", "steps": [{"achieved_rps": 100.0, "p99_s": 0.01, "errors": 0}]},
-              {"name": "b", "steps": [{"achieved_rps": 0.0, "p99_s": 0.002, "errors": 0}]}]
+    curves = [
+        {"name": "a", "steps": [{"achieved_rps": 100.0, "p99_s": 0.01, "errors": 0}]},
+        {"name": "b", "steps": [{"achieved_rps": 0.0, "p99_s": 0.002, "errors": 0}]},
+    ]
     sentence = verdict("m", curves, 0.025)
     # no provider recorded (another server's deployment, no --provider): said as such, never "?"
     assert "a (" in sentence and "b (provider unknown, batcher settings unknown) does not meet it" in sentence
@@ -227,32 +267,71 @@ def test_parse_slos_refuses_empty_negative_or_unreadable(text):
 def gpu_run(tmp_path: Path) -> Path:
     """A second machine's run: the same model on CUDA, with a bench file holding batch sweeps and batch-1 sizes."""
     run = tmp_path / "gpu-run"
-    gpu = {**deployment("ffn-gpu", 64, 2.0, [step(1000, 1000, 0.004), step(4000, 3990, 0.008),
-                                             step(8000, 7900, 0.022), step(16000, 9000, 0.300)]),
-           "provider": "cuda", "environment": {"ort_version": "9.9.9", "gpu": "Test GPU 80GB"}}
+    gpu = {
+        **deployment(
+            "ffn-gpu",
+            64,
+            2.0,
+            [step(1000, 1000, 0.004), step(4000, 3990, 0.008), step(8000, 7900, 0.022), step(16000, 9000, 0.300)],
+        ),
+        "provider": "cuda",
+        "environment": {"ort_version": "9.9.9", "gpu": "Test GPU 80GB"},
+    }
     bound = {**step(100, 100, 0.002), "generator_bound": True}
     gpu["steps"] = [bound, *gpu["steps"]]
-    write_results(run / "results.json", {
-        "run_id": "gpu-run", "machine": {"hostname": "gpubox", "name": "gpubox", "cpu": "Big CPU", "cores": 32},
-        "deployments": [gpu]})
+    write_results(
+        run / "results.json",
+        {
+            "run_id": "gpu-run",
+            "machine": {"hostname": "gpubox", "name": "gpubox", "cpu": "Big CPU", "cores": 32},
+            "deployments": [gpu],
+        },
+    )
 
     def timing(median_ms: float) -> dict:  # plot_bench draws min-max bars
-        return {"median_s": median_ms * 1e-3, "min_s": 0.9 * median_ms * 1e-3, "max_s": 1.1 * median_ms * 1e-3,
-                "repeats": 5}
+        return {
+            "median_s": median_ms * 1e-3,
+            "min_s": 0.9 * median_ms * 1e-3,
+            "max_s": 1.1 * median_ms * 1e-3,
+            "repeats": 5,
+        }
 
-    points = [{"backend": b, "batch_size": n, "d_model": 128, "n_layers": 128, "params": 2_100_000,
-               **timing(a + k * n)}
-              for b, a, k in (("ort-cpu", 0.3, 0.02), ("ort-cuda", 0.5, 0.001)) for n in (1, 8, 64)]
-    points += [{"backend": b, "batch_size": 1, "params": p, "d_model": d, "n_layers": 128, **timing(t)}
-               for p, d, c, g in ((1000, 8, 0.05, 0.4), (10_000_000, 256, 5.0, 0.6))
-               for b, t in (("ort-cpu", c), ("ort-cuda", g))]
-    (run / "bench.json").write_text(json.dumps({
-        "schema": "latlab.bench/1",
-        "machine": {"hostname": "gpubox", "name": "gpubox", "gpu": "Test GPU 80GB", "ort_version": "9.9.9"},
-        "experiments": [{"name": "batch_size", "model": "ffn", "vary": "batch_size", "points": points[:6],
-                         "fixed": {"d_model": 128, "n_layers": 128}, "skipped": []},
-                        {"name": "d_model", "model": "ffn", "vary": "d_model", "points": points[6:],
-                         "fixed": {"batch_size": 1, "n_layers": 128}, "skipped": []}]}))
+    points = [
+        {"backend": b, "batch_size": n, "d_model": 128, "n_layers": 128, "params": 2_100_000, **timing(a + k * n)}
+        for b, a, k in (("ort-cpu", 0.3, 0.02), ("ort-cuda", 0.5, 0.001))
+        for n in (1, 8, 64)
+    ]
+    points += [
+        {"backend": b, "batch_size": 1, "params": p, "d_model": d, "n_layers": 128, **timing(t)}
+        for p, d, c, g in ((1000, 8, 0.05, 0.4), (10_000_000, 256, 5.0, 0.6))
+        for b, t in (("ort-cpu", c), ("ort-cuda", g))
+    ]
+    (run / "bench.json").write_text(
+        json.dumps(
+            {
+                "schema": "latlab.bench/1",
+                "machine": {"hostname": "gpubox", "name": "gpubox", "gpu": "Test GPU 80GB", "ort_version": "9.9.9"},
+                "experiments": [
+                    {
+                        "name": "batch_size",
+                        "model": "ffn",
+                        "vary": "batch_size",
+                        "points": points[:6],
+                        "fixed": {"d_model": 128, "n_layers": 128},
+                        "skipped": [],
+                    },
+                    {
+                        "name": "d_model",
+                        "model": "ffn",
+                        "vary": "d_model",
+                        "points": points[6:],
+                        "fixed": {"batch_size": 1, "n_layers": 128},
+                        "skipped": [],
+                    },
+                ],
+            }
+        )
+    )
     return run
 
 
@@ -262,17 +341,20 @@ def test_report_merges_two_machines_with_costs_verdict_bench_and_prediction(run_
     assert (out / REPORT_FILE).is_file() and (out / "curve-ffn.png").read_bytes().startswith(PNG_HEADER)
     assert "<td>20250101-120000 on labbox</td>" in page and "<td>gpu-run on gpubox</td>" in page
     assert "Test GPU 80GB" in page and "ort_version: 9.9.9" in page and "Big CPU" in page
-    assert ("below 398 req/s the CPU meets it at lower cost ($0.20/h against $2.00/h); above it only the GPU does, "
-            "up to 7900 req/s, at 19.8× the throughput") in page
-    assert ("<td>p99 ≤ 25 ms</td><td>cuda</td><td>ffn-gpu (cuda, batch ≤ 64, wait ≤ 2 ms)</td>"
-            "<td>gpubox</td>") in page
+    assert (
+        "below 398 req/s the CPU meets it at lower cost ($0.20/h against $2.00/h); above it only the GPU does, "
+        "up to 7900 req/s, at 19.8× the throughput"
+    ) in page
+    assert ("<td>p99 ≤ 25 ms</td><td>cuda</td><td>ffn-gpu (cuda, batch ≤ 64, wait ≤ 2 ms)</td><td>gpubox</td>") in page
     assert f"<td>${2.0 / (7900 * 3600) * 1e6:.3f}</td>" in page and "as given with --price" in page
     assert "from about 10M parameters the GPU wins at batch 1" in page
     assert (out / "cost-ffn.png").read_bytes().startswith(PNG_HEADER)  # the cost picture, CPU and GPU priced
     assert page.count("data:image/png;base64,") == 4 and len(list(out.glob("bench-gpubox-*.png"))) == 2
     prediction = re.search(r"<table class='prediction'>.*?</table>", page).group(0)
-    assert ("ffn-gpu (cuda, batch ≤ 64, wait ≤ 2 ms)</td><td>gpubox</td><td>p99 ≤ 25 ms</td>"
-            "<td>0.500 + (0.0010 + c 0.000)·n (bench d_model=128, n_layers=128)</td>") in prediction
+    assert (
+        "ffn-gpu (cuda, batch ≤ 64, wait ≤ 2 ms)</td><td>gpubox</td><td>p99 ≤ 25 ms</td>"
+        "<td>0.500 + (0.0010 + c 0.000)·n (bench d_model=128, n_layers=128)</td>"
+    ) in prediction
     assert "No prediction for ffn-b1 (cpu, batching off) on labbox" in page  # no bench from labbox
     assert "bench ran ORT with threads" not in page  # a CUDA fit: CPU threads do not matter
     assert "Generator-bound steps" in page and "ffn-gpu on gpubox at 100 req/s offered" in page
@@ -282,8 +364,11 @@ def test_report_merges_two_machines_with_costs_verdict_bench_and_prediction(run_
 def test_report_prediction_error_is_relative_to_measurement(tmp_path: Path) -> None:
     run = gpu_run(tmp_path)
     page = write_report(run, [0.025]).read_text()
-    row = re.search(r"<td>p99 ≤ 25 ms</td><td>0\.500 \+ \(0\.0010 \+ c 0\.000\)·n[^<]*</td>"
-                    r"<td>(\d+)</td><td>(\d+)</td><td>([^<]+)</td>", page)
+    row = re.search(
+        r"<td>p99 ≤ 25 ms</td><td>0\.500 \+ \(0\.0010 \+ c 0\.000\)·n[^<]*</td>"
+        r"<td>(\d+)</td><td>(\d+)</td><td>([^<]+)</td>",
+        page,
+    )
     predicted, measured, error = float(row.group(1)), float(row.group(2)), row.group(3)
     assert measured == 7900 and error == f"{(predicted - measured) / measured:+.0%}"
 
@@ -291,13 +376,25 @@ def test_report_prediction_error_is_relative_to_measurement(tmp_path: Path) -> N
 def test_prediction_flags_a_bench_with_other_cpu_threads_than_the_server(tmp_path: Path) -> None:
     run = tmp_path / "cpu-run"
     served = {**deployment("ffn-b1", 1, 0.0, B1_STEPS), "cpu": {"intra_op_threads": 1}}
-    write_results(run / "results.json",
-                  {"run_id": "cpu-run", "machine": {"hostname": "labbox", "name": "labbox"}, "deployments": [served]})
-    points = [{"backend": "ort-cpu", "batch_size": n, "median_s": n * 1e-4, "min_s": n * 1e-4, "max_s": n * 1e-4}
-              for n in (1, 2)]
-    (run / "bench.json").write_text(json.dumps({
-        "schema": "latlab.bench/1", "machine": {"hostname": "labbox", "name": "labbox", "threads": 0},
-        "experiments": [{"name": "batch_size", "model": "ffn", "vary": "batch_size", "fixed": {}, "points": points}]}))
+    write_results(
+        run / "results.json",
+        {"run_id": "cpu-run", "machine": {"hostname": "labbox", "name": "labbox"}, "deployments": [served]},
+    )
+    points = [
+        {"backend": "ort-cpu", "batch_size": n, "median_s": n * 1e-4, "min_s": n * 1e-4, "max_s": n * 1e-4}
+        for n in (1, 2)
+    ]
+    (run / "bench.json").write_text(
+        json.dumps(
+            {
+                "schema": "latlab.bench/1",
+                "machine": {"hostname": "labbox", "name": "labbox", "threads": 0},
+                "experiments": [
+                    {"name": "batch_size", "model": "ffn", "vary": "batch_size", "fixed": {}, "points": points}
+                ],
+            }
+        )
+    )
     page = write_report(run, [0.025]).read_text()
     assert "bench ran ORT with threads=0, the server with intra_op_threads=1 (0 = every core)" in page
 
@@ -321,11 +418,26 @@ def test_report_with_reference_merges_committed_data_marked_as_such(run_dir: Pat
     assert "only the GPU does" not in page and "add --with-reference" in page
 
 
-def test_cli_report_merges_runs_with_prices_and_out(run_dir: Path, tmp_path: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_report_merges_runs_with_prices_and_out(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "both"
-    assert cli.main(["report", str(run_dir), str(gpu_run(tmp_path)), "--out", str(out), "--slo", "25ms",
-                     "--price", "cpu=0.2,cuda=2"]) == 0
+    assert (
+        cli.main(
+            [
+                "report",
+                str(run_dir),
+                str(gpu_run(tmp_path)),
+                "--out",
+                str(out),
+                "--slo",
+                "25ms",
+                "--price",
+                "cpu=0.2,cuda=2",
+            ]
+        )
+        == 0
+    )
     assert str(out / REPORT_FILE) in capsys.readouterr().out
     assert "$0.20/h against $2.00/h" in (out / REPORT_FILE).read_text()
 
@@ -342,8 +454,9 @@ def test_cli_report_on_missing_folder_is_a_user_error(tmp_path: Path, capsys: py
     assert "no such run folder" in capsys.readouterr().err
 
 
-def test_cli_with_reference_merges_the_reference_folder(run_dir: Path, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_with_reference_merges_the_reference_folder(
+    run_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     reference = tmp_path / "reference"
     reference.mkdir()
     (reference / "results-gpubox.json").write_text((gpu_run(tmp_path) / "results.json").read_text())
@@ -355,8 +468,9 @@ def test_cli_with_reference_merges_the_reference_folder(run_dir: Path, tmp_path:
     assert "run gpu-run (reference data)" in page and "<td>gpu-run on gpubox</td>" in page
 
 
-def test_cli_from_prometheus_takes_exactly_one_folder(run_dir: Path, tmp_path: Path,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_from_prometheus_takes_exactly_one_folder(
+    run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert cli.main(["report", str(run_dir), str(tmp_path), "--from-prometheus", "http://127.0.0.1:9"]) == 2
     assert "give exactly one RUN folder" in capsys.readouterr().err
 
@@ -365,13 +479,16 @@ def test_with_reference_shows_the_committed_h100_seed_bench_cpu_and_gpu_side_by_
     """The committed H100 bench (report/reference/h100/) reaches the report: all four seed experiments, each
     point's CPU and CUDA medians in one row with ORT's GPU speed-up, read from the unedited files."""
     reference = report_module.REFERENCE_DIR / "h100"
-    docs = [json.loads((reference / name).read_text())
-            for name in ("bench-seed003-h100.json", "bench-seed003-fixed-params-h100.json")]
+    docs = [
+        json.loads((reference / name).read_text())
+        for name in ("bench-seed003-h100.json", "bench-seed003-fixed-params-h100.json")
+    ]
     assert {e["name"] for d in docs for e in d["experiments"]} == {"batch_size", "d_model", "n_layers", "fixed_params"}
     page = write_report(run_dir, [0.025], with_reference=True).read_text()
     last = next(p for p in docs[0]["experiments"][0]["points"] if p["batch_size"] == 2048 and p["backend"] == "ort-cpu")
-    cuda = next(p for p in docs[0]["experiments"][0]["points"]
-                if p["batch_size"] == 2048 and p["backend"] == "ort-cuda")
+    cuda = next(
+        p for p in docs[0]["experiments"][0]["points"] if p["batch_size"] == 2048 and p["backend"] == "ort-cuda"
+    )
     row = f"<td>2048</td><td>{last['params']}</td>"
     assert "NVIDIA H100 80GB HBM3 (reference data)" in page
     assert row in page and f"<td>{last['median_s'] * 1e3:.3f}</td>" in page

@@ -30,12 +30,17 @@ def test_merged_report_opens_with_the_answer_the_crossover_and_the_cost_picture(
     page = write_report([cpu_run(tmp_path), gpu_run(tmp_path)], SLOS, prices=PRICES, out=tmp_path / "out").read_text()
     assert page.index("<table class='answer'") < page.index("<img")  # the answer before any picture
     assert "Compared: 16 CPU cores vs 1 NVIDIA H100 80GB HBM3." in page
-    assert ("minilm: at p99 ≤ 10 ms the GPU (1 NVIDIA H100 80GB HBM3, batching ≤ 32, wait ≤ 2 ms) serves 250 req/s "
-            "at $2.78 per million; the CPU (16 CPU cores, batching off) tops out at 50 req/s at $4.44 per million; "
-            "below 303 req/s the CPU is cheaper, above it the GPU.") in page
+    assert (
+        "minilm: at p99 ≤ 10 ms the GPU (1 NVIDIA H100 80GB HBM3, batching ≤ 32, wait ≤ 2 ms) serves 250 req/s "
+        "at $2.78 per million; the CPU (16 CPU cores, batching off) tops out at 50 req/s at $4.44 per million; "
+        "below 303 req/s the CPU is cheaper, above it the GPU."
+    ) in page
     row = re.search(r"<tr><td>p99 ≤ 25 ms</td>(.*?)</tr>", page).group(1)
-    assert ("<td class='text'>batching ≤ 32, wait ≤ 2 ms</td><td>240</td><td>$0.93</td>" in row
-            and "<td>≥ 1347 (not saturated)</td><td>$0.52</td>" in row and "cuda (cheaper per inference)" in row)
+    assert (
+        "<td class='text'>batching ≤ 32, wait ≤ 2 ms</td><td>240</td><td>$0.93</td>" in row
+        and "<td>≥ 1347 (not saturated)</td><td>$0.52</td>" in row
+        and "cuda (cheaper per inference)" in row
+    )
     assert (tmp_path / "out" / "cost-minilm.png").read_bytes().startswith(PNG_HEADER)
     assert "crossover" not in page.split("<table class='answer'")[0]  # the picture follows the table
     assert "below 303 req/s the CPU is cheaper" in page.split("cost against sustained rate")[1]
@@ -56,8 +61,9 @@ def test_cpu_only_report_says_what_is_missing_and_the_command_that_adds_it(tmp_p
 
 
 @pytest.mark.parametrize("saturated, shown", [(False, "≥ 1347 (not saturated)"), (True, "1347"), (None, "1347")])
-def test_a_maximum_at_the_last_rate_of_an_unsaturated_sweep_is_a_lower_bound(tmp_path: Path, saturated: bool | None,
-                                                                            shown: str) -> None:
+def test_a_maximum_at_the_last_rate_of_an_unsaturated_sweep_is_a_lower_bound(
+    tmp_path: Path, saturated: bool | None, shown: str
+) -> None:
     (gpu,) = curves_of(gpu_run(tmp_path))
     if saturated is None:
         del gpu["saturated"]  # older results: unknown counts as saturated
@@ -91,9 +97,9 @@ def test_a_step_with_too_few_samples_is_marked_and_never_decides_an_slo(tmp_path
 
 
 def test_fleet_cost_is_a_staircase() -> None:
-    one = costs.fleet_cost_per_million(100, 100, 0.36)   # one machine, full: $0.36/h over 360k requests
+    one = costs.fleet_cost_per_million(100, 100, 0.36)  # one machine, full: $0.36/h over 360k requests
     assert one == pytest.approx(1.0)
-    assert costs.fleet_cost_per_million(50, 100, 0.36) == pytest.approx(2.0)     # half full, same bill
+    assert costs.fleet_cost_per_million(50, 100, 0.36) == pytest.approx(2.0)  # half full, same bill
     assert costs.fleet_cost_per_million(101, 100, 0.36) == pytest.approx(2 * 0.36 / (101 * 3600) * 1e6)
 
 
@@ -111,8 +117,10 @@ def test_core_hour_prices_are_charged_for_the_cpu_deployments_cores(tmp_path: Pa
     price = costs.machine_price({"cpu": {"usd": 0.05, "per": "core-hour"}}, cpu)
     assert price.per_hour == pytest.approx(0.80) and "× 16 cores" in price.basis
     assert costs.machine_price({"cpu": 0.8}, cpu).basis == "$0.80 per machine-hour"
-    assert costs.price_unit({"cpu": {"usd": 0.05, "per": "core-hour"}, "cuda": 2.5}) == \
-        "per core-hour and per machine-hour"
+    assert (
+        costs.price_unit({"cpu": {"usd": 0.05, "per": "core-hour"}, "cuda": 2.5})
+        == "per core-hour and per machine-hour"
+    )
 
 
 def test_cpu_threads_fall_back_to_intra_op_threads_and_zero_means_every_core() -> None:
@@ -127,11 +135,21 @@ def test_cpu_threads_fall_back_to_intra_op_threads_and_zero_means_every_core() -
 
 
 def test_breakdown_takes_transfers_out_of_compute_and_the_rest_makes_up_the_request() -> None:
-    figures = {**server(request_ms=10, queue_ms=3, compute_ms=4, cpu_cores=0.5, busy_s=1, transfer_ms=1),
-               "preprocess_s": 0.0015}
+    figures = {
+        **server(request_ms=10, queue_ms=3, compute_ms=4, cpu_cores=0.5, busy_s=1, transfer_ms=1),
+        "preprocess_s": 0.0015,
+    }
     split = breakdown.parts(figures)
-    assert split == pytest.approx({"queue": 0.003, "preprocess": 0.0015, "input_transfer": 0.0005,
-                                   "compute": 0.003, "output_transfer": 0.0005, "rest": 0.0015})
+    assert split == pytest.approx(
+        {
+            "queue": 0.003,
+            "preprocess": 0.0015,
+            "input_transfer": 0.0005,
+            "compute": 0.003,
+            "output_transfer": 0.0005,
+            "rest": 0.0015,
+        }
+    )
     assert sum(split.values()) == pytest.approx(0.010)
     # A request shorter than its parts (means from different histograms): the rest is 0, never negative.
     assert breakdown.parts({**figures, "request_s": 0.005})["rest"] == 0.0
@@ -146,22 +164,28 @@ def gpu_step(cpu_cores: float | None, busy_s: float) -> tuple[dict, dict]:
     return the_step, curve("g", "cuda", 8, [the_step], {"gpu": "X"})
 
 
-@pytest.mark.parametrize("cpu_cores, busy_s, bound", [
-    (0.95, 2.0, True),    # the interpreter's core is full, the GPU ran batches 20% of the time
-    (0.85, 2.0, False),   # the process has room left
-    (0.95, 7.5, False),   # the device is busy: it, not the front end, is the limit
-    (None, 2.0, None),    # no process CPU exported: unknown, not "no"
-])
+@pytest.mark.parametrize(
+    "cpu_cores, busy_s, bound",
+    [
+        (0.95, 2.0, True),  # the interpreter's core is full, the GPU ran batches 20% of the time
+        (0.85, 2.0, False),  # the process has room left
+        (0.95, 7.5, False),  # the device is busy: it, not the front end, is the limit
+        (None, 2.0, None),  # no process CPU exported: unknown, not "no"
+    ],
+)
 def test_server_bound_rule_on_a_gpu_deployment(cpu_cores: float | None, busy_s: float, bound: bool | None) -> None:
     the_step, gpu = gpu_step(cpu_cores, busy_s)
     assert breakdown.server_bound(the_step, gpu) is bound
 
 
-@pytest.mark.parametrize("frontends, cpu_cores, bound", [
-    (1, 0.95, True),    # one process: its one interpreter is full
-    (4, 0.95, False),   # four front ends and an engine: one core's worth leaves four idle
-    (4, 4.6, True),     # all five interpreters full while the GPU idles: the front ends are the limit
-])
+@pytest.mark.parametrize(
+    "frontends, cpu_cores, bound",
+    [
+        (1, 0.95, True),  # one process: its one interpreter is full
+        (4, 0.95, False),  # four front ends and an engine: one core's worth leaves four idle
+        (4, 4.6, True),  # all five interpreters full while the GPU idles: the front ends are the limit
+    ],
+)
 def test_server_bound_counts_every_front_end_and_the_engine(frontends: int, cpu_cores: float, bound: bool) -> None:
     the_step, gpu = gpu_step(cpu_cores, busy_s=2.0)
     assert breakdown.server_bound(the_step, {**gpu, "frontends": frontends}) is bound
@@ -170,11 +194,16 @@ def test_server_bound_counts_every_front_end_and_the_engine(frontends: int, cpu_
 def test_the_breakdown_table_names_the_processes_of_a_server_bound_deployment() -> None:
     the_step, gpu = gpu_step(4.6, busy_s=2.0)
     curve = {**gpu, "frontends": 4}
-    bar = {"curve": curve, "slo_s": 0.05, "step": the_step, "parts": breakdown.parts(the_step["server"]),
-           "client_mean_s": None, "server_bound": breakdown.server_bound(the_step, curve)}
+    bar = {
+        "curve": curve,
+        "slo_s": 0.05,
+        "step": the_step,
+        "parts": breakdown.parts(the_step["server"]),
+        "client_mean_s": None,
+        "server_bound": breakdown.server_bound(the_step, curve),
+    }
     assert "<td>server-bound (4 front ends + engine)</td>" in breakdown.breakdown_table([bar])
-    assert "<td>server-bound</td>" in breakdown.breakdown_table([{**bar, "curve": gpu,
-                                                                 "server_bound": True}])
+    assert "<td>server-bound</td>" in breakdown.breakdown_table([{**bar, "curve": gpu, "server_bound": True}])
 
 
 def test_server_bound_on_cpu_counts_ort_threads_while_batches_run() -> None:

@@ -19,9 +19,17 @@ from .report_fixtures import cpu_run, gpu_run
 
 WIDTH, HEIGHT = 1280, 800
 SLOS = [0.010, 0.025, 0.050, 0.100]
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--window-size={WIDTH},{HEIGHT}"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    f"--window-size={WIDTH},{HEIGHT}",
+]
 # Runs at the page's load event: where the answer table is, and every image's decoded width.
 PROBE = """<script>addEventListener('load', () => {
   const table = document.querySelector('table.answer');
@@ -43,8 +51,12 @@ def probe(page: Path, profile: Path) -> dict:
     """Open a copy of `page` with the probe script in headless chromium; the facts the probe recorded."""
     probed = page.with_name("probed-" + page.name)
     probed.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
-    result = subprocess.run([chromium(), *FLAGS, f"--user-data-dir={profile}", "--dump-dom", probed.as_uri()],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [chromium(), *FLAGS, f"--user-data-dir={profile}", "--dump-dom", probed.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     found = re.search(r"<pre id=\"probe\">(.*?)</pre>", result.stdout, re.S)
     assert found, f"chromium printed no probe (rc {result.returncode}): {result.stderr[-2000:]}"
     return json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
@@ -56,15 +68,17 @@ def first_screen_problems(facts: dict) -> list[str]:
     if facts["table"] is None:
         problems.append("no verdict table")
     elif facts["table"]["bottom"] > facts["innerHeight"]:
-        problems.append(f"verdict table ends at {facts['table']['bottom']:.0f} px, below the first "
-                        f"{facts['innerHeight']} px")
+        problems.append(
+            f"verdict table ends at {facts['table']['bottom']:.0f} px, below the first {facts['innerHeight']} px"
+        )
     problems += [f"image '{i['alt']}' did not load" for i in facts["images"] if not i["complete"] or i["width"] <= 0]
     return problems
 
 
 def merged(tmp_path: Path) -> Path:
-    return write_report([cpu_run(tmp_path), gpu_run(tmp_path)], SLOS, prices={"cpu": 0.80, "cuda": 2.50},
-                        out=tmp_path / "report")
+    return write_report(
+        [cpu_run(tmp_path), gpu_run(tmp_path)], SLOS, prices={"cpu": 0.80, "cuda": 2.50}, out=tmp_path / "report"
+    )
 
 
 def cpu_only(tmp_path: Path) -> Path:
@@ -87,11 +101,13 @@ def test_verdict_table_is_in_the_first_viewport_and_every_image_loads(build, ima
     assert first_screen_problems(facts) == []
 
 
-def test_the_check_fails_for_a_page_that_hides_the_answer_or_breaks_an_image(merged_report: Path,
-                                                                             tmp_path: Path) -> None:
+def test_the_check_fails_for_a_page_that_hides_the_answer_or_breaks_an_image(
+    merged_report: Path, tmp_path: Path
+) -> None:
     page = merged_report.read_text()
-    pushed = page.replace("<section id='answer'>", f"<div style='height:{HEIGHT}px'>methodology</div>"
-                                                   "<section id='answer'>", 1)
+    pushed = page.replace(
+        "<section id='answer'>", f"<div style='height:{HEIGHT}px'>methodology</div><section id='answer'>", 1
+    )
     broken_png = base64.b64encode(b"\x89PNG\r\n\x1a\nnot really").decode()
     broken = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", f"data:image/png;base64,{broken_png}", pushed, count=1)
     bad = merged_report.with_name("bad.html")

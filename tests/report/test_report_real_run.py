@@ -23,8 +23,10 @@ CLI = [sys.executable, "-m", "latlab.cli"]
 def host(tmp_path: Path, tiny_model: Path):
     port = procs.free_port()
     config = tmp_path / "lab.toml"
-    config.write_text(f'[server]\nport = {port}\n[[deployments]]\nname = "tiny"\nmodel_path = "{tiny_model}"\n'
-                      "[deployments.batcher]\nmax_batch_size = 4\nmax_queue_delay_ms = 2\n")
+    config.write_text(
+        f'[server]\nport = {port}\n[[deployments]]\nname = "tiny"\nmodel_path = "{tiny_model}"\n'
+        "[deployments.batcher]\nmax_batch_size = 4\nmax_queue_delay_ms = 2\n"
+    )
     log = tmp_path / "server.log"
     process = procs.start([*CLI, "serve", "--config", str(config)], log_path=log)
     try:
@@ -36,9 +38,27 @@ def host(tmp_path: Path, tiny_model: Path):
 
 def test_a_real_sweep_records_server_figures_and_the_report_breaks_the_time_down(host: str, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    result = subprocess.run([*CLI, "loadtest", "--host", host, "--deployment", "tiny", "--rates", "60",
-                             "--step-seconds", "2", "--warmup-seconds", "0.5", "--out", str(out)],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [
+            *CLI,
+            "loadtest",
+            "--host",
+            host,
+            "--deployment",
+            "tiny",
+            "--rates",
+            "60",
+            "--step-seconds",
+            "2",
+            "--warmup-seconds",
+            "0.5",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (step,) = json.loads((out / "results.json").read_text())["deployments"][0]["steps"]
     figures = step["server"]

@@ -13,13 +13,21 @@ PRICES = {"cpu": 0.10, "cuda": 2.50}
 
 def steps(*points: tuple[float, float]) -> list[dict]:
     """(achieved req/s, p99 ms) pairs as result steps."""
-    return [{"offered_rps": rps, "achieved_rps": rps, "p99_s": p99_ms / 1e3, "p50_s": p99_ms / 4e3, "errors": 0}
-            for rps, p99_ms in points]
+    return [
+        {"offered_rps": rps, "achieved_rps": rps, "p99_s": p99_ms / 1e3, "p50_s": p99_ms / 4e3, "errors": 0}
+        for rps, p99_ms in points
+    ]
 
 
 def curve(name: str, provider: str, batch: int, points: list[dict], host: str = "cpubox") -> dict:
-    return {"name": name, "model": "ffn", "provider": provider, "machine": {"hostname": host, "name": host},
-            "batcher": {"max_batch_size": batch, "max_queue_delay_ms": 2.0}, "steps": points}
+    return {
+        "name": name,
+        "model": "ffn",
+        "provider": provider,
+        "machine": {"hostname": host, "name": host},
+        "batcher": {"max_batch_size": batch, "max_queue_delay_ms": 2.0},
+        "steps": points,
+    }
 
 
 CPU_B1 = curve("ffn-b1", "cpu", 1, steps((100, 5), (400, 12), (800, 40)))
@@ -35,6 +43,7 @@ def test_cost_per_million_arithmetic() -> None:
     def cost(per_hour, rate):
         step = {"achieved_rps": rate} if rate else None
         return Best("cpu", {}, step, costs.Price(per_hour, "") if per_hour is not None else None).cost
+
     assert cost(0.36, 100) == pytest.approx(1.0)
     assert cost(2.50, 8000) == pytest.approx(2.50 / (8000 * 3600) * 1e6)
     assert cost(None, 100) is None
@@ -59,8 +68,10 @@ def test_a_cpu_price_per_core_hour_is_charged_for_the_cores_a_deployment_compute
     assert price_unit(prices) == "per core-hour and per machine-hour"
 
 
-@pytest.mark.parametrize("text", ["", ",", "cpu", "cpu=", "=2", "cpu=abc", "cpu=-1", "cpu=0", "cpu=nan", "cpu=inf",
-                                  "cpu=0.1/gpu", "cpu=/core"])
+@pytest.mark.parametrize(
+    "text",
+    ["", ",", "cpu", "cpu=", "=2", "cpu=abc", "cpu=-1", "cpu=0", "cpu=nan", "cpu=inf", "cpu=0.1/gpu", "cpu=/core"],
+)
 def test_parse_prices_refuses_unreadable_prices(text: str) -> None:
     with pytest.raises(PriceError, match="--price"):
         parse_prices(text)
@@ -90,15 +101,19 @@ def test_best_per_provider_without_a_price_has_no_cost() -> None:
 
 def test_cpu_only_says_what_is_known_and_that_gpu_data_are_missing() -> None:
     sentence = provider_verdict("ffn", [CPU_B1, CPU_BATCH], 0.025, PRICES)
-    assert sentence.startswith("ffn, p99 ≤ 25 ms: the CPU sustains up to 800 req/s (ffn-batch (cpu, batch ≤ 64, "
-                               "wait ≤ 2 ms) on cpubox, $0.035 per 1M inferences).")
+    assert sentence.startswith(
+        "ffn, p99 ≤ 25 ms: the CPU sustains up to 800 req/s (ffn-batch (cpu, batch ≤ 64, "
+        "wait ≤ 2 ms) on cpubox, $0.035 per 1M inferences)."
+    )
     assert sentence.endswith("No GPU measurements for ffn: whether a GPU pays off is unknown.")
 
 
 def test_cpu_and_gpu_with_a_crossover() -> None:
     sentence = provider_verdict("ffn", [CPU_B1, CPU_BATCH, GPU_BATCH], 0.025, PRICES)
-    assert ("ffn, p99 ≤ 25 ms: below 800 req/s the CPU meets it at lower cost ($0.10/h against $2.50/h); "
-            "above it only the GPU does, up to 8000 req/s, at 10.0× the throughput") in sentence
+    assert (
+        "ffn, p99 ≤ 25 ms: below 800 req/s the CPU meets it at lower cost ($0.10/h against $2.50/h); "
+        "above it only the GPU does, up to 8000 req/s, at 10.0× the throughput"
+    ) in sentence
     assert "on gpubox" in sentence
     # ten CPU machines at $0.10/h undercut one GPU at $2.50/h
     assert "10 CPU machines would match that rate for $1.00/h against the GPU's $2.50/h: scale out on CPUs" in sentence
@@ -128,16 +143,17 @@ def test_only_the_gpu_meets_a_tight_slo() -> None:
 
 
 def test_none_meets_the_slo() -> None:
-    assert provider_verdict("ffn", [CPU_B1, GPU_BATCH], 0.001, PRICES) == \
-        "ffn, p99 ≤ 1 ms: neither the CPU nor the GPU met it at any measured load."
+    assert (
+        provider_verdict("ffn", [CPU_B1, GPU_BATCH], 0.001, PRICES)
+        == "ffn, p99 ≤ 1 ms: neither the CPU nor the GPU met it at any measured load."
+    )
     cpu_only = provider_verdict("ffn", [CPU_B1], 0.001, PRICES)
     assert "no CPU deployment met it at any measured load" in cpu_only and "No GPU measurements" in cpu_only
 
 
 def test_ranking_names_machines_when_runs_are_merged() -> None:
     merged = verdict("ffn", [CPU_BATCH, GPU_BATCH], 0.025)
-    assert merged.startswith("ffn at p99 ≤ 25 ms: ffn-gpu (cuda, batch ≤ 64, wait ≤ 2 ms) on gpubox "
-                             "sustains 8000")
+    assert merged.startswith("ffn at p99 ≤ 25 ms: ffn-gpu (cuda, batch ≤ 64, wait ≤ 2 ms) on gpubox sustains 8000")
     assert "ffn-batch (cpu, batch ≤ 64, wait ≤ 2 ms) on cpubox 800 req/s (10.0× less)" in merged
     assert " on cpubox" not in verdict("ffn", [CPU_B1, CPU_BATCH], 0.025)
 
@@ -147,16 +163,23 @@ def test_ranking_names_machines_when_runs_are_merged() -> None:
 
 def bench(pairs: list[tuple[int, float, float]], host: str = "gpubox") -> dict:
     """(params, CPU ms, GPU ms) at batch 1 as a bench document of one width sweep."""
-    points = [{"backend": backend, "batch_size": 1, "params": params, "d_model": params, "median_s": ms / 1e3}
-              for params, cpu, gpu in pairs for backend, ms in (("ort-cpu", cpu), ("ort-cuda", gpu))]
-    return {"schema": "latlab.bench/1", "machine": {"hostname": host, "name": host},
-            "experiments": [{"name": "width", "model": "ffn", "vary": "d_model", "points": points}]}
+    points = [
+        {"backend": backend, "batch_size": 1, "params": params, "d_model": params, "median_s": ms / 1e3}
+        for params, cpu, gpu in pairs
+        for backend, ms in (("ort-cpu", cpu), ("ort-cuda", gpu))
+    ]
+    return {
+        "schema": "latlab.bench/1",
+        "machine": {"hostname": host, "name": host},
+        "experiments": [{"name": "width", "model": "ffn", "vary": "d_model", "points": points}],
+    }
 
 
 def test_size_crossover_names_the_size_from_which_the_gpu_wins() -> None:
     doc = bench([(10_000, 0.1, 0.5), (1_000_000, 1.0, 0.6), (100_000, 0.3, 0.5), (10_000_000, 9.0, 0.8)])
-    assert size_crossover([doc]) == ["bench on gpubox: from about 1M parameters the GPU wins at batch 1 "
-                                     "(2 of 4 sizes, 10k to 10M parameters)."]
+    assert size_crossover([doc]) == [
+        "bench on gpubox: from about 1M parameters the GPU wins at batch 1 (2 of 4 sizes, 10k to 10M parameters)."
+    ]
 
 
 def test_size_crossover_when_cpu_always_wins_or_results_are_mixed() -> None:
@@ -181,8 +204,15 @@ def test_an_unsaturated_maximum_shows_as_a_lower_bound_in_the_tables() -> None:
     from latlab.report.verdict import rate_text
 
     steps = [{"target": t, "achieved_rps": t - 1, "p99_s": 0.005, "errors": 0} for t in (100, 200)]
-    curve = {"name": "mlp-b1", "run_id": "r", "provider": "cpu", "batcher": {"max_batch_size": 1},
-             "machine": {"cpu": "Test CPU"}, "steps": steps, "saturated": False}
+    curve = {
+        "name": "mlp-b1",
+        "run_id": "r",
+        "provider": "cpu",
+        "batcher": {"max_batch_size": 1},
+        "machine": {"cpu": "Test CPU"},
+        "steps": steps,
+        "saturated": False,
+    }
     assert rate_text(curve, steps[1]) == "≥ 199 (not saturated)" and rate_text(curve, steps[0]) == "99"
     assert "<td>≥ 199 (not saturated)</td>" in slo_table([curve], [0.025])
     assert "<td>199</td>" in slo_table([{**curve, "saturated": True}], [0.025])
@@ -197,8 +227,11 @@ def test_machines_are_named_by_what_they_are_never_by_hostname() -> None:
     here = machine.describe()
     assert "name" not in here and here["hostname"]
     assert machine.describe("h100-box")["name"] == "h100-box"
-    cpu = {"provider": "cpu", "machine": {"hostname": "vm", "cpu": "Intel Xeon", "cores": 16, "gpu": "NVIDIA H100"},
-           "environment": {"cpu": "Intel Xeon"}}
+    cpu = {
+        "provider": "cpu",
+        "machine": {"hostname": "vm", "cpu": "Intel Xeon", "cores": 16, "gpu": "NVIDIA H100"},
+        "environment": {"cpu": "Intel Xeon"},
+    }
     gpu = {**cpu, "provider": "cuda", "environment": {"cpu": "Intel Xeon", "gpu": "NVIDIA H100 80GB HBM3"}}
     assert machine_name(cpu) == "Intel Xeon" and machine_name(gpu) == "NVIDIA H100 80GB HBM3"
     named = {**gpu, "machine": {**gpu["machine"], "name": "h100-box"}}

@@ -95,8 +95,17 @@ def test_arrival_rate_is_a_moving_average_that_notices_silence() -> None:
 # --- the pure rule -----------------------------------------------------------------------------------
 
 
-def rule(now: float = 0.0, sizes=(1,), gap: float | None = 0.0002, free: int = 1, delay: float = 0.01,
-         fit=(A, B), deadline: float = math.inf, oldest: float = 0.0, last: float = 0.0) -> float | None:
+def rule(
+    now: float = 0.0,
+    sizes=(1,),
+    gap: float | None = 0.0002,
+    free: int = 1,
+    delay: float = 0.01,
+    fit=(A, B),
+    deadline: float = math.inf,
+    oldest: float = 0.0,
+    last: float = 0.0,
+) -> float | None:
     return adaptive_wait(now, list(sizes), oldest, fit, gap, last, free, delay, deadline)
 
 
@@ -197,8 +206,9 @@ def test_adaptive_wait_is_capped_by_max_queue_delay() -> None:
 
 
 def test_idle_adaptive_batcher_uses_almost_no_cpu() -> None:
-    batcher = DynamicBatcher(lambda inputs: {"y": inputs["x"] * 2},
-                             settings(adaptive=True, max_queue_delay_ms=50.0, instances=2))
+    batcher = DynamicBatcher(
+        lambda inputs: {"y": inputs["x"] * 2}, settings(adaptive=True, max_queue_delay_ms=50.0, instances=2)
+    )
     try:
         for _ in range(20):  # teach it a rate and give it a queue history, then leave it idle
             batcher.infer({"x": np.ones((1, 2), np.float32)}, 1)
@@ -214,8 +224,10 @@ def test_lone_requests_wake_no_worker() -> None:
     """At low load each request runs alone on its caller; waking a worker after it (which finds an empty
     queue and sleeps again) would cost a thread switch and the interpreter lock per request."""
     for adaptive in (True, False):
-        batcher = DynamicBatcher(lambda inputs: {"y": inputs["x"] * 2},
-                                 settings(adaptive=adaptive, max_queue_delay_ms=0.0 if not adaptive else 2.0))
+        batcher = DynamicBatcher(
+            lambda inputs: {"y": inputs["x"] * 2},
+            settings(adaptive=adaptive, max_queue_delay_ms=0.0 if not adaptive else 2.0),
+        )
         notified = []
         notify = batcher._cond.notify
         batcher._cond.notify = lambda n=1: (notified.append(n), notify(n))[1]

@@ -12,9 +12,17 @@ from latlab.server.errors import ConfigError, QueueFull
 
 
 def doc(server: dict | None = None, **batcher: object) -> dict:
-    return {"server": server or {}, "deployments": [
-        {"name": "a", "model_path": "/m.onnx", "batcher": batcher},
-        {"name": "b", "model_path": "/m.onnx", "batcher": {"max_batch_size": 8, "instances": 2, "max_queue_size": 10}}]}
+    return {
+        "server": server or {},
+        "deployments": [
+            {"name": "a", "model_path": "/m.onnx", "batcher": batcher},
+            {
+                "name": "b",
+                "model_path": "/m.onnx",
+                "batcher": {"max_batch_size": 8, "instances": 2, "max_queue_size": 10},
+            },
+        ],
+    }
 
 
 def test_the_bound_is_a_full_queue_plus_the_largest_batches_in_flight() -> None:
@@ -42,12 +50,15 @@ def test_admission_off_skips_the_thread_check() -> None:
     assert (config.threads, config.admission) == (64, False)
 
 
-@pytest.mark.parametrize("server, message", [
-    ({"threads": -1}, "threads >= 0"),
-    ({"metrics_port": 70000}, "metrics_port must be in 0..65535"),
-    ({"port": 9000, "metrics_port": 9000}, "differ from port, got 9000"),
-    ({"admission": "yes"}, "admission must be true or false"),
-])
+@pytest.mark.parametrize(
+    "server, message",
+    [
+        ({"threads": -1}, "threads >= 0"),
+        ({"metrics_port": 70000}, "metrics_port must be in 0..65535"),
+        ({"port": 9000, "metrics_port": 9000}, "differ from port, got 9000"),
+        ({"admission": "yes"}, "admission must be true or false"),
+    ],
+)
 def test_bad_server_settings_are_named(server: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_config(doc(server))
@@ -84,6 +95,7 @@ def test_the_count_holds_under_concurrent_threads() -> None:
             except QueueFull:
                 continue
             admitted.append(1)
+
     threads = [threading.Thread(target=client) for _ in range(8)]
     for thread in threads:
         thread.start()

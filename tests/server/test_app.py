@@ -101,15 +101,20 @@ def test_model_ready(client) -> None:
 def test_server_metadata(client) -> None:
     response = client.get("/v2")
     assert response.status_code == 200
-    assert orjson.loads(response.data) == {"name": "latlab", "version": latlab.__version__,
-                                           "extensions": ["binary_tensor_data"]}
+    assert orjson.loads(response.data) == {
+        "name": "latlab",
+        "version": latlab.__version__,
+        "extensions": ["binary_tensor_data"],
+    }
 
 
 def test_model_metadata_has_minus_one_for_the_batch_dimension(client) -> None:
     response = client.get("/v2/models/tiny")
     assert response.status_code == 200
     assert orjson.loads(response.data) == {
-        "name": "tiny", "versions": ["1"], "platform": "onnxruntime_onnx",
+        "name": "tiny",
+        "versions": ["1"],
+        "platform": "onnxruntime_onnx",
         "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
         "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 3]}],
     }
@@ -129,11 +134,24 @@ def test_config_route_describes_the_deployment(client, tiny_model: Path) -> None
         assert response.status_code == 200
         doc = orjson.loads(response.data)
         assert {k: doc[k] for k in ("name", "model", "provider", "model_path", "allow_non_finite")} == {
-            "name": "tiny", "model": "tiny", "provider": "cpu", "model_path": str(tiny_model.resolve()),
-            "allow_non_finite": False}
+            "name": "tiny",
+            "model": "tiny",
+            "provider": "cpu",
+            "model_path": str(tiny_model.resolve()),
+            "allow_non_finite": False,
+        }
         # Every setting is described; the batcher and CPU tables gain settings, so check the ones set here.
-        assert doc["batcher"].items() >= {"max_batch_size": 4, "max_queue_delay_ms": 0.0, "max_queue_size": 256,
-                                          "instances": 1, "timeout_ms": 10_000.0, "preferred_batch_sizes": []}.items()
+        assert (
+            doc["batcher"].items()
+            >= {
+                "max_batch_size": 4,
+                "max_queue_delay_ms": 0.0,
+                "max_queue_size": 256,
+                "instances": 1,
+                "timeout_ms": 10_000.0,
+                "preferred_batch_sizes": [],
+            }.items()
+        )
         assert doc["cpu"].items() >= {"intra_op_threads": 0, "allow_spinning": True}.items()
 
 
@@ -170,17 +188,24 @@ def test_infer_matches_onnxruntime(client, tiny_model: Path, batch: int) -> None
 def test_binary_input_and_output_round_trip(client, tiny_model: Path) -> None:
     x = sample_x(2)
     raw = x.astype("<f4").tobytes()
-    header = orjson.dumps({
-        "inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "parameters": {"binary_data_size": len(raw)}}],
-        "outputs": [{"name": "y", "parameters": {"binary_data": True}}]})
-    response = client.post(INFER, data=header + raw, headers={HEADER_LENGTH: str(len(header))},
-                           content_type="application/octet-stream")
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {"name": "x", "shape": [2, 4], "datatype": "FP32", "parameters": {"binary_data_size": len(raw)}}
+            ],
+            "outputs": [{"name": "y", "parameters": {"binary_data": True}}],
+        }
+    )
+    response = client.post(
+        INFER, data=header + raw, headers={HEADER_LENGTH: str(len(header))}, content_type="application/octet-stream"
+    )
     assert response.status_code == 200, response.data
     assert response.content_type == "application/octet-stream"
     header_length = int(response.headers[HEADER_LENGTH])
     doc = orjson.loads(response.data[:header_length])
-    assert doc["outputs"] == [{"name": "y", "datatype": "FP32", "shape": [2, 3],
-                               "parameters": {"binary_data_size": 24}}]
+    assert doc["outputs"] == [
+        {"name": "y", "datatype": "FP32", "shape": [2, 3], "parameters": {"binary_data_size": 24}}
+    ]
     y = np.frombuffer(response.data[header_length:], "<f4").reshape(2, 3)
     np.testing.assert_allclose(y, expected_y(tiny_model, x), rtol=1e-6)
 
@@ -207,41 +232,103 @@ BAD_REQUESTS = [
     pytest.param(b"{nope", {}, 400, ["not valid JSON"], id="malformed-json"),
     pytest.param(b"[]", {}, 400, ["JSON object"], id="not-an-object"),
     pytest.param(b"{}", {}, 400, ["'inputs'"], id="no-inputs"),
-    pytest.param(infer_body(sample_x(1), name="z"), {}, 400,
-                 ["takes inputs ['x']", "missing ['x']", "unknown ['z']"], id="wrong-input-name"),
-    pytest.param(orjson.dumps({"inputs": [
-        {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0.0] * 4},
-        {"name": "extra", "shape": [1], "datatype": "FP32", "data": [0.0]}]}), {}, 400,
-        ["unknown ['extra']"], id="extra-input"),
-    pytest.param(infer_body(np.zeros((2, 5), np.float32)), {}, 400,
-                 ["input 'x' must have shape [-1, 4]", "got [2, 5]"], id="wrong-shape"),
+    pytest.param(
+        infer_body(sample_x(1), name="z"),
+        {},
+        400,
+        ["takes inputs ['x']", "missing ['x']", "unknown ['z']"],
+        id="wrong-input-name",
+    ),
+    pytest.param(
+        orjson.dumps(
+            {
+                "inputs": [
+                    {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [0.0] * 4},
+                    {"name": "extra", "shape": [1], "datatype": "FP32", "data": [0.0]},
+                ]
+            }
+        ),
+        {},
+        400,
+        ["unknown ['extra']"],
+        id="extra-input",
+    ),
+    pytest.param(
+        infer_body(np.zeros((2, 5), np.float32)),
+        {},
+        400,
+        ["input 'x' must have shape [-1, 4]", "got [2, 5]"],
+        id="wrong-shape",
+    ),
     pytest.param(infer_body(np.zeros(4, np.float32)), {}, 400, ["must have shape [-1, 4]", "got [4]"], id="wrong-rank"),
-    pytest.param(infer_body(np.zeros((0, 4), np.float32)), {}, 400, ["batch dimension of at least 1"],
-                 id="empty-batch"),
-    pytest.param(infer_body(np.zeros((1, 4), np.int64), datatype="INT64"), {}, 400,
-                 ["input 'x' must be FP32, got INT64"], id="wrong-dtype"),
-    pytest.param(infer_body(np.zeros((1, 4), np.float64), datatype="FP64"), {}, 400,
-                 ["must be FP32, got FP64"], id="wrong-float-dtype"),
+    pytest.param(
+        infer_body(np.zeros((0, 4), np.float32)), {}, 400, ["batch dimension of at least 1"], id="empty-batch"
+    ),
+    pytest.param(
+        infer_body(np.zeros((1, 4), np.int64), datatype="INT64"),
+        {},
+        400,
+        ["input 'x' must be FP32, got INT64"],
+        id="wrong-dtype",
+    ),
+    pytest.param(
+        infer_body(np.zeros((1, 4), np.float64), datatype="FP64"),
+        {},
+        400,
+        ["must be FP32, got FP64"],
+        id="wrong-float-dtype",
+    ),
     pytest.param(infer_body(sample_x(5)), {}, 400, ["batch of 5 exceeds", "max_batch_size 4"], id="batch-too-large"),
-    pytest.param(infer_body(sample_x(1), outputs=[{"name": "logits"}]), {}, 400,
-                 ["has no output(s) ['logits']", "['y']"], id="unknown-output"),
-    pytest.param(infer_body(sample_x(1)), {HEADER_LENGTH: "abc"}, 400,
-                 [f"{HEADER_LENGTH} must be a non-negative integer", "'abc'"], id="header-not-a-number"),
+    pytest.param(
+        infer_body(sample_x(1), outputs=[{"name": "logits"}]),
+        {},
+        400,
+        ["has no output(s) ['logits']", "['y']"],
+        id="unknown-output",
+    ),
+    pytest.param(
+        infer_body(sample_x(1)),
+        {HEADER_LENGTH: "abc"},
+        400,
+        [f"{HEADER_LENGTH} must be a non-negative integer", "'abc'"],
+        id="header-not-a-number",
+    ),
     pytest.param(infer_body(sample_x(1)), {HEADER_LENGTH: "-3"}, 400, ["non-negative integer"], id="header-negative"),
-    pytest.param(infer_body(sample_x(1)), {HEADER_LENGTH: "100000"}, 400,
-                 [f"{HEADER_LENGTH} is 100000 but the body has"], id="header-beyond-body"),
-    pytest.param(infer_body(sample_x(1), parameters={"timeout": -5}), {}, 400,
-                 ["parameters.timeout must be a non-negative integer of microseconds"], id="timeout-negative"),
-    pytest.param(infer_body(sample_x(1), parameters={"timeout": "soon"}), {}, 400,
-                 ["parameters.timeout", "'soon'"], id="timeout-not-a-number"),
-    pytest.param(infer_body(sample_x(1)) + b"\0\0", {HEADER_LENGTH: str(len(infer_body(sample_x(1))))}, 400,
-                 ["binary part has 2 bytes but the inputs use 0"], id="leftover-binary"),
+    pytest.param(
+        infer_body(sample_x(1)),
+        {HEADER_LENGTH: "100000"},
+        400,
+        [f"{HEADER_LENGTH} is 100000 but the body has"],
+        id="header-beyond-body",
+    ),
+    pytest.param(
+        infer_body(sample_x(1), parameters={"timeout": -5}),
+        {},
+        400,
+        ["parameters.timeout must be a non-negative integer of microseconds"],
+        id="timeout-negative",
+    ),
+    pytest.param(
+        infer_body(sample_x(1), parameters={"timeout": "soon"}),
+        {},
+        400,
+        ["parameters.timeout", "'soon'"],
+        id="timeout-not-a-number",
+    ),
+    pytest.param(
+        infer_body(sample_x(1)) + b"\0\0",
+        {HEADER_LENGTH: str(len(infer_body(sample_x(1))))},
+        400,
+        ["binary part has 2 bytes but the inputs use 0"],
+        id="leftover-binary",
+    ),
 ]
 
 
 @pytest.mark.parametrize("body, headers, status, fragments", BAD_REQUESTS)
-def test_bad_request_names_the_problem_and_serving_goes_on(client, tiny_model: Path, body: bytes,
-                                                           headers: dict, status: int, fragments: list[str]) -> None:
+def test_bad_request_names_the_problem_and_serving_goes_on(
+    client, tiny_model: Path, body: bytes, headers: dict, status: int, fragments: list[str]
+) -> None:
     assert_error(client.post(INFER, data=body, headers=headers), status, *fragments)
     x = sample_x(2)
     response = client.post(INFER, data=infer_body(x))
@@ -258,8 +345,9 @@ def test_bad_requests_are_counted_and_never_reach_the_batcher(client, registry) 
 
 
 def test_body_larger_than_max_body_bytes_is_413(build_app, tiny_model: Path) -> None:
-    config = parse_config({"server": {"max_body_bytes": 64},
-                           "deployments": [{"name": "tiny", "model_path": str(tiny_model)}]})
+    config = parse_config(
+        {"server": {"max_body_bytes": 64}, "deployments": [{"name": "tiny", "model_path": str(tiny_model)}]}
+    )
     client = build_app(config).test_client()
     assert_error(client.post(INFER, data=infer_body(sample_x(4))), 413)
     assert client.post(INFER, data=b'{"inputs": []}').status_code == 400  # small bodies still pass the limit
@@ -267,15 +355,17 @@ def test_body_larger_than_max_body_bytes_is_413(build_app, tiny_model: Path) -> 
 
 def test_unicode_digit_in_header_length_is_a_bad_request(client) -> None:
     """'²' passes str.isdigit() but not int(): it must still be a 400, not an internal error."""
-    assert_error(client.post(INFER, data=infer_body(sample_x(1)), headers={HEADER_LENGTH: "\u00b2"}), 400,
-                 HEADER_LENGTH)
+    assert_error(
+        client.post(INFER, data=infer_body(sample_x(1)), headers={HEADER_LENGTH: "\u00b2"}), 400, HEADER_LENGTH
+    )
 
 
 def test_full_queue_is_503_with_retry_after(build_app, tiny_model: Path, make_config, registry) -> None:
     app = build_app(make_config(tiny_model, max_batch_size=4, max_queue_delay_ms=300.0, max_queue_size=1))
     waiting: list[int] = []
-    first = threading.Thread(target=lambda: waiting.append(
-        app.test_client().post(INFER, data=infer_body(sample_x(1))).status_code))
+    first = threading.Thread(
+        target=lambda: waiting.append(app.test_client().post(INFER, data=infer_body(sample_x(1))).status_code)
+    )
     first.start()
     deadline = time.monotonic() + 2.0
     while sample_value(registry, "latlab_batcher_queue_depth") != 1 and time.monotonic() < deadline:
@@ -290,8 +380,9 @@ def test_full_queue_is_503_with_retry_after(build_app, tiny_model: Path, make_co
 
 
 def test_request_past_its_timeout_is_504_and_not_computed(build_app, tiny_model: Path, make_config, registry) -> None:
-    client = build_app(make_config(tiny_model, max_batch_size=4, max_queue_delay_ms=200.0,
-                                   timeout_ms=20.0)).test_client()
+    client = build_app(
+        make_config(tiny_model, max_batch_size=4, max_queue_delay_ms=200.0, timeout_ms=20.0)
+    ).test_client()
     assert_error(client.post(INFER, data=infer_body(sample_x(1))), 504, "expired after")
     assert sample_value(registry, "latlab_server_requests_total", outcome="timeout") == 1
     assert sample_value(registry, "latlab_batcher_batch_size_count") == 0
@@ -308,8 +399,12 @@ def test_metrics_route_exposes_every_series_with_deployment_labels(client, regis
     assert response.content_type.startswith("text/plain")
     text = response.data.decode()
     label_text = 'deployment="tiny",model="tiny",provider="cpu"'
-    for name in ("latlab_server_request_duration_seconds", "latlab_batcher_queue_duration_seconds",
-                 "latlab_batcher_compute_duration_seconds", "latlab_batcher_batch_size"):
+    for name in (
+        "latlab_server_request_duration_seconds",
+        "latlab_batcher_queue_duration_seconds",
+        "latlab_batcher_compute_duration_seconds",
+        "latlab_batcher_batch_size",
+    ):
         assert f"# TYPE {name} histogram" in text
         assert f"{name}_count{{{label_text}}} 3.0" in text
 
@@ -340,16 +435,29 @@ def test_each_app_has_its_own_registry(tiny_model: Path, make_config) -> None:
 
 
 def test_several_deployments_are_served_under_their_names(build_app, tiny_model: Path, registry) -> None:
-    config = parse_config({"deployments": [
-        {"name": "a", "model_path": str(tiny_model), "model": "ffn"},
-        {"name": "b", "model_path": str(tiny_model), "batcher": {"max_batch_size": 8}}]})
+    config = parse_config(
+        {
+            "deployments": [
+                {"name": "a", "model_path": str(tiny_model), "model": "ffn"},
+                {"name": "b", "model_path": str(tiny_model), "batcher": {"max_batch_size": 8}},
+            ]
+        }
+    )
     client = build_app(config).test_client()
     assert client.post("/v2/models/a/infer", data=infer_body(sample_x(1))).status_code == 200
     assert client.post("/v2/models/b/infer", data=infer_body(sample_x(6))).status_code == 200
-    assert registry.get_sample_value("latlab_batcher_batch_size_sum",
-                                     {"deployment": "a", "model": "ffn", "provider": "cpu"}) == 1
-    assert registry.get_sample_value("latlab_batcher_batch_size_sum",
-                                     {"deployment": "b", "model": "tiny", "provider": "cpu"}) == 6
+    assert (
+        registry.get_sample_value(
+            "latlab_batcher_batch_size_sum", {"deployment": "a", "model": "ffn", "provider": "cpu"}
+        )
+        == 1
+    )
+    assert (
+        registry.get_sample_value(
+            "latlab_batcher_batch_size_sum", {"deployment": "b", "model": "tiny", "provider": "cpu"}
+        )
+        == 6
+    )
 
 
 # --- startup errors --------------------------------------------------------------------------------
@@ -366,8 +474,9 @@ def test_missing_model_file_is_a_config_error_naming_the_path(tmp_path: Path, re
 
 def test_missing_second_model_fails_the_whole_app(tiny_model: Path, tmp_path: Path, registry) -> None:
     missing = tmp_path / "gone.onnx"
-    config = parse_config({"deployments": [{"name": "ok", "model_path": str(tiny_model)},
-                                           {"name": "gone", "model_path": str(missing)}]})
+    config = parse_config(
+        {"deployments": [{"name": "ok", "model_path": str(tiny_model)}, {"name": "gone", "model_path": str(missing)}]}
+    )
     with pytest.raises(ConfigError, match="gone.onnx"):
         create_app(config, registry=registry)
 

@@ -114,7 +114,7 @@ def test_queue_request_that_does_not_fit_ends_the_batch() -> None:
     a, b, c = pending(0.0, 3), pending(0.0, 2), pending(0.0, 1)
     for item in (a, b, c):
         queue.put(item)
-    assert queue.take(0.0) == [a]            # 3 + 2 > 4: a goes alone, at once
+    assert queue.take(0.0) == [a]  # 3 + 2 > 4: a goes alone, at once
     assert queue.take(0.0) == pytest.approx(1.0)  # b + c = 3 < 4 and nothing is left over: wait
     assert queue.take(1.0) == [b, c]
     assert len(queue) == 0

@@ -221,7 +221,7 @@ def test_expired_request_is_answered_with_timeout_and_never_computed(batchers) -
 
     observer = ObserverRecorder()
     batcher = batchers(slow, observer, max_batch_size=1, max_queue_delay_ms=0.0, timeout_ms=50.0)
-    first = batcher.submit({"x": x(1)}, 1)   # occupies the only worker until the gate opens
+    first = batcher.submit({"x": x(1)}, 1)  # occupies the only worker until the gate opens
     second = batcher.submit({"x": x(1)}, 1)  # waits in the queue past its deadline
     time.sleep(0.1)
     gate.set()
@@ -257,6 +257,7 @@ def test_cancelled_request_is_not_computed(batchers) -> None:
 
 # --- variable lengths, per-request timeouts -----------------------------------------------------
 
+
 def test_variable_length_requests_get_the_same_results_as_alone():
     calls = []
 
@@ -278,8 +279,9 @@ def test_variable_length_requests_get_the_same_results_as_alone():
 
 def test_a_request_timeout_can_only_shorten_the_deployments():
     delay_s = 0.5
-    batcher = DynamicBatcher(lambda inputs: inputs, BatcherSettings(max_batch_size=4, max_queue_delay_ms=delay_s * 1e3,
-                                                                   timeout_ms=10_000.0))
+    batcher = DynamicBatcher(
+        lambda inputs: inputs, BatcherSettings(max_batch_size=4, max_queue_delay_ms=delay_s * 1e3, timeout_ms=10_000.0)
+    )
     try:
         started = time.monotonic()
         with pytest.raises(RequestTimeout):

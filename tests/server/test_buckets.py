@@ -12,8 +12,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from prometheus_client import CollectorRegistry
 
-from latlab.server.buckets import (bucket_for, capture_refusal, cut_rows, has_conv, op_types, pad_rows,
-                                  session_mode)
+from latlab.server.buckets import bucket_for, capture_refusal, cut_rows, has_conv, op_types, pad_rows, session_mode
 from latlab.server.config import parse_config
 from latlab.server.deployment import Deployment
 from latlab.server.graphs import CudaGraphRunner
@@ -26,8 +25,9 @@ BUCKETS = [1, 2, 4, 8]
 
 
 def config(path: Path, provider: str = "cpu", **extra: object):
-    return parse_config({"deployments": [{"name": "m", "model_path": str(path), "provider": provider,
-                                          **extra}]}).deployments[0]
+    return parse_config(
+        {"deployments": [{"name": "m", "model_path": str(path), "provider": provider, **extra}]}
+    ).deployments[0]
 
 
 def conv_model(path: Path) -> Path:
@@ -37,9 +37,11 @@ def conv_model(path: Path) -> Path:
     b = rng.standard_normal(3).astype(np.float32)
     graph = helper.make_graph(
         [helper.make_node("Conv", ["x", "W", "B"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
-        "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, 5, 5])],
+        "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2, 5, 5])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, 5, 5])],
-        initializer=[numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")])
+        initializer=[numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")],
+    )
     return _save(path, graph)
 
 
@@ -47,13 +49,21 @@ def if_model(path: Path) -> Path:
     """y = x + 1 or x - 1 depending on a flag: control flow (an If node with two branch graphs)."""
     one = numpy_helper.from_array(np.ones(4, np.float32), "one")
     branch = lambda op, name: helper.make_graph(  # noqa: E731
-        [helper.make_node(op, ["x", "one"], [name])], name, [],
-        [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", 4])])
+        [helper.make_node(op, ["x", "one"], [name])],
+        name,
+        [],
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", 4])],
+    )
     graph = helper.make_graph(
         [helper.make_node("If", ["flag"], ["y"], then_branch=branch("Add", "up"), else_branch=branch("Sub", "down"))],
-        "iffy", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
-                 helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])], initializer=[one])
+        "iffy",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4]),
+            helper.make_tensor_value_info("flag", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])],
+        initializer=[one],
+    )
     return _save(path, graph)
 
 
@@ -94,16 +104,19 @@ def test_op_types_find_conv_and_control_flow_in_subgraphs(tmp_path: Path) -> Non
     assert {"If", "Add", "Sub"} <= op_types(if_model(tmp_path / "i.onnx"))  # branch bodies included
 
 
-@pytest.mark.parametrize(("provider", "wanted", "buckets", "conv", "mode"), [
-    ("cuda", "auto", BUCKETS, True, "per_bucket"),     # the measured case: Conv re-plans on CUDA
-    ("cuda", "auto", BUCKETS, False, "shared"),        # MatMul/attention models: no penalty measured
-    ("tensorrt", "auto", BUCKETS, True, "shared"),     # TensorRT builds its own engines
-    ("cpu", "auto", BUCKETS, True, "shared"),
-    ("cpu", "per_bucket", BUCKETS, False, "per_bucket"),
-    ("cuda", "shared", BUCKETS, True, "shared"),
-    ("cuda", "per_bucket", [8], True, "shared"),       # one bucket: one session whatever was asked
-    ("cuda", "auto", [], True, "off"),
-])
+@pytest.mark.parametrize(
+    ("provider", "wanted", "buckets", "conv", "mode"),
+    [
+        ("cuda", "auto", BUCKETS, True, "per_bucket"),  # the measured case: Conv re-plans on CUDA
+        ("cuda", "auto", BUCKETS, False, "shared"),  # MatMul/attention models: no penalty measured
+        ("tensorrt", "auto", BUCKETS, True, "shared"),  # TensorRT builds its own engines
+        ("cpu", "auto", BUCKETS, True, "shared"),
+        ("cpu", "per_bucket", BUCKETS, False, "per_bucket"),
+        ("cuda", "shared", BUCKETS, True, "shared"),
+        ("cuda", "per_bucket", [8], True, "shared"),  # one bucket: one session whatever was asked
+        ("cuda", "auto", [], True, "off"),
+    ],
+)
 def test_session_mode(provider: str, wanted: str, buckets: list, conv: bool, mode: str) -> None:
     asked = []
     assert session_mode(provider, wanted, buckets, lambda: asked.append(1) or conv) == mode
@@ -113,8 +126,10 @@ def test_session_mode(provider: str, wanted: str, buckets: list, conv: bool, mod
 def test_capture_refusals_name_why(tmp_path: Path) -> None:
     tiny = build_tiny_model(tmp_path / "t.onnx")
     assert capture_refusal(tiny, [], False) is None
-    assert capture_refusal(if_model(tmp_path / "i.onnx"), [], False) == \
-        "it has control-flow nodes (If) that a CUDA graph cannot capture"
+    assert (
+        capture_refusal(if_model(tmp_path / "i.onnx"), [], False)
+        == "it has control-flow nodes (If) that a CUDA graph cannot capture"
+    )
     assert "string tensors" in capture_refusal(tiny, [], True)
 
 
@@ -123,8 +138,12 @@ def test_capture_refusals_name_why(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("sessions", ["shared", "per_bucket"])
 def test_padded_runs_equal_each_request_run_alone(tmp_path: Path, sessions: str) -> None:
-    model = OnnxModel(config(build_tiny_model(tmp_path / "t.onnx"),
-                             batcher={"max_batch_size": 8, "batch_buckets": BUCKETS, "bucket_sessions": sessions}))
+    model = OnnxModel(
+        config(
+            build_tiny_model(tmp_path / "t.onnx"),
+            batcher={"max_batch_size": 8, "batch_buckets": BUCKETS, "bucket_sessions": sessions},
+        )
+    )
     assert model.bucket_mode == sessions and model.bucket_runs()["sessions"] == (4 if sessions == "per_bucket" else 1)
     w, b = tiny_weights()
     rng = np.random.default_rng(0)
@@ -132,20 +151,26 @@ def test_padded_runs_equal_each_request_run_alone(tmp_path: Path, sessions: str)
         x = rng.standard_normal((rows, 4)).astype(np.float32)
         y = model.run({"x": x})["y"]
         assert y.shape == (rows, 3)  # padded rows never come back
-        alone = np.concatenate([model.run({"x": x[i:i + 1]})["y"] for i in range(rows)])
+        alone = np.concatenate([model.run({"x": x[i : i + 1]})["y"] for i in range(rows)])
         np.testing.assert_array_equal(y, alone)
         np.testing.assert_allclose(y, x @ w + b, rtol=1e-5, atol=1e-5)
 
 
 def test_per_bucket_sessions_each_see_one_shape(tmp_path: Path) -> None:
     """Each bucket's session only ever runs its bucket's shape (the point of them on CUDA's Conv)."""
-    model = OnnxModel(config(conv_model(tmp_path / "c.onnx"),
-                             batcher={"max_batch_size": 4, "batch_buckets": [2, 4], "bucket_sessions": "per_bucket"}))
+    model = OnnxModel(
+        config(
+            conv_model(tmp_path / "c.onnx"),
+            batcher={"max_batch_size": 4, "batch_buckets": [2, 4], "bucket_sessions": "per_bucket"},
+        )
+    )
     seen: dict[int, set] = {}
     for size, session in model._sessions.items():
         run = session.run
-        session.run = lambda names, feed, _run=run, _size=size: (seen.setdefault(_size, set()).add(
-            feed["x"].shape[0]), _run(names, feed))[1]
+        session.run = lambda names, feed, _run=run, _size=size: (
+            seen.setdefault(_size, set()).add(feed["x"].shape[0]),
+            _run(names, feed),
+        )[1]
     x = np.random.default_rng(1).standard_normal((4, 2, 5, 5)).astype(np.float32)
     for rows in (3, 1, 4, 2, 1, 3):
         np.testing.assert_array_equal(model.run({"x": x[:rows]})["y"], model.run({"x": x[:4]})["y"][:rows])
@@ -164,15 +189,21 @@ def test_no_buckets_on_cpu_by_default(tmp_path: Path) -> None:
 
 def test_token_model_composes_length_padding_with_row_padding(tmp_path: Path) -> None:
     path = build_token_model(tmp_path / "tok.onnx", ("embedding",))
-    deployment = Deployment(config(path, batcher={"max_batch_size": 8, "batch_buckets": [4, 8],
-                                                  "max_queue_delay_ms": 50.0},
-                                   padding={"axis": 1, "values": {"input_ids": 0, "attention_mask": 0}}),
-                            ServerMetrics(CollectorRegistry()))
+    deployment = Deployment(
+        config(
+            path,
+            batcher={"max_batch_size": 8, "batch_buckets": [4, 8], "max_queue_delay_ms": 50.0},
+            padding={"axis": 1, "values": {"input_ids": 0, "attention_mask": 0}},
+        ),
+        ServerMetrics(CollectorRegistry()),
+    )
     try:
         assert deployment.wait_ready(30)
         lengths = [3, 5, 2]
-        requests = [{"input_ids": np.arange(1, n + 1, dtype=np.int64)[None] % 11,
-                     "attention_mask": np.ones((1, n), np.int64)} for n in lengths]
+        requests = [
+            {"input_ids": np.arange(1, n + 1, dtype=np.int64)[None] % 11, "attention_mask": np.ones((1, n), np.int64)}
+            for n in lengths
+        ]
         alone = [deployment.model.run(r)["embedding"] for r in requests]
         got = _infer_together(deployment, requests)
         for mine, want in zip(got, alone):
@@ -199,16 +230,18 @@ def _infer_together(deployment: Deployment, requests: list[dict]) -> list[dict]:
 
 
 def test_warm_up_runs_every_bucket_and_only_buckets(tmp_path: Path) -> None:
-    model = OnnxModel(config(build_tiny_model(tmp_path / "t.onnx"),
-                             batcher={"max_batch_size": 8, "batch_buckets": [2, 5, 8]}))
+    model = OnnxModel(
+        config(build_tiny_model(tmp_path / "t.onnx"), batcher={"max_batch_size": 8, "batch_buckets": [2, 5, 8]})
+    )
     assert [batch["x"].shape[0] for batch in model.warmup_batches(8)] == [2, 5, 8]
 
 
 def test_padded_rows_are_counted_apart_from_requests(tmp_path: Path) -> None:
     registry = CollectorRegistry()
-    deployment = Deployment(config(build_tiny_model(tmp_path / "t.onnx"),
-                                   batcher={"max_batch_size": 8, "batch_buckets": BUCKETS}),
-                            ServerMetrics(registry))
+    deployment = Deployment(
+        config(build_tiny_model(tmp_path / "t.onnx"), batcher={"max_batch_size": 8, "batch_buckets": BUCKETS}),
+        ServerMetrics(registry),
+    )
     labels = {"deployment": "m", "model": deployment.config.model, "provider": "cpu"}
     value = lambda name: registry.get_sample_value(name, labels)  # noqa: E731
     try:
@@ -220,8 +253,11 @@ def test_padded_rows_are_counted_apart_from_requests(tmp_path: Path) -> None:
         assert value("latlab_batcher_padded_rows_total") == 1  # 3 -> 4; 1 is a bucket
         assert value("latlab_batcher_run_rows_total") == 5
         assert value("latlab_batcher_batch_size_sum") == 4  # samples asked for, not rows run
-        assert deployment.describe()["bucket_runs"] == {"batch_buckets": BUCKETS, "bucket_mode": "shared",
-                                                        "sessions": 1}
+        assert deployment.describe()["bucket_runs"] == {
+            "batch_buckets": BUCKETS,
+            "bucket_mode": "shared",
+            "sessions": 1,
+        }
     finally:
         deployment.close()
 
@@ -243,8 +279,9 @@ def test_graph_runner_keeps_fixed_buffers_and_one_graph_id_per_bucket(tmp_path: 
         outputs, timings = runner.run({"x": x}, ["y"])
         np.testing.assert_allclose(outputs["y"], x @ w + b, rtol=1e-5, atol=1e-5)
         assert timings.compute_s >= 0
-    assert addresses == {size: (runner.buffer_address(size, "x"), runner.buffer_address(size, "y"))
-                         for size in BUCKETS}  # replays never moved a buffer
+    assert addresses == {
+        size: (runner.buffer_address(size, "x"), runner.buffer_address(size, "y")) for size in BUCKETS
+    }  # replays never moved a buffer
     assert CudaGraphRunner(model.session, *specs, buckets=[1], device="cpu").graph_id(1) is None
     with pytest.raises(ValueError, match=r"a batch of 3 rows has no CUDA graph bucket"):
         runner.run({"x": np.ones((3, 4), np.float32)}, ["y"])

@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from latlab.server.config import (BatcherSettings, CpuOptions, DeploymentConfig, ServerConfig, load_config,
-                                  parse_config)
+from latlab.server.config import BatcherSettings, CpuOptions, DeploymentConfig, ServerConfig, load_config, parse_config
 from latlab.server.errors import ConfigError
 
 FULL_TOML = """
@@ -52,10 +51,15 @@ def test_load_config_reads_every_setting(tmp_path: Path) -> None:
     assert (config.host, config.port, config.threads, config.max_body_bytes) == ("0.0.0.0", 9000, 400, 1048576)
     first, second = config.deployments
     assert first == DeploymentConfig(
-        name="tiny-cpu", model_path=(tmp_path / "tiny" / "model.onnx").resolve(), provider="cpu",
-        batcher=BatcherSettings(max_batch_size=16, max_queue_delay_ms=2.5, max_queue_size=100, instances=2,
-                                timeout_ms=500),
-        cpu=CpuOptions(intra_op_threads=4, allow_spinning=False), model="tiny")
+        name="tiny-cpu",
+        model_path=(tmp_path / "tiny" / "model.onnx").resolve(),
+        provider="cpu",
+        batcher=BatcherSettings(
+            max_batch_size=16, max_queue_delay_ms=2.5, max_queue_size=100, instances=2, timeout_ms=500
+        ),
+        cpu=CpuOptions(intra_op_threads=4, allow_spinning=False),
+        model="tiny",
+    )
     assert second.model_path == absolute
     assert second.model == "mlp"
     assert second.batcher == BatcherSettings()
@@ -85,8 +89,9 @@ def test_defaults() -> None:
     assert (config.metrics_port, config.admission) == (0, True)
     [deployment] = config.deployments
     assert deployment.provider == "cpu"
-    assert deployment.batcher == BatcherSettings(max_batch_size=1, max_queue_delay_ms=0.0, max_queue_size=256,
-                                                 instances=1, timeout_ms=10_000.0)
+    assert deployment.batcher == BatcherSettings(
+        max_batch_size=1, max_queue_delay_ms=0.0, max_queue_size=256, instances=1, timeout_ms=10_000.0
+    )
     assert deployment.cpu == CpuOptions(intra_op_threads=0, allow_spinning=True)
 
 
@@ -145,12 +150,15 @@ def deployment(**extra: object) -> dict:
     return {"deployments": [{"name": "a", "model_path": "/m.onnx", **extra}]}
 
 
-@pytest.mark.parametrize("doc, message", [
-    ({**deployment(), "server": {"prot": 8000}}, "[server]: unknown setting(s) ['prot']"),
-    (deployment(batch_size=8), "deployment 'a': unknown setting(s) ['batch_size']"),
-    (deployment(batcher={"max_batch": 8}), "deployment 'a' [batcher]: unknown setting(s) ['max_batch']"),
-    (deployment(cpu={"threads": 2}), "deployment 'a' [cpu]: unknown setting(s) ['threads']"),
-])
+@pytest.mark.parametrize(
+    "doc, message",
+    [
+        ({**deployment(), "server": {"prot": 8000}}, "[server]: unknown setting(s) ['prot']"),
+        (deployment(batch_size=8), "deployment 'a': unknown setting(s) ['batch_size']"),
+        (deployment(batcher={"max_batch": 8}), "deployment 'a' [batcher]: unknown setting(s) ['max_batch']"),
+        (deployment(cpu={"threads": 2}), "deployment 'a' [cpu]: unknown setting(s) ['threads']"),
+    ],
+)
 def test_unknown_key_is_named(doc: dict, message: str) -> None:
     with pytest.raises(ConfigError) as caught:
         parse_config(doc)
@@ -158,16 +166,19 @@ def test_unknown_key_is_named(doc: dict, message: str) -> None:
     assert "known:" in str(caught.value)
 
 
-@pytest.mark.parametrize("doc, message", [
-    ({**deployment(), "server": {"port": "8000"}}, "[server]: port must be an integer, got '8000'"),
-    ({**deployment(), "server": {"threads": 8.0}}, "[server]: threads must be an integer, got 8.0"),
-    ({**deployment(), "server": {"port": True}}, "[server]: port must be an integer, got True"),
-    (deployment(batcher={"max_batch_size": "8"}), "deployment 'a' [batcher]: max_batch_size must be an integer"),
-    (deployment(batcher={"max_queue_delay_ms": "1"}), "max_queue_delay_ms must be a number, got '1'"),
-    (deployment(batcher={"timeout_ms": False}), "timeout_ms must be a number, got False"),
-    (deployment(cpu={"allow_spinning": 1}), "deployment 'a' [cpu]: allow_spinning must be true or false, got 1"),
-    (deployment(cpu={"intra_op_threads": 1.5}), "intra_op_threads must be an integer, got 1.5"),
-])
+@pytest.mark.parametrize(
+    "doc, message",
+    [
+        ({**deployment(), "server": {"port": "8000"}}, "[server]: port must be an integer, got '8000'"),
+        ({**deployment(), "server": {"threads": 8.0}}, "[server]: threads must be an integer, got 8.0"),
+        ({**deployment(), "server": {"port": True}}, "[server]: port must be an integer, got True"),
+        (deployment(batcher={"max_batch_size": "8"}), "deployment 'a' [batcher]: max_batch_size must be an integer"),
+        (deployment(batcher={"max_queue_delay_ms": "1"}), "max_queue_delay_ms must be a number, got '1'"),
+        (deployment(batcher={"timeout_ms": False}), "timeout_ms must be a number, got False"),
+        (deployment(cpu={"allow_spinning": 1}), "deployment 'a' [cpu]: allow_spinning must be true or false, got 1"),
+        (deployment(cpu={"intra_op_threads": 1.5}), "intra_op_threads must be an integer, got 1.5"),
+    ],
+)
 def test_wrong_type_is_named(doc: dict, message: str) -> None:
     with pytest.raises(ConfigError) as caught:
         parse_config(doc)
@@ -175,8 +186,9 @@ def test_wrong_type_is_named(doc: dict, message: str) -> None:
 
 
 def test_wrong_type_in_a_toml_file(tmp_path: Path) -> None:
-    path = write(tmp_path, '[[deployments]]\nname = "a"\nmodel_path = "m.onnx"\n'
-                           '[deployments.batcher]\nmax_batch_size = "8"\n')
+    path = write(
+        tmp_path, '[[deployments]]\nname = "a"\nmodel_path = "m.onnx"\n[deployments.batcher]\nmax_batch_size = "8"\n'
+    )
     with pytest.raises(ConfigError, match="max_batch_size must be an integer, got '8'"):
         load_config(path)
 
@@ -186,12 +198,15 @@ def test_float_setting_accepts_an_integer() -> None:
     assert config.deployments[0].batcher.max_queue_delay_ms == 5
 
 
-@pytest.mark.parametrize("doc", [
-    {"server": "fast", **deployment()},
-    {"deployments": ["a"]},
-    deployment(batcher=8),
-    deployment(cpu=True),
-])
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"server": "fast", **deployment()},
+        {"deployments": ["a"]},
+        deployment(batcher=8),
+        deployment(cpu=True),
+    ],
+)
 def test_a_table_of_the_wrong_type_is_a_config_error(doc: dict) -> None:
     """Valid TOML whose tables are scalars must give a readable ConfigError, not a TypeError traceback."""
     with pytest.raises(ConfigError):
@@ -199,8 +214,13 @@ def test_a_table_of_the_wrong_type_is_a_config_error(doc: dict) -> None:
 
 
 def test_duplicate_names_are_refused() -> None:
-    doc = {"deployments": [{"name": "a", "model_path": "/m.onnx"}, {"name": "b", "model_path": "/m.onnx"},
-                           {"name": "a", "model_path": "/n.onnx"}]}
+    doc = {
+        "deployments": [
+            {"name": "a", "model_path": "/m.onnx"},
+            {"name": "b", "model_path": "/m.onnx"},
+            {"name": "a", "model_path": "/n.onnx"},
+        ]
+    }
     with pytest.raises(ConfigError) as caught:
         parse_config(doc)
     assert "deployment names must be unique, got ['a', 'b', 'a']" in str(caught.value)
@@ -225,13 +245,16 @@ def test_missing_model_path_is_refused() -> None:
         parse_config({"deployments": [{"name": "a"}]})
 
 
-@pytest.mark.parametrize("batcher, message", [
-    ({"max_batch_size": 0}, "max_batch_size, max_queue_size and instances must be >= 1"),
-    ({"max_queue_size": 0}, "max_batch_size, max_queue_size and instances must be >= 1"),
-    ({"instances": 0}, "max_batch_size, max_queue_size and instances must be >= 1"),
-    ({"max_queue_delay_ms": -1}, "max_queue_delay_ms must be >= 0 and timeout_ms > 0"),
-    ({"timeout_ms": 0}, "max_queue_delay_ms must be >= 0 and timeout_ms > 0"),
-])
+@pytest.mark.parametrize(
+    "batcher, message",
+    [
+        ({"max_batch_size": 0}, "max_batch_size, max_queue_size and instances must be >= 1"),
+        ({"max_queue_size": 0}, "max_batch_size, max_queue_size and instances must be >= 1"),
+        ({"instances": 0}, "max_batch_size, max_queue_size and instances must be >= 1"),
+        ({"max_queue_delay_ms": -1}, "max_queue_delay_ms must be >= 0 and timeout_ms > 0"),
+        ({"timeout_ms": 0}, "max_queue_delay_ms must be >= 0 and timeout_ms > 0"),
+    ],
+)
 def test_out_of_range_batcher_settings_are_refused(batcher: dict, message: str) -> None:
     with pytest.raises(ConfigError) as caught:
         parse_config(deployment(batcher=batcher))
@@ -247,8 +270,11 @@ def test_parse_config_does_not_mutate_its_input() -> None:
 
 
 def test_preferred_batch_sizes_are_read_and_checked():
-    doc = {"deployments": [{"name": "a", "model_path": "/m.onnx",
-                            "batcher": {"max_batch_size": 8, "preferred_batch_sizes": [4, 8]}}]}
+    doc = {
+        "deployments": [
+            {"name": "a", "model_path": "/m.onnx", "batcher": {"max_batch_size": 8, "preferred_batch_sizes": [4, 8]}}
+        ]
+    }
     assert parse_config(doc).deployments[0].batcher.preferred_batch_sizes == (4, 8)
     for bad in ([16], [0], "4", [2.5]):
         doc["deployments"][0]["batcher"]["preferred_batch_sizes"] = bad

@@ -8,9 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from latlab.server.config import (BatcherSettings, CpuOptions, CudaOptions, DeploymentConfig, PaddingSettings,
-                                  ServerConfig, TensorrtOptions, TokenizerSettings, dumps_config, load_config,
-                                  save_config)
+from latlab.server.config import (
+    BatcherSettings,
+    CpuOptions,
+    CudaOptions,
+    DeploymentConfig,
+    PaddingSettings,
+    ServerConfig,
+    TensorrtOptions,
+    TokenizerSettings,
+    dumps_config,
+    load_config,
+    save_config,
+)
 from latlab.server.errors import ConfigError
 
 ODD = 'a "quoted" dir\\with a backslash'
@@ -30,28 +40,73 @@ def odd_folder(tmp_path: Path) -> Path:
 def every_section(folder: Path) -> dict:
     """A config using every table a deployment may hold, with paths, tuples, booleans and strings."""
     return {
-        "server": {"host": "0.0.0.0", "port": 9000, "metrics_port": 9100, "threads": 600, "admission": False,
-                   "max_body_bytes": 1 << 20, "on_load_failure": "skip", "model_dir": folder.parent,
-                   "auth_token": "a-token-of-twenty-chars"},
+        "server": {
+            "host": "0.0.0.0",
+            "port": 9000,
+            "metrics_port": 9100,
+            "threads": 600,
+            "admission": False,
+            "max_body_bytes": 1 << 20,
+            "on_load_failure": "skip",
+            "model_dir": folder.parent,
+            "auth_token": "a-token-of-twenty-chars",
+        },
         "deployments": [
-            {"name": "text", "model": "minilm", "model_path": folder / "model.onnx", "warmup": False,
-             "allow_non_finite": True,
-             "batcher": {"max_batch_size": 8, "max_queue_delay_ms": 2.5, "max_queue_size": 64, "instances": 2,
-                         "timeout_ms": 500, "preferred_batch_sizes": (4, 8), "adaptive": True, "priority_levels": 2,
-                         "default_priority_level": 2, "batch_buckets": [2, 8], "bucket_sessions": "shared"},
-             "cpu": {"intra_op_threads": 1, "inter_op_threads": 2, "allow_spinning": False,
-                     "graph_optimization_level": "extended", "execution_mode": "parallel"},
-             "padding": {"axis": 1, "values": {"input_ids": 0, "attention_mask": 0}, "bucket": 16},
-             "tokenizer": {"file": folder / "tokenizer" / "tokenizer.json", "max_length": 128}},
-            {"name": "gpu", "model_path": folder / "model.onnx", "provider": "cuda",
-             "batcher": {"max_batch_size": 4},
-             "cuda": {"device_id": 1, "cudnn_conv_algo_search": "heuristic", "enable_cuda_graph": True,
-                      "gpu_mem_limit": 1 << 30, "arena_extend_strategy": "same_as_requested",
-                      "copy_in_default_stream": False, "cuda_graph_fallback": True, "use_tf32": False,
-                      "fuse_conv_bias": True}},
-            {"name": "trt", "model_path": folder / "model.onnx", "provider": "tensorrt", "tokenizer": None,
-             "tensorrt": {"fp16": True, "engine_cache_dir": str(folder / "engines"), "max_workspace_bytes": 1 << 28}},
-        ]}
+            {
+                "name": "text",
+                "model": "minilm",
+                "model_path": folder / "model.onnx",
+                "warmup": False,
+                "allow_non_finite": True,
+                "batcher": {
+                    "max_batch_size": 8,
+                    "max_queue_delay_ms": 2.5,
+                    "max_queue_size": 64,
+                    "instances": 2,
+                    "timeout_ms": 500,
+                    "preferred_batch_sizes": (4, 8),
+                    "adaptive": True,
+                    "priority_levels": 2,
+                    "default_priority_level": 2,
+                    "batch_buckets": [2, 8],
+                    "bucket_sessions": "shared",
+                },
+                "cpu": {
+                    "intra_op_threads": 1,
+                    "inter_op_threads": 2,
+                    "allow_spinning": False,
+                    "graph_optimization_level": "extended",
+                    "execution_mode": "parallel",
+                },
+                "padding": {"axis": 1, "values": {"input_ids": 0, "attention_mask": 0}, "bucket": 16},
+                "tokenizer": {"file": folder / "tokenizer" / "tokenizer.json", "max_length": 128},
+            },
+            {
+                "name": "gpu",
+                "model_path": folder / "model.onnx",
+                "provider": "cuda",
+                "batcher": {"max_batch_size": 4},
+                "cuda": {
+                    "device_id": 1,
+                    "cudnn_conv_algo_search": "heuristic",
+                    "enable_cuda_graph": True,
+                    "gpu_mem_limit": 1 << 30,
+                    "arena_extend_strategy": "same_as_requested",
+                    "copy_in_default_stream": False,
+                    "cuda_graph_fallback": True,
+                    "use_tf32": False,
+                    "fuse_conv_bias": True,
+                },
+            },
+            {
+                "name": "trt",
+                "model_path": folder / "model.onnx",
+                "provider": "tensorrt",
+                "tokenizer": None,
+                "tensorrt": {"fp16": True, "engine_cache_dir": str(folder / "engines"), "max_workspace_bytes": 1 << 28},
+            },
+        ],
+    }
 
 
 def test_every_section_comes_back_as_the_same_typed_config(tmp_path: Path) -> None:
@@ -59,30 +114,75 @@ def test_every_section_comes_back_as_the_same_typed_config(tmp_path: Path) -> No
     config = load_config(save_config(every_section(folder), tmp_path / "server.toml"), environ={})
     model = folder / "model.onnx"
     assert config == ServerConfig(
-        host="0.0.0.0", port=9000, metrics_port=9100, threads=600, admission=False, max_body_bytes=1 << 20,
-        on_load_failure="skip", model_dir=folder.parent, auth_token="a-token-of-twenty-chars", deployments=(
+        host="0.0.0.0",
+        port=9000,
+        metrics_port=9100,
+        threads=600,
+        admission=False,
+        max_body_bytes=1 << 20,
+        on_load_failure="skip",
+        model_dir=folder.parent,
+        auth_token="a-token-of-twenty-chars",
+        deployments=(
             DeploymentConfig(
-                name="text", model="minilm", model_path=model, warmup=False, allow_non_finite=True,
-                batcher=BatcherSettings(max_batch_size=8, max_queue_delay_ms=2.5, max_queue_size=64, instances=2,
-                                        timeout_ms=500, preferred_batch_sizes=(4, 8), adaptive=True,
-                                        priority_levels=2, default_priority_level=2, batch_buckets=(2, 8),
-                                        bucket_sessions="shared"),
-                cpu=CpuOptions(intra_op_threads=1, inter_op_threads=2, allow_spinning=False,
-                               graph_optimization_level="extended", execution_mode="parallel"),
+                name="text",
+                model="minilm",
+                model_path=model,
+                warmup=False,
+                allow_non_finite=True,
+                batcher=BatcherSettings(
+                    max_batch_size=8,
+                    max_queue_delay_ms=2.5,
+                    max_queue_size=64,
+                    instances=2,
+                    timeout_ms=500,
+                    preferred_batch_sizes=(4, 8),
+                    adaptive=True,
+                    priority_levels=2,
+                    default_priority_level=2,
+                    batch_buckets=(2, 8),
+                    bucket_sessions="shared",
+                ),
+                cpu=CpuOptions(
+                    intra_op_threads=1,
+                    inter_op_threads=2,
+                    allow_spinning=False,
+                    graph_optimization_level="extended",
+                    execution_mode="parallel",
+                ),
                 padding=PaddingSettings(axis=1, values={"input_ids": 0, "attention_mask": 0}, bucket=16),
-                tokenizer=TokenizerSettings(file=folder / "tokenizer" / "tokenizer.json", max_length=128)),
+                tokenizer=TokenizerSettings(file=folder / "tokenizer" / "tokenizer.json", max_length=128),
+            ),
             DeploymentConfig(
-                name="gpu", model="minilm", model_path=model, provider="cuda",
+                name="gpu",
+                model="minilm",
+                model_path=model,
+                provider="cuda",
                 batcher=BatcherSettings(max_batch_size=4, batch_buckets=(1, 2, 4)),  # cuda's default buckets
-                cuda=CudaOptions(device_id=1, cudnn_conv_algo_search="heuristic", enable_cuda_graph=True,
-                                 gpu_mem_limit=1 << 30, arena_extend_strategy="same_as_requested",
-                                 copy_in_default_stream=False, cuda_graph_fallback=True, use_tf32=False,
-                                 fuse_conv_bias=True)),
+                cuda=CudaOptions(
+                    device_id=1,
+                    cudnn_conv_algo_search="heuristic",
+                    enable_cuda_graph=True,
+                    gpu_mem_limit=1 << 30,
+                    arena_extend_strategy="same_as_requested",
+                    copy_in_default_stream=False,
+                    cuda_graph_fallback=True,
+                    use_tf32=False,
+                    fuse_conv_bias=True,
+                ),
+            ),
             DeploymentConfig(
-                name="trt", model="minilm", model_path=model, provider="tensorrt",
+                name="trt",
+                model="minilm",
+                model_path=model,
+                provider="tensorrt",
                 batcher=BatcherSettings(batch_buckets=(1,)),
-                tensorrt=TensorrtOptions(fp16=True, engine_cache_dir=str(folder / "engines"),
-                                         max_workspace_bytes=1 << 28))))
+                tensorrt=TensorrtOptions(
+                    fp16=True, engine_cache_dir=str(folder / "engines"), max_workspace_bytes=1 << 28
+                ),
+            ),
+        ),
+    )
 
 
 def test_the_text_holds_the_document_as_given(tmp_path: Path) -> None:
@@ -99,8 +199,15 @@ def test_the_text_holds_the_document_as_given(tmp_path: Path) -> None:
 
 def test_a_path_with_quotes_a_backslash_and_spaces_survives(tmp_path: Path) -> None:
     folder = odd_folder(tmp_path)
-    doc = {"deployments": [{"name": "m", "model_path": folder / "model.onnx",
-                            "tokenizer": {"file": folder / "tokenizer" / "tokenizer.json", "max_length": 16}}]}
+    doc = {
+        "deployments": [
+            {
+                "name": "m",
+                "model_path": folder / "model.onnx",
+                "tokenizer": {"file": folder / "tokenizer" / "tokenizer.json", "max_length": 16},
+            }
+        ]
+    }
     (deployment,) = load_config(save_config(doc, tmp_path / "s.toml"), environ={}).deployments
     assert deployment.model_path == folder / "model.onnx" and ODD in str(deployment.model_path)
     assert deployment.tokenizer.file == folder / "tokenizer" / "tokenizer.json"
@@ -113,10 +220,19 @@ def test_a_relative_model_path_is_read_against_the_configs_folder(tmp_path: Path
     assert deployment.model_path == folder / "model.onnx"
 
 
-BOOLEANS = [(table, f.name, not getattr(cls, f.name))
-            for table, cls in (("server", ServerConfig), ("deployment", DeploymentConfig), ("batcher", BatcherSettings),
-                               ("cpu", CpuOptions), ("cuda", CudaOptions), ("tensorrt", TensorrtOptions))
-            for f in fields(cls) if isinstance(getattr(cls, f.name, None), bool)]
+BOOLEANS = [
+    (table, f.name, not getattr(cls, f.name))
+    for table, cls in (
+        ("server", ServerConfig),
+        ("deployment", DeploymentConfig),
+        ("batcher", BatcherSettings),
+        ("cpu", CpuOptions),
+        ("cuda", CudaOptions),
+        ("tensorrt", TensorrtOptions),
+    )
+    for f in fields(cls)
+    if isinstance(getattr(cls, f.name, None), bool)
+]
 
 
 @pytest.mark.parametrize("table, key, value", BOOLEANS)
@@ -136,17 +252,24 @@ def test_every_boolean_is_a_toml_boolean(tmp_path: Path, table: str, key: str, v
     assert getattr(owner, key) is value
 
 
-@pytest.mark.parametrize("doc, message", [
-    ({"deployments": [{"name": "m", "model_path": "m.onnx", "cpu": {"allow_spinning": "false"}}]},
-     r"deployment 'm' \[cpu\]: allow_spinning must be true or false, got 'false'"),
-    ({"server": {"admission": 0}, "deployments": []}, r"\[server\]: admission must be true or false"),
-    ({"deployments": [{"name": "m", "model_path": "m.onnx", "batcher": {"max_batch": 8}}]},
-     r"deployment 'm' \[batcher\]: unknown setting\(s\) \['max_batch'\]"),
-    ({"deployments": [{"name": "m", "model_path": "m.onnx", "gpu": True}]}, r"unknown setting\(s\) \['gpu'\]"),
-    ({"deployments": [{"name": "m", "model_path": "m.onnx", "cuda": "on"}]}, "cuda must be a table"),
-    ({"server": {"port": "8000"}, "deployments": []}, r"\[server\]: port must be an integer"),
-    ({"servers": {}, "deployments": []}, r"\[server\] and \[\[deployments\]\] only, got \['servers'\]"),
-])
+@pytest.mark.parametrize(
+    "doc, message",
+    [
+        (
+            {"deployments": [{"name": "m", "model_path": "m.onnx", "cpu": {"allow_spinning": "false"}}]},
+            r"deployment 'm' \[cpu\]: allow_spinning must be true or false, got 'false'",
+        ),
+        ({"server": {"admission": 0}, "deployments": []}, r"\[server\]: admission must be true or false"),
+        (
+            {"deployments": [{"name": "m", "model_path": "m.onnx", "batcher": {"max_batch": 8}}]},
+            r"deployment 'm' \[batcher\]: unknown setting\(s\) \['max_batch'\]",
+        ),
+        ({"deployments": [{"name": "m", "model_path": "m.onnx", "gpu": True}]}, r"unknown setting\(s\) \['gpu'\]"),
+        ({"deployments": [{"name": "m", "model_path": "m.onnx", "cuda": "on"}]}, "cuda must be a table"),
+        ({"server": {"port": "8000"}, "deployments": []}, r"\[server\]: port must be an integer"),
+        ({"servers": {}, "deployments": []}, r"\[server\] and \[\[deployments\]\] only, got \['servers'\]"),
+    ],
+)
 def test_settings_the_loader_would_refuse_are_refused_before_writing(tmp_path: Path, doc: dict, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         save_config(doc, tmp_path / "s.toml")

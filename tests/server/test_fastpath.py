@@ -42,16 +42,22 @@ def build_app() -> Iterator[Callable[..., Flask]]:
 
 def body(n: int = 1, **extra: object) -> bytes:
     x = np.arange(4 * n, dtype=np.float32).reshape(n, 4)
-    return orjson.dumps({"inputs": [{"name": "x", "shape": [n, 4], "datatype": "FP32", "data": x.ravel().tolist()}],
-                         **extra})
+    return orjson.dumps(
+        {"inputs": [{"name": "x", "shape": [n, 4], "datatype": "FP32", "data": x.ravel().tolist()}], **extra}
+    )
 
 
 def binary_body() -> tuple[bytes, dict]:
-    header = orjson.dumps({"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32",
-                                       "parameters": {"binary_data_size": 32}}],
-                           "parameters": {"binary_data_output": True}})
-    return header + np.arange(8, dtype=np.float32).tobytes(), {HEADER_LENGTH: str(len(header)),
-                                                                 "Content-Type": "application/octet-stream"}
+    header = orjson.dumps(
+        {
+            "inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32", "parameters": {"binary_data_size": 32}}],
+            "parameters": {"binary_data_output": True},
+        }
+    )
+    return header + np.arange(8, dtype=np.float32).tobytes(), {
+        HEADER_LENGTH: str(len(header)),
+        "Content-Type": "application/octet-stream",
+    }
 
 
 class WatchedBody(io.BytesIO):
@@ -72,8 +78,9 @@ class WatchedBody(io.BytesIO):
         return super().readinto(buffer)
 
 
-def test_infer_requests_skip_flask_and_everything_else_goes_through_it(build_app, tiny_model: Path,
-                                                                       make_config) -> None:
+def test_infer_requests_skip_flask_and_everything_else_goes_through_it(
+    build_app, tiny_model: Path, make_config
+) -> None:
     app = build_app(make_config(tiny_model))
     through_flask: list[str] = []
 
@@ -93,34 +100,52 @@ def test_infer_requests_skip_flask_and_everything_else_goes_through_it(build_app
 
 def test_both_entries_answer_alike(build_app, tiny_model: Path) -> None:
     """The WSGI layer and the Flask rule behind it give the same status, headers and body for every case."""
-    config = parse_config({"server": {"max_body_bytes": 2048, "auth_token": TOKEN},
-                           "deployments": [{"name": "tiny", "model_path": str(tiny_model),
-                                            "batcher": {"max_batch_size": 4}}]})
+    config = parse_config(
+        {
+            "server": {"max_body_bytes": 2048, "auth_token": TOKEN},
+            "deployments": [{"name": "tiny", "model_path": str(tiny_model), "batcher": {"max_batch_size": 4}}],
+        }
+    )
     app = build_app(config)
     fast, flask_only = Client(app.wsgi_app), Client(app.wsgi_app.app)
     auth = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
     binary, binary_headers = binary_body()
-    cases = [(INFER, body(1, id="7"), auth), ("/v2/models/tiny/versions/2/infer", body(), auth),
-             ("/v2/models/t%C3%A9/infer", body(), auth), (INFER, body(), {"Authorization": "Bearer nope"}),
-             (INFER, b"{nope", auth), (INFER, body(100), auth), (INFER, body(), {**auth, "Content-Type": "text/x"}),
-             (INFER, binary, {**auth, **binary_headers}), (INFER, binary, {**auth, HEADER_LENGTH: "x"}),
-             (INFER, body(parameters={"timeout": -1}), auth)]
+    cases = [
+        (INFER, body(1, id="7"), auth),
+        ("/v2/models/tiny/versions/2/infer", body(), auth),
+        ("/v2/models/t%C3%A9/infer", body(), auth),
+        (INFER, body(), {"Authorization": "Bearer nope"}),
+        (INFER, b"{nope", auth),
+        (INFER, body(100), auth),
+        (INFER, body(), {**auth, "Content-Type": "text/x"}),
+        (INFER, binary, {**auth, **binary_headers}),
+        (INFER, binary, {**auth, HEADER_LENGTH: "x"}),
+        (INFER, body(parameters={"timeout": -1}), auth),
+    ]
     statuses = []
     for path, data, headers in cases:
         one, other = fast.post(path, data=data, headers=headers), flask_only.post(path, data=data, headers=headers)
-        assert (one.status, sorted(one.headers.items()), one.data) == \
-               (other.status, sorted(other.headers.items()), other.data), path
+        assert (one.status, sorted(one.headers.items()), one.data) == (
+            other.status,
+            sorted(other.headers.items()),
+            other.data,
+        ), path
         statuses.append(one.status_code)
     assert statuses == [200, 404, 404, 401, 400, 413, 415, 200, 400, 400]
 
 
 @pytest.mark.parametrize("rows, status", [(1, 200), (100, 413)])
 def test_chunked_bodies_keep_the_limit(build_app, tiny_model: Path, rows: int, status: int) -> None:
-    config = parse_config({"server": {"max_body_bytes": 2048},
-                           "deployments": [{"name": "tiny", "model_path": str(tiny_model)}]})
+    config = parse_config(
+        {"server": {"max_body_bytes": 2048}, "deployments": [{"name": "tiny", "model_path": str(tiny_model)}]}
+    )
     client = build_app(config).test_client()
-    response = client.post(INFER, input_stream=io.BytesIO(body(rows)), headers={"Content-Type": "application/json"},
-                           environ_base={"wsgi.input_terminated": True, "HTTP_TRANSFER_ENCODING": "chunked"})
+    response = client.post(
+        INFER,
+        input_stream=io.BytesIO(body(rows)),
+        headers={"Content-Type": "application/json"},
+        environ_base={"wsgi.input_terminated": True, "HTTP_TRANSFER_ENCODING": "chunked"},
+    )
     assert response.status_code == status, response.data
 
 
@@ -131,24 +156,31 @@ class Trickle(io.BytesIO):
         return super().read(7 if size is None or size < 0 else min(size, 7))
 
 
-def test_a_body_read_in_pieces_is_put_together_and_a_short_one_refused(build_app, tiny_model: Path,
-                                                                        make_config) -> None:
+def test_a_body_read_in_pieces_is_put_together_and_a_short_one_refused(
+    build_app, tiny_model: Path, make_config
+) -> None:
     """With a Content-Length the body is read as exactly that many bytes, however the server hands them over;
     a client that sends fewer is told so, and the next request is served."""
     app = build_app(make_config(tiny_model))
     whole = body()
 
     def post(stream: io.BytesIO) -> tuple[str, dict]:
-        environ = {"REQUEST_METHOD": "POST", "PATH_INFO": INFER, "CONTENT_LENGTH": str(len(whole)),
-                   "wsgi.input": stream}
+        environ = {
+            "REQUEST_METHOD": "POST",
+            "PATH_INFO": INFER,
+            "CONTENT_LENGTH": str(len(whole)),
+            "wsgi.input": stream,
+        }
         statuses: list[str] = []
         answer = b"".join(app.wsgi_app(environ, lambda status, headers: statuses.append(status)))
         return statuses[0], orjson.loads(answer)
 
     status, answer = post(Trickle(whole))
     assert status == "200 OK" and answer["outputs"][0]["shape"] == [1, 3]
-    assert post(Trickle(whole[:-5])) == ("400 BAD REQUEST",
-                                         {"error": "the client closed the connection before the body ended"})
+    assert post(Trickle(whole[:-5])) == (
+        "400 BAD REQUEST",
+        {"error": "the client closed the connection before the body ended"},
+    )
     assert post(io.BytesIO(whole))[0] == "200 OK"
 
 
@@ -180,8 +212,9 @@ def test_full_queue_is_refused_before_the_body_is_read(build_app, tiny_model: Pa
     assert registry.get_sample_value("latlab_server_inflight_requests", LABELS) == 0
 
 
-def test_a_full_deployment_is_refused_at_the_door_before_the_body_is_read(build_app, tiny_model: Path,
-                                                                          make_config) -> None:
+def test_a_full_deployment_is_refused_at_the_door_before_the_body_is_read(
+    build_app, tiny_model: Path, make_config
+) -> None:
     """Admission counts requests from the door to their answer: max_queue_size + instances x max_batch_size."""
     registry = CollectorRegistry()
     app = build_app(make_config(tiny_model, max_queue_size=2), registry)
@@ -192,8 +225,9 @@ def test_a_full_deployment_is_refused_at_the_door_before_the_body_is_read(build_
     stream = WatchedBody(body())
     response = app.test_client().post(INFER, input_stream=stream, headers={"Content-Type": "application/json"})
     assert response.status_code == 503 and response.headers["Retry-After"] == "1"
-    assert orjson.loads(response.data) == {"error": "deployment is full (3 requests admitted: max_queue_size 2 "
-                                                    "waiting + 1 x max_batch_size 1 in flight)"}
+    assert orjson.loads(response.data) == {
+        "error": "deployment is full (3 requests admitted: max_queue_size 2 waiting + 1 x max_batch_size 1 in flight)"
+    }
     assert stream.reads == 0
     assert registry.get_sample_value("latlab_batcher_rejections_total", {**LABELS, "reason": "queue_full"}) == 1
     admission.leave()
@@ -202,8 +236,9 @@ def test_a_full_deployment_is_refused_at_the_door_before_the_body_is_read(build_
 
 
 def test_admission_off_admits_past_the_bound(build_app, tiny_model: Path) -> None:
-    config = parse_config({"server": {"admission": False},
-                           "deployments": [{"name": "tiny", "model_path": str(tiny_model)}]})
+    config = parse_config(
+        {"server": {"admission": False}, "deployments": [{"name": "tiny", "model_path": str(tiny_model)}]}
+    )
     app = build_app(config)
     admission = app.extensions["latlab"].deployments["tiny"].admission
     for _ in range(1000):
@@ -214,16 +249,29 @@ def test_admission_off_admits_past_the_bound(build_app, tiny_model: Path) -> Non
 def test_a_refusal_costs_less_than_reading_the_body(build_app, tiny_model: Path) -> None:
     """Side by side in one run: a refused 2 MB request against the same request read and found bad."""
     registry = CollectorRegistry()
-    config = parse_config({"server": {"max_body_bytes": 4 * 2**20},
-                           "deployments": [{"name": "tiny", "model_path": str(tiny_model),
-                                            "batcher": {"max_batch_size": 4, "max_queue_delay_ms": 5000.0,
-                                                        "max_queue_size": 1}}]})
+    config = parse_config(
+        {
+            "server": {"max_body_bytes": 4 * 2**20},
+            "deployments": [
+                {
+                    "name": "tiny",
+                    "model_path": str(tiny_model),
+                    "batcher": {"max_batch_size": 4, "max_queue_delay_ms": 5000.0, "max_queue_size": 1},
+                }
+            ],
+        }
+    )
     app = build_app(config, registry)
     route = app.wsgi_app
-    big = orjson.dumps({"inputs": [{"name": "nope", "shape": [1, 4], "datatype": "FP32", "data": [0.0] * 4}],
-                        "pad": "x" * 2 * 2**20})
-    environ = {"REQUEST_METHOD": "POST", "PATH_INFO": INFER, "CONTENT_TYPE": "application/json",
-               "CONTENT_LENGTH": str(len(big))}
+    big = orjson.dumps(
+        {"inputs": [{"name": "nope", "shape": [1, 4], "datatype": "FP32", "data": [0.0] * 4}], "pad": "x" * 2 * 2**20}
+    )
+    environ = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": INFER,
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": str(len(big)),
+    }
 
     def seconds(n: int = 30) -> list[float]:
         times = []
@@ -240,15 +288,22 @@ def test_a_refusal_costs_less_than_reading_the_body(build_app, tiny_model: Path)
     first.join(5.0)
     # The 90th percentile, not the slowest: one stall of this VM (1.26 ms once in a full run, against ~40 us
     # typical) says nothing about the refusal path, and three of thirty may stall without failing the test.
-    print(f"server-side: refused at once p90 {refused_at_once[26] * 1e6:.0f} us (slowest "
-          f"{refused_at_once[-1] * 1e6:.0f}), read and refused p50 {read_and_refused[15] * 1e6:.0f} us")
+    print(
+        f"server-side: refused at once p90 {refused_at_once[26] * 1e6:.0f} us (slowest "
+        f"{refused_at_once[-1] * 1e6:.0f}), read and refused p50 {read_and_refused[15] * 1e6:.0f} us"
+    )
     assert refused_at_once[26] < 0.2 * read_and_refused[15]
 
 
 def test_over_http_a_refused_body_does_not_break_the_connection(tmp_path: Path, tiny_model: Path) -> None:
     """Granian must skip the body the fast refusal never read; the next request on the connection is answered."""
-    deployments = [{"name": "tiny", "model_path": str(tiny_model),
-                    "batcher": {"max_batch_size": 4, "max_queue_delay_ms": 1500.0, "max_queue_size": 1}}]
+    deployments = [
+        {
+            "name": "tiny",
+            "model_path": str(tiny_model),
+            "batcher": {"max_batch_size": 4, "max_queue_delay_ms": 1500.0, "max_queue_size": 1},
+        }
+    ]
     with running_server(tmp_path, deployments) as server:
         holder = threading.Thread(target=lambda: requests.post(server.url + INFER, data=body(), timeout=10))
         holder.start()
@@ -257,13 +312,12 @@ def test_over_http_a_refused_body_does_not_break_the_connection(tmp_path: Path, 
             time.sleep(0.01)
         session = requests.Session()
         padded = body(1, pad="x" * 300_000)
-        refused = session.post(server.url + INFER, data=padded, headers={"Content-Type": "application/json"},
-                               timeout=10)
+        refused = session.post(
+            server.url + INFER, data=padded, headers={"Content-Type": "application/json"}, timeout=10
+        )
         holder.join(10)
-        after = session.post(server.url + INFER, data=body(), headers={"Content-Type": "application/json"},
-                             timeout=10)
+        after = session.post(server.url + INFER, data=body(), headers={"Content-Type": "application/json"}, timeout=10)
         assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
         assert after.status_code == 200, after.text
         assert server.metric("latlab_server_requests_total", **LABELS, outcome="rejected") == 1
         assert server.alive()
-

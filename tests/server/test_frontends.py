@@ -67,8 +67,12 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     folder = tmp_path_factory.mktemp("frontends")
     deployments = [
         {"name": "tiny", "model_path": str(build_tiny_model(folder / "tiny.onnx")), "batcher": {"max_batch_size": 8}},
-        {"name": "text", "model_path": str(token_model(folder / "toy" / "model.onnx")),
-         "batcher": {"max_batch_size": 8}, "tokenizer": {"file": str(TOKENIZER), "max_length": 16}},
+        {
+            "name": "text",
+            "model_path": str(token_model(folder / "toy" / "model.onnx")),
+            "batcher": {"max_batch_size": 8},
+            "tokenizer": {"file": str(TOKENIZER), "max_length": 16},
+        },
     ]
     with running_server(folder, deployments, frontends=FRONTENDS) as server:
         yield server
@@ -100,8 +104,9 @@ def test_json_and_binary_infer_with_the_stock_triton_client(shared):
 
 
 def test_text_is_tokenized_in_the_front_end(shared):
-    body = orjson.dumps({"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES",
-                                     "data": ["a short sentence", "word " * 40]}]})
+    body = orjson.dumps(
+        {"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": ["a short sentence", "word " * 40]}]}
+    )
     response = shared.infer(body, model="text")
     assert response.status_code == 200, response.text
     doc = response.json()
@@ -126,9 +131,19 @@ def test_metrics_count_every_front_end_and_the_engine(shared):
     before = sample(observer_metrics(shared), "latlab_server_requests_total", deployment="tiny", outcome="ok")
     n = 40
     with ThreadPoolExecutor(8) as pool:  # new connections each: both front ends take some
-        codes = list(pool.map(lambda _: requests.post(
-            f"{shared.url}/v2/models/tiny/infer", data=tiny_body(np.ones((1, 4), np.float32)),
-            headers={"Content-Type": "application/json", "Connection": "close"}, timeout=30).status_code, range(n)))
+        codes = list(
+            pool.map(
+                lambda _: (
+                    requests.post(
+                        f"{shared.url}/v2/models/tiny/infer",
+                        data=tiny_body(np.ones((1, 4), np.float32)),
+                        headers={"Content-Type": "application/json", "Connection": "close"},
+                        timeout=30,
+                    ).status_code
+                ),
+                range(n),
+            )
+        )
     assert codes == [200] * n
     text = observer_metrics(shared)
     assert sample(text, "latlab_server_requests_total", deployment="tiny", outcome="ok") == before + n
@@ -143,15 +158,20 @@ def slow_server(folder: Path, rows: int = 4096, **batcher: object):
     """The slow model behind a batcher that runs one request at a time, served by two front ends."""
     model = build_slow_model(folder / "slow.onnx", layers=48, rows=rows)
     settings = {"max_batch_size": 1, "max_queue_delay_ms": 0, "timeout_ms": 120000, **batcher}
-    return running_server(folder, [{"name": "slow", "model_path": str(model), "batcher": settings}],
-                          frontends=FRONTENDS)
+    return running_server(
+        folder, [{"name": "slow", "model_path": str(model), "batcher": settings}], frontends=FRONTENDS
+    )
 
 
 def send(server: Server, x: np.ndarray, results: list, index: int) -> None:
     started = time.monotonic()
     try:
-        response = requests.post(f"{server.url}/v2/models/slow/infer", data=tiny_body(x),
-                                 headers={"Content-Type": "application/json", "Connection": "close"}, timeout=120)
+        response = requests.post(
+            f"{server.url}/v2/models/slow/infer",
+            data=tiny_body(x),
+            headers={"Content-Type": "application/json", "Connection": "close"},
+            timeout=120,
+        )
         results[index] = (response.status_code, response, started, time.monotonic())
     except requests.RequestException as exc:
         results[index] = (None, exc, started, time.monotonic())
@@ -159,8 +179,9 @@ def send(server: Server, x: np.ndarray, results: list, index: int) -> None:
 
 def concurrently(server: Server, n: int) -> tuple[list, list[threading.Thread]]:
     results: list = [None] * n
-    threads = [threading.Thread(target=send, args=(server, np.full((1, 4), i, np.float32), results, i))
-               for i in range(n)]
+    threads = [
+        threading.Thread(target=send, args=(server, np.full((1, 4), i, np.float32), results, i)) for i in range(n)
+    ]
     for thread in threads:
         thread.start()
     return results, threads
@@ -203,9 +224,15 @@ def test_a_killed_front_end_is_replaced_and_the_other_keeps_serving(tmp_path):
         victim.send_signal(signal.SIGKILL)
         victim.wait(30)
         x = np.ones((1, 4), np.float32)
-        codes = [requests.post(f"{server.url}/v2/models/tiny/infer", data=tiny_body(x), timeout=30,
-                               headers={"Content-Type": "application/json", "Connection": "close"}).status_code
-                 for _ in range(30)]
+        codes = [
+            requests.post(
+                f"{server.url}/v2/models/tiny/infer",
+                data=tiny_body(x),
+                timeout=30,
+                headers={"Content-Type": "application/json", "Connection": "close"},
+            ).status_code
+            for _ in range(30)
+        ]
         assert codes == [200] * 30 and survivor.is_running()
         wait_for(lambda: len(processes(server)[0]) == FRONTENDS, "a new front end replaced the killed one")
         new = [p for p in processes(server)[0] if p.pid not in (victim.pid, survivor.pid)]
@@ -225,18 +252,27 @@ def test_a_killed_engine_fails_what_it_held_at_once_then_comes_back(tmp_path):
         killed = time.monotonic()
         engine.send_signal(signal.SIGKILL)
         probes = []
-        wait_for(lambda: probes.append(requests.get(f"{server.url}/v2/health/ready", timeout=10).status_code)
-                 or probes[-1] != 200, "readiness went false")
+        wait_for(
+            lambda: (
+                probes.append(requests.get(f"{server.url}/v2/health/ready", timeout=10).status_code)
+                or probes[-1] != 200
+            ),
+            "readiness went false",
+        )
         for thread in threads:
             thread.join()
         failed = [r for r in results if r[0] != 200]
-        assert len(failed) >= 3 and all(r[0] == 503 for r in failed), [(r[0], getattr(r[1], "text", r[1]))
-                                                                         for r in results]
+        assert len(failed) >= 3 and all(r[0] == 503 for r in failed), [
+            (r[0], getattr(r[1], "text", r[1])) for r in results
+        ]
         assert all("engine stopped while it held this request" in r[1].json()["error"] for r in failed)
         # answered as soon as the engine was gone: well before the queued runs would have ended
         assert max(r[3] for r in failed) - killed < 2 * alone, (alone, [r[3] - killed for r in failed])
-        wait_for(lambda: requests.get(f"{server.url}/v2/health/ready", timeout=10).status_code == 200,
-                 "the restarted engine is ready", limit_s=120)
+        wait_for(
+            lambda: requests.get(f"{server.url}/v2/health/ready", timeout=10).status_code == 200,
+            "the restarted engine is ready",
+            limit_s=120,
+        )
         assert processes(server)[1].pid != engine.pid
         x = np.full((1, 4), 2, np.float32)
         response = server.infer(tiny_body(x), model="slow")
@@ -275,8 +311,10 @@ def test_each_engine_serves_its_deployments_and_fails_alone(tmp_path):
     served by its engine through the same front ends, both are described on both ports, and when one engine
     dies only its deployment answers 503 while the other keeps serving."""
     model = build_tiny_model(tmp_path / "tiny.onnx")
-    deployments = [{"name": name, "model_path": str(model), "engine": name, "batcher": {"max_batch_size": 8}}
-                   for name in ("first", "second")]
+    deployments = [
+        {"name": name, "model_path": str(model), "engine": name, "batcher": {"max_batch_size": 8}}
+        for name in ("first", "second")
+    ]
     with running_server(tmp_path, deployments, frontends=FRONTENDS) as server:
         engines = engines_of(server)
         assert sorted(engines) == ["0", "1"]
@@ -285,8 +323,9 @@ def test_each_engine_serves_its_deployments_and_fails_alone(tmp_path):
         x = np.random.default_rng(3).standard_normal((2, 4)).astype(np.float32)
         for name in ("first", "second"):
             response = server.infer(tiny_body(x), model=name)
-            assert response.status_code == 200 and np.allclose(output_of(response, (2, 3)), tiny_y(x), rtol=1e-4,
-                                                               atol=1e-5)
+            assert response.status_code == 200 and np.allclose(
+                output_of(response, (2, 3)), tiny_y(x), rtol=1e-4, atol=1e-5
+            )
         observer_metrics(server)
         observer = f"http://127.0.0.1:{server.observer_port}"
         for base in (server.url, observer):
@@ -294,8 +333,9 @@ def test_each_engine_serves_its_deployments_and_fails_alone(tmp_path):
                 assert requests.get(f"{base}/v2/models/{name}", timeout=10).json()["name"] == name
             assert requests.get(f"{base}/v2/health/ready", timeout=10).status_code == 200
         text = observer_metrics(server)
-        assert all(sample(text, "latlab_batcher_batches_total", deployment=n, outcome="ok") >= 1
-                   for n in ("first", "second"))
+        assert all(
+            sample(text, "latlab_batcher_batches_total", deployment=n, outcome="ok") >= 1 for n in ("first", "second")
+        )
         engines["1"].send_signal(signal.SIGKILL)
         engines["1"].wait(30)
         # the supervisor waits before restarting and a new engine must start Python and load: refused meanwhile
@@ -303,7 +343,10 @@ def test_each_engine_serves_its_deployments_and_fails_alone(tmp_path):
         assert down.status_code == 503 and "engine" in down.json()["error"], down.text
         assert server.infer(tiny_body(x), model="first").status_code == 200
         assert requests.get(f"{server.url}/v2/health/ready", timeout=10).status_code != 200
-        wait_for(lambda: requests.get(f"{server.url}/v2/health/ready", timeout=10).status_code == 200,
-                 "the second engine is back", limit_s=120)
+        wait_for(
+            lambda: requests.get(f"{server.url}/v2/health/ready", timeout=10).status_code == 200,
+            "the second engine is back",
+            limit_s=120,
+        )
         assert engines_of(server)["1"].pid != engines["1"].pid and engines_of(server)["0"].pid == engines["0"].pid
         assert server.infer(tiny_body(x), model="second").status_code == 200

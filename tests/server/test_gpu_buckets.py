@@ -21,15 +21,17 @@ FP32 = {"use_tf32": False}
 
 
 def config(path: Path, **extra: object):
-    return parse_config({"deployments": [{"name": "g", "model_path": str(path), "provider": "cuda",
-                                          **extra}]}).deployments[0]
+    return parse_config(
+        {"deployments": [{"name": "g", "model_path": str(path), "provider": "cuda", **extra}]}
+    ).deployments[0]
 
 
 def test_control_flow_is_refused_for_cuda_graphs_in_one_line(tmp_path: Path) -> None:
     """Decided from the graph before any session is made, so it holds on a machine without CUDA too."""
     with pytest.raises(ConfigError) as caught:
-        OnnxModel(config(if_model(tmp_path / "if.onnx"), cuda={"enable_cuda_graph": True},
-                         batcher={"max_batch_size": 4}))
+        OnnxModel(
+            config(if_model(tmp_path / "if.onnx"), cuda={"enable_cuda_graph": True}, batcher={"max_batch_size": 4})
+        )
     message = str(caught.value)
     assert "it has control-flow nodes (If) that a CUDA graph cannot capture" in message
     assert "cuda_graph_fallback = true" in message and "\n" not in message
@@ -74,7 +76,7 @@ def test_cuda_buckets_run_a_conv_net_on_one_session_per_bucket(cuda: None, tmp_p
     assert model.buckets == (1, 2, 4, 8) and model.bucket_mode == "per_bucket"
     assert model.bucket_runs()["sessions"] == 4
     x = np.random.default_rng(2).standard_normal((8, 2, 5, 5)).astype(np.float32)
-    alone = np.concatenate([model.run({"x": x[i:i + 1]})["y"] for i in range(8)])
+    alone = np.concatenate([model.run({"x": x[i : i + 1]})["y"] for i in range(8)])
     for rows in (3, 7, 5, 8, 2, 6, 4, 1):
         # each bucket's session may pick another cuDNN algorithm (FP32, TF32 off): equal to rounding
         np.testing.assert_allclose(model.run({"x": x[:rows]})["y"], alone[:rows], rtol=1e-4, atol=1e-4)
@@ -82,8 +84,13 @@ def test_cuda_buckets_run_a_conv_net_on_one_session_per_bucket(cuda: None, tmp_p
 
 @pytest.mark.gpu
 def test_cuda_graph_per_bucket_replays_every_bucket(cuda: None, tmp_path: Path) -> None:
-    model = OnnxModel(config(build_tiny_model(tmp_path / "t.onnx"), cuda={**FP32, "enable_cuda_graph": True},
-                             batcher={"max_batch_size": 8}))
+    model = OnnxModel(
+        config(
+            build_tiny_model(tmp_path / "t.onnx"),
+            cuda={**FP32, "enable_cuda_graph": True},
+            batcher={"max_batch_size": 8},
+        )
+    )
     assert model.bucket_mode == "cuda_graph" and model.bucket_runs()["cuda_graph"] == "per bucket"
     for batch in model.warmup_batches(8):  # captures each bucket's graph
         model.run(batch)
@@ -99,8 +106,9 @@ def test_cuda_graph_fallback_serves_dynamic_shapes_without_graphs_and_says_so(cu
     path = tokens(tmp_path)
     with pytest.raises(ConfigError, match=r"\['ids', 'n'\] have dynamic dimensions besides the batch"):
         OnnxModel(config(path, cuda={"enable_cuda_graph": True}, batcher={"max_batch_size": 4}))
-    model = OnnxModel(config(path, cuda={"enable_cuda_graph": True, "cuda_graph_fallback": True},
-                             batcher={"max_batch_size": 4}))
+    model = OnnxModel(
+        config(path, cuda={"enable_cuda_graph": True, "cuda_graph_fallback": True}, batcher={"max_batch_size": 4})
+    )
     assert model.bucket_mode == "shared"
     assert model.bucket_runs()["cuda_graph"].startswith("off: ['ids', 'n'] have dynamic dimensions")
     ids = np.arange(6, dtype=np.int64).reshape(3, 2)

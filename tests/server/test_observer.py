@@ -43,22 +43,32 @@ def test_infer_stays_on_the_main_port(observed: str) -> None:
     """The admission bound guards the main port; the observer must not be a way around it."""
     import numpy as np
 
-    response = requests.post(f"{observed}/v2/models/tiny/infer", data=tiny_body(np.ones((1, 4), np.float32)),
-                             headers={"Content-Type": "application/json"}, timeout=5)
+    response = requests.post(
+        f"{observed}/v2/models/tiny/infer",
+        data=tiny_body(np.ones((1, 4), np.float32)),
+        headers={"Content-Type": "application/json"},
+        timeout=5,
+    )
     assert response.status_code == 405 and response.headers["Allow"] == "GET, HEAD"
     assert "infer on the main port" in response.json()["error"]
 
 
 def test_the_bearer_token_still_guards_config(tiny_model: Path) -> None:
-    config = parse_config({"server": {"auth_token": "observer-token-0123456789"},
-                           "deployments": [{"name": "tiny", "model_path": str(tiny_model)}]})
+    config = parse_config(
+        {
+            "server": {"auth_token": "observer-token-0123456789"},
+            "deployments": [{"name": "tiny", "model_path": str(tiny_model)}],
+        }
+    )
     app = create_app(config, registry=CollectorRegistry())
     observer = Observer(app, "127.0.0.1", 0)
     try:
         url = f"http://127.0.0.1:{observer.port}/v2/models/tiny/config"
         assert requests.get(url, timeout=5).status_code == 401
-        assert requests.get(url, headers={"Authorization": "Bearer observer-token-0123456789"},
-                            timeout=5).json()["name"] == "tiny"
+        assert (
+            requests.get(url, headers={"Authorization": "Bearer observer-token-0123456789"}, timeout=5).json()["name"]
+            == "tiny"
+        )
         assert requests.get(f"http://127.0.0.1:{observer.port}/metrics", timeout=5).status_code == 200
     finally:
         observer.close()
@@ -71,8 +81,9 @@ def test_percent_encoded_paths_and_queries_reach_the_app(observed: str) -> None:
     assert unknown.status_code == 404 and "unknown model 'no such'" in unknown.json()["error"]
 
 
-@pytest.mark.parametrize("head, status", [(b"NONSENSE\r\n\r\n", b"400"),
-                                          (b"GET / HTTP/1.1\r\nno colon\r\n\r\n", b"400")])
+@pytest.mark.parametrize(
+    "head, status", [(b"NONSENSE\r\n\r\n", b"400"), (b"GET / HTTP/1.1\r\nno colon\r\n\r\n", b"400")]
+)
 def test_a_malformed_request_gets_400_and_the_next_is_answered(observed: str, head: bytes, status: bytes) -> None:
     port = int(observed.rsplit(":", 1)[1])
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
@@ -129,11 +140,13 @@ def test_the_served_process_says_where_its_observer_listens(tmp_path: Path, tiny
 def test_serve_takes_the_metrics_port_from_the_command_line(tmp_path: Path, tiny_model: Path) -> None:
     port, metrics_port = procs.free_port(), procs.free_port()
     config = write_config(tmp_path / "s.toml", [{"name": "tiny", "model_path": str(tiny_model)}], port=port)
-    process = procs.start([*CLI, "serve", "--config", str(config), "--metrics-port", str(metrics_port)],
-                          log_path=tmp_path / "server.log")
+    process = procs.start(
+        [*CLI, "serve", "--config", str(config), "--metrics-port", str(metrics_port)], log_path=tmp_path / "server.log"
+    )
     try:
-        procs.wait_ready(f"http://127.0.0.1:{metrics_port}/v2/health/ready", process, timeout_s=60,
-                         log_path=tmp_path / "server.log")
+        procs.wait_ready(
+            f"http://127.0.0.1:{metrics_port}/v2/health/ready", process, timeout_s=60, log_path=tmp_path / "server.log"
+        )
         assert requests.get(f"http://127.0.0.1:{port}/v2", timeout=5).json()["metrics_port"] == metrics_port
     finally:
         procs.stop(process)
@@ -142,8 +155,12 @@ def test_serve_takes_the_metrics_port_from_the_command_line(tmp_path: Path, tiny
 def test_serve_refuses_a_taken_metrics_port_in_one_line(tmp_path: Path, tiny_model: Path) -> None:
     with listening() as taken:
         port = taken.getsockname()[1]
-        config = write_config(tmp_path / "s.toml", [{"name": "tiny", "model_path": str(tiny_model)}],
-                              port=procs.free_port(), metrics_port=port)
+        config = write_config(
+            tmp_path / "s.toml",
+            [{"name": "tiny", "model_path": str(tiny_model)}],
+            port=procs.free_port(),
+            metrics_port=port,
+        )
         result = subprocess.run([*CLI, "serve", "--config", str(config)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == f"latlab: error: metrics port {port} on 127.0.0.1 is in use"

@@ -44,13 +44,20 @@ def build_token_model(path: Path, outputs: tuple[str, ...]) -> Path:
     ]
     shapes = {"hidden": ["batch", "seq", WIDTH], "embedding": ["batch", WIDTH]}
     graph = helper.make_graph(
-        nodes, "tokens",
-        [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
-         helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])],
+        nodes,
+        "tokens",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
+            helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"]),
+        ],
         [helper.make_tensor_value_info(name, TensorProto.FLOAT, shapes[name]) for name in outputs],
-        initializer=[numpy_helper.from_array(table, "table"), numpy_helper.from_array(weight, "W"),
-                     numpy_helper.from_array(np.array([1], np.int64), "one"),
-                     numpy_helper.from_array(np.array([2], np.int64), "two")])
+        initializer=[
+            numpy_helper.from_array(table, "table"),
+            numpy_helper.from_array(weight, "W"),
+            numpy_helper.from_array(np.array([1], np.int64), "one"),
+            numpy_helper.from_array(np.array([2], np.int64), "two"),
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     onnx.checker.check_model(model)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -81,8 +88,9 @@ class RecordingSession:
         return dict(zip(self.names, self.session.run(self.names, inputs)))
 
 
-def run_through_batcher(model: RecordingSession, requests: list[dict], padding: PaddingSettings | None,
-                        max_batch_size: int = 16) -> list[dict]:
+def run_through_batcher(
+    model: RecordingSession, requests: list[dict], padding: PaddingSettings | None, max_batch_size: int = 16
+) -> list[dict]:
     settings = BatcherSettings(max_batch_size=max_batch_size, max_queue_delay_ms=300.0)
     batcher = DynamicBatcher(model, settings, padding=padding)
     try:
@@ -165,8 +173,9 @@ def test_shape_key_ignores_the_padded_length_but_not_other_dimensions() -> None:
 
 
 def test_an_input_without_the_padded_axis_is_a_bad_request() -> None:
-    batcher = DynamicBatcher(lambda inputs: inputs, BatcherSettings(max_batch_size=4),
-                             padding=PaddingSettings(axis=2, values={"ids": 0}))
+    batcher = DynamicBatcher(
+        lambda inputs: inputs, BatcherSettings(max_batch_size=4), padding=PaddingSettings(axis=2, values={"ids": 0})
+    )
     try:
         with pytest.raises(BadRequest, match="input 'ids' has 2 dimension"):
             batcher.submit({"ids": np.zeros((1, 3))}, 1)
@@ -182,23 +191,27 @@ def deployment_doc(tmp_path: Path, padding: object) -> dict:
 
 
 def test_padding_table_is_parsed(tmp_path: Path) -> None:
-    config = parse_config(deployment_doc(tmp_path, {"axis": 1, "values": {"input_ids": 0, "attention_mask": 0},
-                                                     "bucket": 16}))
+    config = parse_config(
+        deployment_doc(tmp_path, {"axis": 1, "values": {"input_ids": 0, "attention_mask": 0}, "bucket": 16})
+    )
     assert config.deployments[0].padding == PaddingSettings(1, {"input_ids": 0, "attention_mask": 0}, 16)
     plain = parse_config({"deployments": [{"name": "enc", "model_path": str(tmp_path / "m.onnx")}]})
     assert plain.deployments[0].padding.values == {}
 
 
-@pytest.mark.parametrize("padding, message", [
-    ({"axis": 0, "values": {"a": 0}}, "axis must be >= 1"),
-    ({"bucket": -1}, "bucket >= 0"),
-    ({"values": [0]}, "values must be a table"),
-    ({"values": {"a": "zero"}}, "values must be a table"),
-    ({"values": {"a": True}}, "values must be a table"),
-    ({"axis": "1"}, "axis must be an integer"),
-    ({"side": "left"}, r"unknown setting\(s\) \['side'\]"),
-    ([1], "padding must be a table"),
-])
+@pytest.mark.parametrize(
+    "padding, message",
+    [
+        ({"axis": 0, "values": {"a": 0}}, "axis must be >= 1"),
+        ({"bucket": -1}, "bucket >= 0"),
+        ({"values": [0]}, "values must be a table"),
+        ({"values": {"a": "zero"}}, "values must be a table"),
+        ({"values": {"a": True}}, "values must be a table"),
+        ({"axis": "1"}, "axis must be an integer"),
+        ({"side": "left"}, r"unknown setting\(s\) \['side'\]"),
+        ([1], "padding must be a table"),
+    ],
+)
 def test_bad_padding_settings_are_one_line_config_errors(tmp_path: Path, padding: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message) as caught:
         parse_config(deployment_doc(tmp_path, padding))
@@ -214,9 +227,18 @@ def test_padding_an_input_the_model_lacks_is_refused_at_start(tmp_path: Path) ->
 
 def test_a_deployment_with_padding_batches_mixed_lengths_and_answers_each_alone(tmp_path: Path) -> None:
     path = build_token_model(tmp_path / "m.onnx", ("hidden", "embedding"))
-    config = parse_config({"deployments": [{
-        "name": "enc", "model_path": str(path), "batcher": {"max_batch_size": 2, "max_queue_delay_ms": 5000.0},
-        "padding": {"axis": 1, "values": {"input_ids": 0, "attention_mask": 0}}}]})
+    config = parse_config(
+        {
+            "deployments": [
+                {
+                    "name": "enc",
+                    "model_path": str(path),
+                    "batcher": {"max_batch_size": 2, "max_queue_delay_ms": 5000.0},
+                    "padding": {"axis": 1, "values": {"input_ids": 0, "attention_mask": 0}},
+                }
+            ]
+        }
+    )
     registry = CollectorRegistry()
     deployment = Deployment(config.deployments[0], ServerMetrics(registry))
     rng = np.random.default_rng(3)

@@ -20,14 +20,16 @@ WAIT_S = 5.0
 
 
 def queue(**overrides: object) -> BatchQueue:
-    base = dict(max_batch_size=4, max_queue_delay_ms=1000.0, max_queue_size=16, priority_levels=3,
-                default_priority_level=2)
+    base = dict(
+        max_batch_size=4, max_queue_delay_ms=1000.0, max_queue_size=16, priority_levels=3, default_priority_level=2
+    )
     return BatchQueue(BatcherSettings(**{**base, **overrides}))
 
 
 def item(at: float, priority: int = 0, size: int = 1) -> Pending:
-    return Pending({"x": np.zeros((size, 1), np.float32)}, size, at, at + 100.0, shape_key=(("x", (1,)),),
-                   priority=priority)
+    return Pending(
+        {"x": np.zeros((size, 1), np.float32)}, size, at, at + 100.0, shape_key=(("x", (1,)),), priority=priority
+    )
 
 
 def test_higher_priority_is_served_first_and_fifo_within_a_level() -> None:
@@ -56,7 +58,7 @@ def test_a_newer_high_priority_request_alone_waits_its_own_delay() -> None:
     q.put(low)
     q.put(high)
     assert q.take(0.5) == [high]  # low (2 samples) cannot join: the batch is blocked, high goes at once
-    assert q.take(0.5) == [low]   # low has a full batch on its own
+    assert q.take(0.5) == [low]  # low has a full batch on its own
 
 
 def test_queue_bound_counts_every_level() -> None:
@@ -114,11 +116,17 @@ def test_worker_serves_the_high_priority_request_queued_behind_a_busy_instance()
 
 
 def test_priority_settings_are_parsed_and_checked(tiny_model: Path) -> None:
-    doc = {"deployments": [{"name": "t", "model_path": str(tiny_model),
-                            "batcher": {"priority_levels": 3, "default_priority_level": 3}}]}
+    doc = {
+        "deployments": [
+            {"name": "t", "model_path": str(tiny_model), "batcher": {"priority_levels": 3, "default_priority_level": 3}}
+        ]
+    }
     assert parse_config(doc).deployments[0].batcher.priority_levels == 3
-    for bad in ({"priority_levels": 0}, {"priority_levels": 2, "default_priority_level": 3},
-                {"default_priority_level": 0}):
+    for bad in (
+        {"priority_levels": 0},
+        {"priority_levels": 2, "default_priority_level": 3},
+        {"default_priority_level": 0},
+    ):
         doc["deployments"][0]["batcher"] = bad
         with pytest.raises(ConfigError, match="priority_levels must be >= 1 and default_priority_level"):
             parse_config(doc)
@@ -126,12 +134,19 @@ def test_priority_settings_are_parsed_and_checked(tiny_model: Path) -> None:
 
 @pytest.mark.parametrize("priority, status", [(1, 200), (2, 200), (0, 200), (3, 400), ("high", 400), (-2, 400)])
 def test_http_priority_parameter(tiny_model: Path, priority: object, status: int) -> None:
-    config = parse_config({"deployments": [{"name": "tiny", "model_path": str(tiny_model),
-                                            "batcher": {"max_batch_size": 4, "priority_levels": 2}}]})
+    config = parse_config(
+        {
+            "deployments": [
+                {"name": "tiny", "model_path": str(tiny_model), "batcher": {"max_batch_size": 4, "priority_levels": 2}}
+            ]
+        }
+    )
     app = create_app(config, registry=CollectorRegistry())
     try:
-        body = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}],
-                "parameters": {"priority": priority}}
+        body = {
+            "inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}],
+            "parameters": {"priority": priority},
+        }
         response = app.test_client().post("/v2/models/tiny/infer", data=orjson.dumps(body))
         assert response.status_code == status, response.data
         if status == 400:

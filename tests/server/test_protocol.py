@@ -9,8 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from latlab.server.errors import BadRequest
-from latlab.server.protocol import (DATATYPES, HEADER_LENGTH, InferRequest, _from_json_data, datatype_of,
-                                    decode_request, encode_error, encode_response)
+from latlab.server.protocol import (
+    DATATYPES,
+    HEADER_LENGTH,
+    InferRequest,
+    _from_json_data,
+    datatype_of,
+    decode_request,
+    encode_error,
+    encode_response,
+)
 
 # BYTES elements: empty, ASCII, multi-byte UTF-8, a NUL inside, and long enough for a multi-byte length.
 BYTES_EDGES = [b"", b"a", "h\u00e9llo \u2603".encode(), b"nul\x00inside", b"x" * 300]
@@ -59,8 +67,15 @@ def json_tensor(name: str, array: np.ndarray, nested: bool = False) -> dict:
 
 def binary_tensor(name: str, array: np.ndarray) -> tuple[dict, bytes]:
     raw = bytes_wire(array) if array.dtype == object else array.astype(array.dtype.newbyteorder("<")).tobytes()
-    return ({"name": name, "shape": list(array.shape), "datatype": datatype_of(array.dtype),
-             "parameters": {"binary_data_size": len(raw)}}, raw)
+    return (
+        {
+            "name": name,
+            "shape": list(array.shape),
+            "datatype": datatype_of(array.dtype),
+            "parameters": {"binary_data_size": len(raw)},
+        },
+        raw,
+    )
 
 
 def binary_body(doc: dict, *chunks: bytes) -> tuple[bytes, int]:
@@ -80,7 +95,7 @@ def decode_response(body: bytes, header_length: int | None) -> tuple[dict, dict[
             arrays[tensor["name"]] = np.array(tensor["data"], dtype=dtype).reshape(tensor["shape"])
         else:
             size = tensor["parameters"]["binary_data_size"]
-            raw = body[offset:offset + size]
+            raw = body[offset : offset + size]
             arrays[tensor["name"]] = np.frombuffer(raw, dtype=dtype.newbyteorder("<")).reshape(tensor["shape"])
             offset += size
     assert offset == len(body) or header_length is None
@@ -93,8 +108,8 @@ def client_bytes(tensor: dict, body: bytes, offset: int) -> tuple[np.ndarray, in
         return bytes_array([text.encode() for text in tensor["data"]], tuple(tensor["shape"])), offset
     end, values = offset + tensor["parameters"]["binary_data_size"], []
     while offset < end:
-        length = int.from_bytes(body[offset:offset + 4], "little")
-        values.append(body[offset + 4:offset + 4 + length])
+        length = int.from_bytes(body[offset : offset + 4], "little")
+        values.append(body[offset + 4 : offset + 4 + length])
         offset += 4 + length
     return bytes_array(values, tuple(tensor["shape"])), offset
 
@@ -134,8 +149,21 @@ def test_datatype_of_refuses_dtypes_without_protocol_name(dtype: object) -> None
 
 
 def test_datatypes_cover_every_protocol_type() -> None:
-    assert set(DATATYPES) == {"BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
-                              "INT64", "FP16", "FP32", "FP64", "BYTES"}
+    assert set(DATATYPES) == {
+        "BOOL",
+        "UINT8",
+        "UINT16",
+        "UINT32",
+        "UINT64",
+        "INT8",
+        "INT16",
+        "INT32",
+        "INT64",
+        "FP16",
+        "FP32",
+        "FP64",
+        "BYTES",
+    }
     assert datatype_of(np.dtype(object)) == "BYTES"
 
 
@@ -164,7 +192,8 @@ def test_binary_data_round_trips(datatype: str) -> None:
     array = sample(datatype, (3, 2))
     tensor, raw = binary_tensor("a", array)
     body, header_length = binary_body(
-        {"inputs": [tensor], "outputs": [{"name": "a", "parameters": {"binary_data": True}}]}, raw)
+        {"inputs": [tensor], "outputs": [{"name": "a", "parameters": {"binary_data": True}}]}, raw
+    )
     request = decode_request(body, header_length)
     assert_same(request.inputs["a"], array)
     assert request.binary_outputs == {"a"}
@@ -172,8 +201,9 @@ def test_binary_data_round_trips(datatype: str) -> None:
     out, out_header = encode_response("m", "1", request, request.inputs)
     assert out_header is not None
     doc, outputs = decode_response(out, out_header)
-    assert doc["outputs"] == [{"name": "a", "datatype": datatype, "shape": [3, 2],
-                               "parameters": {"binary_data_size": len(raw)}}]
+    assert doc["outputs"] == [
+        {"name": "a", "datatype": datatype, "shape": [3, 2], "parameters": {"binary_data_size": len(raw)}}
+    ]
     assert out[out_header:] == raw  # little-endian bytes on the wire, exactly
     assert_same(outputs["a"], array)
 
@@ -188,7 +218,8 @@ def test_binary_outputs_are_little_endian_even_from_big_endian_arrays() -> None:
 def test_binary_input_decoding_reads_little_endian() -> None:
     raw = np.array([1, 256], dtype="<u2").tobytes()
     body, header_length = binary_body(
-        {"inputs": [{"name": "a", "shape": [2], "datatype": "UINT16", "parameters": {"binary_data_size": 4}}]}, raw)
+        {"inputs": [{"name": "a", "shape": [2], "datatype": "UINT16", "parameters": {"binary_data_size": 4}}]}, raw
+    )
     assert decode_request(body, header_length).inputs["a"].tolist() == [1, 256]
 
 
@@ -273,10 +304,16 @@ def test_no_outputs_requested_means_all_as_json() -> None:
 
 
 def test_requested_outputs_are_listed_in_order_and_binary_only_where_asked() -> None:
-    request = decode_request(json_body(
-        json_tensor("a", sample("FP32", (1,))),
-        outputs=[{"name": "z"}, {"name": "y", "parameters": {"binary_data": True}},
-                 {"name": "w", "parameters": {"binary_data": False}}]))
+    request = decode_request(
+        json_body(
+            json_tensor("a", sample("FP32", (1,))),
+            outputs=[
+                {"name": "z"},
+                {"name": "y", "parameters": {"binary_data": True}},
+                {"name": "w", "parameters": {"binary_data": False}},
+            ],
+        )
+    )
     assert request.outputs == ["z", "y", "w"]
     assert request.binary_outputs == {"y"}
 
@@ -290,8 +327,7 @@ def test_requested_outputs_are_listed_in_order_and_binary_only_where_asked() -> 
 
 
 def test_binary_data_output_makes_every_output_binary() -> None:
-    request = decode_request(json_body(json_tensor("a", sample("FP32", (1,))),
-                                       parameters={"binary_data_output": True}))
+    request = decode_request(json_body(json_tensor("a", sample("FP32", (1,))), parameters={"binary_data_output": True}))
     assert request.outputs is None and request.binary_outputs == {"*"}
     y, z = sample("FP16", (2, 2)), sample("UINT64", (3,))
     body, header_length = encode_response("m", "1", request, {"y": y, "z": z})
@@ -302,16 +338,21 @@ def test_binary_data_output_makes_every_output_binary() -> None:
 
 
 def test_binary_data_output_applies_to_named_outputs_too() -> None:
-    request = decode_request(json_body(
-        json_tensor("a", sample("FP32", (1,))), parameters={"binary_data_output": True},
-        outputs=[{"name": "y", "parameters": {"binary_data": False}}, {"name": "z"}]))
+    request = decode_request(
+        json_body(
+            json_tensor("a", sample("FP32", (1,))),
+            parameters={"binary_data_output": True},
+            outputs=[{"name": "y", "parameters": {"binary_data": False}}, {"name": "z"}],
+        )
+    )
     assert request.outputs == ["y", "z"]
     assert request.binary_outputs == {"y", "z"}
 
 
 def test_binary_data_output_false_keeps_json() -> None:
-    request = decode_request(json_body(json_tensor("a", sample("FP32", (1,))),
-                                       parameters={"binary_data_output": False}))
+    request = decode_request(
+        json_body(json_tensor("a", sample("FP32", (1,))), parameters={"binary_data_output": False})
+    )
     assert request.binary_outputs == set()
 
 
@@ -343,67 +384,78 @@ def with_(**changes: object) -> dict:
     return tensor
 
 
-@pytest.mark.parametrize("body, message", [
-    (b"{not json", "not valid JSON"),
-    (b"", "not valid JSON"),
-    (b"\xff\xfe", "not valid JSON"),
-    (b"[1, 2]", "must be a JSON object"),
-    (b'"inputs"', "must be a JSON object"),
-    (b"null", "must be a JSON object"),
-    (b"{}", "'inputs' must be a non-empty list"),
-    (orjson.dumps({"inputs": []}), "'inputs' must be a non-empty list"),
-    (orjson.dumps({"inputs": {"a": GOOD}}), "'inputs' must be a non-empty list"),
-    (orjson.dumps({"inputs": ["a"]}), "each input must be an object"),
-    (json_body(with_(name=None)), "has no 'name'"),
-    (json_body(with_(name="")), "has no 'name'"),
-    (json_body(with_(name=3)), "has no 'name'"),
-    (json_body(with_(shape=None)), "input 'a': 'shape' must be a list of non-negative integers"),
-    (json_body(with_(shape="2")), "'shape' must be a list of non-negative integers"),
-    (json_body(with_(shape=[-2])), "'shape' must be a list of non-negative integers"),
-    (json_body(with_(shape=[2.0])), "'shape' must be a list of non-negative integers"),
-    (json_body(with_(shape=[True, 2])), "'shape' must be a list of non-negative integers"),
-    (json_body(with_(datatype="FLOAT32")), "unsupported datatype 'FLOAT32'"),
-    (json_body(with_(datatype="BYTES")), "input 'a': data is not a valid BYTES array: BYTES elements must be strings"),
-    (json_body(with_(datatype=None)), "unsupported datatype None"),
-    (json_body(with_(data=None)), "input 'a' has neither 'data' nor parameters.binary_data_size"),
-    (json_body(with_(data=[1.0, 2.0, 3.0])), "shape [2] needs 2 elements but data has 3"),
-    (json_body(with_(data=[1.0])), "shape [2] needs 2 elements but data has 1"),
-    (json_body(with_(shape=[2, 2])), "shape [2, 2] needs 4 elements but data has 2"),
-    (json_body(with_(data=[[1.0], [2.0, 3.0]])), "input 'a': data is not a valid FP32 array"),
-    (json_body(with_(data=["x", "y"])), "input 'a': data is not a valid FP32 array"),
-    (json_body(with_(datatype="UINT8", data=[1, 256])), "input 'a': data is not a valid UINT8 array"),
-    (json_body(with_(datatype="INT8", data=[-129, 0])), "input 'a': data is not a valid INT8 array"),
-    (json_body(with_(datatype="UINT64", data=[-1, 0])), "input 'a': data is not a valid UINT64 array"),
-    (json_body(GOOD, GOOD), "input 'a' is given twice"),
-    (json_body(GOOD, parameters=[1]), "'parameters' of the request must be an object"),
-    (json_body(with_(parameters="binary")), "'parameters' of the input 'a' must be an object"),
-    (json_body(GOOD, outputs={"name": "y"}), "'outputs' must be a list"),
-    (json_body(GOOD, outputs=["y"]), "each requested output must be an object with a 'name'"),
-    (json_body(GOOD, outputs=[{"name": 1}]), "each requested output must be an object with a 'name'"),
-    (json_body(GOOD, outputs=[{"name": "y", "parameters": 1}]), "'parameters' of the output 'y' must be an object"),
-], ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (b"{not json", "not valid JSON"),
+        (b"", "not valid JSON"),
+        (b"\xff\xfe", "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        (b'"inputs"', "must be a JSON object"),
+        (b"null", "must be a JSON object"),
+        (b"{}", "'inputs' must be a non-empty list"),
+        (orjson.dumps({"inputs": []}), "'inputs' must be a non-empty list"),
+        (orjson.dumps({"inputs": {"a": GOOD}}), "'inputs' must be a non-empty list"),
+        (orjson.dumps({"inputs": ["a"]}), "each input must be an object"),
+        (json_body(with_(name=None)), "has no 'name'"),
+        (json_body(with_(name="")), "has no 'name'"),
+        (json_body(with_(name=3)), "has no 'name'"),
+        (json_body(with_(shape=None)), "input 'a': 'shape' must be a list of non-negative integers"),
+        (json_body(with_(shape="2")), "'shape' must be a list of non-negative integers"),
+        (json_body(with_(shape=[-2])), "'shape' must be a list of non-negative integers"),
+        (json_body(with_(shape=[2.0])), "'shape' must be a list of non-negative integers"),
+        (json_body(with_(shape=[True, 2])), "'shape' must be a list of non-negative integers"),
+        (json_body(with_(datatype="FLOAT32")), "unsupported datatype 'FLOAT32'"),
+        (
+            json_body(with_(datatype="BYTES")),
+            "input 'a': data is not a valid BYTES array: BYTES elements must be strings",
+        ),
+        (json_body(with_(datatype=None)), "unsupported datatype None"),
+        (json_body(with_(data=None)), "input 'a' has neither 'data' nor parameters.binary_data_size"),
+        (json_body(with_(data=[1.0, 2.0, 3.0])), "shape [2] needs 2 elements but data has 3"),
+        (json_body(with_(data=[1.0])), "shape [2] needs 2 elements but data has 1"),
+        (json_body(with_(shape=[2, 2])), "shape [2, 2] needs 4 elements but data has 2"),
+        (json_body(with_(data=[[1.0], [2.0, 3.0]])), "input 'a': data is not a valid FP32 array"),
+        (json_body(with_(data=["x", "y"])), "input 'a': data is not a valid FP32 array"),
+        (json_body(with_(datatype="UINT8", data=[1, 256])), "input 'a': data is not a valid UINT8 array"),
+        (json_body(with_(datatype="INT8", data=[-129, 0])), "input 'a': data is not a valid INT8 array"),
+        (json_body(with_(datatype="UINT64", data=[-1, 0])), "input 'a': data is not a valid UINT64 array"),
+        (json_body(GOOD, GOOD), "input 'a' is given twice"),
+        (json_body(GOOD, parameters=[1]), "'parameters' of the request must be an object"),
+        (json_body(with_(parameters="binary")), "'parameters' of the input 'a' must be an object"),
+        (json_body(GOOD, outputs={"name": "y"}), "'outputs' must be a list"),
+        (json_body(GOOD, outputs=["y"]), "each requested output must be an object with a 'name'"),
+        (json_body(GOOD, outputs=[{"name": 1}]), "each requested output must be an object with a 'name'"),
+        (json_body(GOOD, outputs=[{"name": "y", "parameters": 1}]), "'parameters' of the output 'y' must be an object"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
 def test_malformed_json_requests_name_the_problem(body: bytes, message: str) -> None:
     with pytest.raises(BadRequest) as caught:
         decode_request(body)
     assert message in str(caught.value)
 
 
-def binary_request(size: object, raw: bytes, shape: list[int] | None = None,
-                   datatype: str = "FP32") -> tuple[bytes, int]:
+def binary_request(
+    size: object, raw: bytes, shape: list[int] | None = None, datatype: str = "FP32"
+) -> tuple[bytes, int]:
     tensor = {"name": "a", "shape": shape or [2], "datatype": datatype, "parameters": {"binary_data_size": size}}
     return binary_body({"inputs": [tensor]}, raw)
 
 
-@pytest.mark.parametrize("size, raw, message", [
-    (4, b"\0" * 4, "binary_data_size is 4 but shape [2] of FP32 needs 8"),
-    (16, b"\0" * 16, "binary_data_size is 16 but shape [2] of FP32 needs 8"),
-    ("8", b"\0" * 8, "binary_data_size is '8' but shape [2] of FP32 needs 8"),
-    (8.0, b"\0" * 8, "binary_data_size is 8.0"),
-    (True, b"\0" * 8, "binary_data_size is True"),
-    (8, b"\0" * 7, "binary_data_size 8 runs past the end of the body"),
-    (8, b"", "runs past the end of the body"),
-    (8, b"\0" * 9, "binary part has 9 bytes but the inputs use 8"),
-])
+@pytest.mark.parametrize(
+    "size, raw, message",
+    [
+        (4, b"\0" * 4, "binary_data_size is 4 but shape [2] of FP32 needs 8"),
+        (16, b"\0" * 16, "binary_data_size is 16 but shape [2] of FP32 needs 8"),
+        ("8", b"\0" * 8, "binary_data_size is '8' but shape [2] of FP32 needs 8"),
+        (8.0, b"\0" * 8, "binary_data_size is 8.0"),
+        (True, b"\0" * 8, "binary_data_size is True"),
+        (8, b"\0" * 7, "binary_data_size 8 runs past the end of the body"),
+        (8, b"", "runs past the end of the body"),
+        (8, b"\0" * 9, "binary part has 9 bytes but the inputs use 8"),
+    ],
+)
 def test_malformed_binary_requests_name_the_problem(size: object, raw: bytes, message: str) -> None:
     body, header_length = binary_request(size, raw)
     with pytest.raises(BadRequest) as caught:
@@ -451,20 +503,42 @@ def test_header_length_cutting_the_json_is_invalid_json() -> None:
         decode_request(body, len(body) - 1)
 
 
-@pytest.mark.parametrize("datatype, data", [
-    ("INT32", [1.5, 2.7]),      # would truncate to [1, 2]
-    ("FP32", ["1.5", "2"]),     # strings parsed as numbers
-    ("FP32", [None, 2.0]),      # null becomes NaN
-    ("BOOL", [2, 0]),           # 2 becomes True
-])
+@pytest.mark.parametrize(
+    "datatype, data",
+    [
+        ("INT32", [1.5, 2.7]),  # would truncate to [1, 2]
+        ("FP32", ["1.5", "2"]),  # strings parsed as numbers
+        ("FP32", [None, 2.0]),  # null becomes NaN
+        ("BOOL", [2, 0]),  # 2 becomes True
+    ],
+)
 def test_json_data_of_the_wrong_kind_is_refused(datatype: str, data: list) -> None:
     """Data whose JSON type does not match the datatype must be a 400, never silently coerced."""
     with pytest.raises(BadRequest, match=f"input 'a': data is not a valid {datatype} array"):
         decode_request(json_body({"name": "a", "shape": [2], "datatype": datatype, "data": data}))
 
 
-FLOAT_EDGES = [0.0, -0.0, 1.5, -2.25e-8, 3.4028234663852886e38, 3.4028235677973366e38, 3.5e38, 1e39, 65504.0,
-               65520.0, 7e4, 1.7976931348623157e308, 5e-324, 1e-46, 7, -3, 2 ** 63, 2 ** 70, 2 ** 1030]
+FLOAT_EDGES = [
+    0.0,
+    -0.0,
+    1.5,
+    -2.25e-8,
+    3.4028234663852886e38,
+    3.4028235677973366e38,
+    3.5e38,
+    1e39,
+    65504.0,
+    65520.0,
+    7e4,
+    1.7976931348623157e308,
+    5e-324,
+    1e-46,
+    7,
+    -3,
+    2**63,
+    2**70,
+    2**1030,
+]
 
 
 def decoded_or_refused(decode) -> tuple[str, np.ndarray | None]:
@@ -475,8 +549,11 @@ def decoded_or_refused(decode) -> tuple[str, np.ndarray | None]:
 
 
 @pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64"])
-@pytest.mark.parametrize("data", [[x] for x in FLOAT_EDGES] + [
-    FLOAT_EDGES, [1.0, "2"], ["1.5"], [None], [1.0, None], [[1.0], 2.0], [1.0, [2.0]], [{"a": 1}], [1.0, 2 ** 70]])
+@pytest.mark.parametrize(
+    "data",
+    [[x] for x in FLOAT_EDGES]
+    + [FLOAT_EDGES, [1.0, "2"], ["1.5"], [None], [1.0, None], [[1.0], 2.0], [1.0, [2.0]], [{"a": 1}], [1.0, 2**70]],
+)
 def test_the_float_fast_path_decodes_and_refuses_exactly_as_numpy(datatype: str, data: list) -> None:
     """A flat JSON list for a float datatype is packed by struct, not converted by numpy: values, dtype and
     every refusal (a value the type cannot hold, a string, a null, a nested list) must be the same."""
@@ -488,8 +565,10 @@ def test_the_float_fast_path_decodes_and_refuses_exactly_as_numpy(datatype: str,
         np.testing.assert_array_equal(fast[1], general[1])
 
 
-@given(st.lists(st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.integers()), min_size=1,
-                max_size=40), st.sampled_from(["FP16", "FP32", "FP64"]))
+@given(
+    st.lists(st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.integers()), min_size=1, max_size=40),
+    st.sampled_from(["FP16", "FP32", "FP64"]),
+)
 @settings(max_examples=300, deadline=None)
 def test_the_float_fast_path_agrees_with_numpy_on_any_numbers(data: list, datatype: str) -> None:
     fast = decoded_or_refused(lambda: _from_json_data("a", data, datatype, [len(data)], booleans=False))
@@ -506,17 +585,26 @@ def test_booleans_in_float_data_are_refused_and_a_true_elsewhere_changes_nothing
         decode_request(json_body({"name": "a", "shape": [2], "datatype": "FP32", "data": [True, False]}))
     data = [0.5, -1.0, 3.4028234663852886e38]
     plain = decode_request(json_body({"name": "a", "shape": [3], "datatype": "FP32", "data": data}))
-    flagged = decode_request(json_body({"name": "a", "shape": [3], "datatype": "FP32", "data": data},
-                                       id="true", parameters={"binary_data_output": True}))
+    flagged = decode_request(
+        json_body(
+            {"name": "a", "shape": [3], "datatype": "FP32", "data": data},
+            id="true",
+            parameters={"binary_data_output": True},
+        )
+    )
     np.testing.assert_array_equal(plain.inputs["a"], flagged.inputs["a"])
     assert plain.inputs["a"].dtype == flagged.inputs["a"].dtype == np.float32
 
 
 def test_json_float_inputs_are_marked_finite_and_binary_ones_are_not() -> None:
     """Validation skips the NaN search for `finite` inputs: only JSON floats (which cannot carry NaN) go there."""
-    header = {"inputs": [{"name": "j", "shape": [1], "datatype": "FP32", "data": [1.0]},
-                         {"name": "i", "shape": [1], "datatype": "INT32", "data": [1]},
-                         {"name": "b", "shape": [1], "datatype": "FP32", "parameters": {"binary_data_size": 4}}]}
+    header = {
+        "inputs": [
+            {"name": "j", "shape": [1], "datatype": "FP32", "data": [1.0]},
+            {"name": "i", "shape": [1], "datatype": "INT32", "data": [1]},
+            {"name": "b", "shape": [1], "datatype": "FP32", "parameters": {"binary_data_size": 4}},
+        ]
+    }
     raw = orjson.dumps(header)
     request = decode_request(raw + np.array([np.nan], np.float32).tobytes(), len(raw))
     assert request.finite == {"j"} and np.isnan(request.inputs["b"][0])
@@ -526,8 +614,9 @@ def test_json_float_inputs_are_marked_finite_and_binary_ones_are_not() -> None:
 
 
 def test_bytes_json_strings_become_utf8_bytes_in_an_object_array() -> None:
-    request = decode_request(json_body({"name": "s", "shape": [2, 2], "datatype": "BYTES",
-                                        "data": [["a", "h\u00e9"], ["", "\u2603"]]}))
+    request = decode_request(
+        json_body({"name": "s", "shape": [2, 2], "datatype": "BYTES", "data": [["a", "h\u00e9"], ["", "\u2603"]]})
+    )
     array = request.inputs["s"]
     assert array.dtype == object and array.shape == (2, 2)
     assert array.tolist() == [[b"a", "h\u00e9".encode()], [b"", "\u2603".encode()]]
@@ -564,17 +653,29 @@ def test_bytes_output_that_is_not_utf8_cannot_go_as_json() -> None:
         encode_response("m", "1", InferRequest({}), {"t": bytes_array([b"\xff"], (1,))})
 
 
-@pytest.mark.parametrize("size, raw, message", [
-    (3, b"\x01\x00\x00", "BYTES element 0 has no complete 4-byte length prefix"),
-    (7, b"\x01\x00\x00\x00a\x01\x00", "BYTES element 1 has no complete 4-byte length prefix"),
-    (9, b"\x09\x00\x00\x00abcde", "BYTES element 0 claims 9 bytes, past the end of its binary_data_size 9"),
-    (10, b"\x01\x00\x00\x00a\x01\x00\x00\x00", "binary_data_size 10 runs past the end of the body"),
-    (11, b"\x01\x00\x00\x00a\x01\x00\x00\x00bc", "binary_data_size is 11 but its 2 BYTES element(s) use 10"),
-    (-1, b"", "binary_data_size must be a non-negative integer, got -1"),
-    ("10", b"\x01\x00\x00\x00a\x01\x00\x00\x00b", "binary_data_size must be a non-negative integer, got '10'"),
-    (True, b"\x01\x00\x00\x00a", "got True"),
-], ids=["truncated-prefix", "truncated-second-prefix", "length-past-end", "size-past-body", "leftover",
-        "negative-size", "string-size", "bool-size"])
+@pytest.mark.parametrize(
+    "size, raw, message",
+    [
+        (3, b"\x01\x00\x00", "BYTES element 0 has no complete 4-byte length prefix"),
+        (7, b"\x01\x00\x00\x00a\x01\x00", "BYTES element 1 has no complete 4-byte length prefix"),
+        (9, b"\x09\x00\x00\x00abcde", "BYTES element 0 claims 9 bytes, past the end of its binary_data_size 9"),
+        (10, b"\x01\x00\x00\x00a\x01\x00\x00\x00", "binary_data_size 10 runs past the end of the body"),
+        (11, b"\x01\x00\x00\x00a\x01\x00\x00\x00bc", "binary_data_size is 11 but its 2 BYTES element(s) use 10"),
+        (-1, b"", "binary_data_size must be a non-negative integer, got -1"),
+        ("10", b"\x01\x00\x00\x00a\x01\x00\x00\x00b", "binary_data_size must be a non-negative integer, got '10'"),
+        (True, b"\x01\x00\x00\x00a", "got True"),
+    ],
+    ids=[
+        "truncated-prefix",
+        "truncated-second-prefix",
+        "length-past-end",
+        "size-past-body",
+        "leftover",
+        "negative-size",
+        "string-size",
+        "bool-size",
+    ],
+)
 def test_malformed_binary_bytes_name_the_problem(size: object, raw: bytes, message: str) -> None:
     body, header_length = binary_request(size, raw, shape=[2] if size not in (9, True) else [1], datatype="BYTES")
     with pytest.raises(BadRequest) as caught:
@@ -582,16 +683,19 @@ def test_malformed_binary_bytes_name_the_problem(size: object, raw: bytes, messa
     assert message in str(caught.value)
 
 
-@pytest.mark.parametrize("data, shape, message", [
-    ([1, 2], [2], "BYTES elements must be strings"),
-    (["a", None], [2], "BYTES elements must be strings"),
-    ([["a"], ["b", "c"]], [2, 2], "nested lists of different lengths"),
-    ([["a", "b"], ["c", "d"]], [4], "nested more than 1 deep, the shape's dimensions"),
-    ([[[["a"]]]] * 2, [2, 1], "nested more than 2 deep"),
-    ([["a", "b"]], [2, 1], "nested as [1, 2] but shape is [2, 1]"),
-    (["a", "b", "c"], [2], "shape [2] needs 2 elements but data has 3"),
-    ("ab", [2], "shape [2] needs 2 elements but data has 1"),
-])
+@pytest.mark.parametrize(
+    "data, shape, message",
+    [
+        ([1, 2], [2], "BYTES elements must be strings"),
+        (["a", None], [2], "BYTES elements must be strings"),
+        ([["a"], ["b", "c"]], [2, 2], "nested lists of different lengths"),
+        ([["a", "b"], ["c", "d"]], [4], "nested more than 1 deep, the shape's dimensions"),
+        ([[[["a"]]]] * 2, [2, 1], "nested more than 2 deep"),
+        ([["a", "b"]], [2, 1], "nested as [1, 2] but shape is [2, 1]"),
+        (["a", "b", "c"], [2], "shape [2] needs 2 elements but data has 3"),
+        ("ab", [2], "shape [2] needs 2 elements but data has 1"),
+    ],
+)
 def test_malformed_json_bytes_name_the_problem(data: object, shape: list[int], message: str) -> None:
     with pytest.raises(BadRequest) as caught:
         decode_request(json_body({"name": "a", "shape": shape, "datatype": "BYTES", "data": data}))

@@ -16,8 +16,9 @@ from latlab.server.runtime import WARMUP_LENGTH, CudaGraphRunner, OnnxModel, Run
 
 
 def save(path: Path, nodes: list, inputs: list, outputs: list) -> Path:
-    model = helper.make_model(helper.make_graph(nodes, path.stem, inputs, outputs),
-                              opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    model = helper.make_model(
+        helper.make_graph(nodes, path.stem, inputs, outputs), opset_imports=[helper.make_opsetid("", 17)], ir_version=9
+    )
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
@@ -26,25 +27,34 @@ def save(path: Path, nodes: list, inputs: list, outputs: list) -> Path:
 def two_outputs(tmp_path: Path, batch: object = "batch") -> Path:
     """double = x + x, square = x * x, for x FP32 [batch, 4]."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4])
-    return save(tmp_path / "two.onnx",
-                [helper.make_node("Add", ["x", "x"], ["double"]), helper.make_node("Mul", ["x", "x"], ["square"])],
-                [x], [helper.make_tensor_value_info(n, TensorProto.FLOAT, [batch, 4]) for n in ("double", "square")])
+    return save(
+        tmp_path / "two.onnx",
+        [helper.make_node("Add", ["x", "x"], ["double"]), helper.make_node("Mul", ["x", "x"], ["square"])],
+        [x],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [batch, 4]) for n in ("double", "square")],
+    )
 
 
 def strings(tmp_path: Path) -> Path:
     """t = Identity(s) for s STRING [batch, 2]."""
-    return save(tmp_path / "strings.onnx", [helper.make_node("Identity", ["s"], ["t"])],
-                [helper.make_tensor_value_info("s", TensorProto.STRING, ["batch", 2])],
-                [helper.make_tensor_value_info("t", TensorProto.STRING, ["batch", 2])])
+    return save(
+        tmp_path / "strings.onnx",
+        [helper.make_node("Identity", ["s"], ["t"])],
+        [helper.make_tensor_value_info("s", TensorProto.STRING, ["batch", 2])],
+        [helper.make_tensor_value_info("t", TensorProto.STRING, ["batch", 2])],
+    )
 
 
 def tokens(tmp_path: Path) -> Path:
     """n = ids + 1 for ids INT64 [batch, seq]: a dynamic dimension besides the batch."""
     one = helper.make_tensor("one", TensorProto.INT64, [], [1])
-    graph = helper.make_graph([helper.make_node("Add", ["ids", "one"], ["n"])], "tokens",
-                              [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])],
-                              [helper.make_tensor_value_info("n", TensorProto.INT64, ["batch", "seq"])],
-                              initializer=[one])
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["ids", "one"], ["n"])],
+        "tokens",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", "seq"])],
+        [helper.make_tensor_value_info("n", TensorProto.INT64, ["batch", "seq"])],
+        initializer=[one],
+    )
     path = tmp_path / "tokens.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
     return path
@@ -110,8 +120,10 @@ def test_cuda_graph_buffers_replay_with_new_inputs(tmp_path: Path) -> None:
 
 
 def test_cuda_graph_is_refused_for_dynamic_dimensions(tmp_path: Path) -> None:
-    assert capture_refusal(tokens(tmp_path), ["ids", "n"], False) == \
-        "['ids', 'n'] have dynamic dimensions besides the batch (a graph replays fixed shapes)"
+    assert (
+        capture_refusal(tokens(tmp_path), ["ids", "n"], False)
+        == "['ids', 'n'] have dynamic dimensions besides the batch (a graph replays fixed shapes)"
+    )
 
 
 def test_string_model_runs_bytes_inputs_as_text(tmp_path: Path) -> None:

@@ -23,8 +23,12 @@ from tests.text_models import TOKENIZER, WIDTH, token_model
 
 
 def text_deployment(path: Path, max_length: int = 16, **batcher: object) -> dict:
-    return {"name": "toy-text", "model_path": str(path), "batcher": batcher,
-            "tokenizer": {"file": str(TOKENIZER), "max_length": max_length}}
+    return {
+        "name": "toy-text",
+        "model_path": str(path),
+        "batcher": batcher,
+        "tokenizer": {"file": str(TOKENIZER), "max_length": max_length},
+    }
 
 
 def front(max_length: int = 16, inputs: tuple[str, ...] = ("input_ids", "attention_mask")) -> TextFrontEnd:
@@ -43,7 +47,7 @@ def test_a_request_is_tokenized_with_its_own_padding_and_mask() -> None:
     reference.no_padding()
     want = reference.encode("hello world").ids
     assert tensors["input_ids"].dtype == np.int64 and tensors["input_ids"].shape[0] == 2
-    assert list(tensors["input_ids"][0, :len(want)]) == want and (tensors["input_ids"][0, len(want):] == 0).all()
+    assert list(tensors["input_ids"][0, : len(want)]) == want and (tensors["input_ids"][0, len(want) :] == 0).all()
     assert list(tensors["attention_mask"].sum(1)) == [len(want), tensors["input_ids"].shape[1]]
     assert truncated == 0 and set(tensors) == {"input_ids", "attention_mask"}
 
@@ -56,8 +60,9 @@ def test_long_sentences_are_cut_at_max_length_and_counted() -> None:
 
 def test_the_batcher_pads_token_inputs_and_keeps_the_configured_length_buckets() -> None:
     padding = front(inputs=("input_ids", "attention_mask", "token_type_ids")).padding(PaddingSettings(bucket=16))
-    assert padding == PaddingSettings(axis=1, values={"input_ids": 0, "attention_mask": 0, "token_type_ids": 0},
-                                      bucket=16)
+    assert padding == PaddingSettings(
+        axis=1, values={"input_ids": 0, "attention_mask": 0, "token_type_ids": 0}, bucket=16
+    )
     assert front().padding(PaddingSettings(values={"input_ids": 7})).values == {"input_ids": 7, "attention_mask": 0}
 
 
@@ -66,15 +71,18 @@ def test_token_type_ids_are_zeros_when_the_model_takes_them() -> None:
     assert tensors["token_type_ids"].shape == tensors["input_ids"].shape and not tensors["token_type_ids"].any()
 
 
-@pytest.mark.parametrize("inputs, message", [
-    (text(b"fine", b"caf\xe9"), "sentence 1 is not UTF-8"),
-    (text(b"fine", b""), "sentence 1 is empty"),
-    (text(b"   \n"), "sentence 0 is empty"),
-    ({"text": np.array([1.0], np.float32)}, "must be BYTES"),
-    ({"text": np.array([[b"a", b"b"]], dtype=object)}, "must have shape [-1]"),
-    ({"text": np.empty(0, dtype=object)}, "at least one sentence"),
-    ({"input_ids": np.ones((1, 3), np.int64)}, "takes one input 'text'"),
-])
+@pytest.mark.parametrize(
+    "inputs, message",
+    [
+        (text(b"fine", b"caf\xe9"), "sentence 1 is not UTF-8"),
+        (text(b"fine", b""), "sentence 1 is empty"),
+        (text(b"   \n"), "sentence 0 is empty"),
+        ({"text": np.array([1.0], np.float32)}, "must be BYTES"),
+        ({"text": np.array([[b"a", b"b"]], dtype=object)}, "must have shape [-1]"),
+        ({"text": np.empty(0, dtype=object)}, "at least one sentence"),
+        ({"input_ids": np.ones((1, 3), np.int64)}, "takes one input 'text'"),
+    ],
+)
 def test_bad_text_is_refused_naming_the_problem(inputs: dict, message: str) -> None:
     with pytest.raises(BadRequest, match=message.replace("[", r"\[").replace("]", r"\]")):
         front().encode(inputs)
@@ -83,22 +91,30 @@ def test_bad_text_is_refused_naming_the_problem(inputs: dict, message: str) -> N
 def test_config_reads_the_tokenizer_table(tmp_path: Path) -> None:
     (tmp_path / "tok").mkdir()
     (tmp_path / "tok" / "tokenizer.json").write_bytes(TOKENIZER.read_bytes())
-    config = parse_config({"deployments": [{"name": "t", "model_path": "m.onnx",
-                                            "tokenizer": {"file": "tok/tokenizer.json", "max_length": 256}}]},
-                          base_dir=tmp_path)
+    config = parse_config(
+        {
+            "deployments": [
+                {"name": "t", "model_path": "m.onnx", "tokenizer": {"file": "tok/tokenizer.json", "max_length": 256}}
+            ]
+        },
+        base_dir=tmp_path,
+    )
     assert config.deployments[0].tokenizer == TokenizerSettings(tmp_path / "tok" / "tokenizer.json", 256)
     assert parse_config({"deployments": [{"name": "t", "model_path": "m.onnx"}]}).deployments[0].tokenizer is None
 
 
-@pytest.mark.parametrize("table, message", [
-    ({"max_length": 8}, "file must name"),
-    ({"file": str(TOKENIZER)}, "max_length is required"),
-    ({"file": str(TOKENIZER), "max_length": 2}, "max_length must be in 3..8192"),
-    ({"file": str(TOKENIZER), "max_length": "8"}, "max_length must be an integer"),
-    ({"file": "nowhere/tokenizer.json", "max_length": 8}, "does not exist"),
-    ({"file": str(TOKENIZER), "max_length": 8, "lowercase": True}, "unknown setting"),
-    ("tokenizer.json", "must be a table"),
-])
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        ({"max_length": 8}, "file must name"),
+        ({"file": str(TOKENIZER)}, "max_length is required"),
+        ({"file": str(TOKENIZER), "max_length": 2}, "max_length must be in 3..8192"),
+        ({"file": str(TOKENIZER), "max_length": "8"}, "max_length must be an integer"),
+        ({"file": "nowhere/tokenizer.json", "max_length": 8}, "does not exist"),
+        ({"file": str(TOKENIZER), "max_length": 8, "lowercase": True}, "unknown setting"),
+        ("tokenizer.json", "must be a table"),
+    ],
+)
 def test_bad_tokenizer_tables_are_config_errors(table: object, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_config({"deployments": [{"name": "t", "model_path": "m.onnx", "tokenizer": table}]})
@@ -114,8 +130,15 @@ def test_a_file_that_is_no_tokenizer_and_a_model_without_token_inputs_fail_to_lo
 
 @pytest.fixture
 def client(tmp_path: Path):
-    config = parse_config({"deployments": [text_deployment(token_model(tmp_path / "toy" / "model.onnx"),
-                                                           max_batch_size=8, max_queue_delay_ms=200.0)]})
+    config = parse_config(
+        {
+            "deployments": [
+                text_deployment(
+                    token_model(tmp_path / "toy" / "model.onnx"), max_batch_size=8, max_queue_delay_ms=200.0
+                )
+            ]
+        }
+    )
     registry = CollectorRegistry()
     app = create_app(config, registry)
     yield app.test_client(), registry
@@ -165,6 +188,7 @@ def test_requests_of_different_lengths_batched_together_equal_each_alone(client)
     def send(index: int) -> None:
         start.wait()
         batched[index] = embedding_of(*infer(test_client, [sentences[index]]))
+
     threads = [threading.Thread(target=send, args=(i,)) for i in range(len(sentences))]
     for thread in threads:
         thread.start()
@@ -187,12 +211,14 @@ def test_a_bad_sentence_fails_its_request_alone(client) -> None:
 
     def send_bad() -> None:
         start.wait()
-        answers["bad"] = test_client.post("/v2/models/toy-text/infer", data=bad,
-                                          headers={"Content-Type": "application/json"})
+        answers["bad"] = test_client.post(
+            "/v2/models/toy-text/infer", data=bad, headers={"Content-Type": "application/json"}
+        )
 
     def send_good() -> None:
         start.wait()
         answers["good"] = infer(test_client, ["a valid sentence"])[0]
+
     threads = [threading.Thread(target=send_bad), threading.Thread(target=send_good)]
     for thread in threads:
         thread.start()
@@ -225,8 +251,10 @@ def test_a_text_deployment_on_cuda_equals_the_cpu_one(tmp_path: Path) -> None:
     app = create_app(parse_config({"deployments": [cpu, gpu]}), CollectorRegistry())
     try:
         body = text_body(["a sentence on the device", "long " * 40])
-        answers = [app.test_client().post(f"/v2/models/{name}/infer", data=body.data, headers=body.headers)
-                   for name in ("on-cpu", "on-cuda")]
+        answers = [
+            app.test_client().post(f"/v2/models/{name}/infer", data=body.data, headers=body.headers)
+            for name in ("on-cpu", "on-cuda")
+        ]
         assert [a.status_code for a in answers] == [200, 200]
         assert app.extensions["latlab"].deployments["on-cuda"].model.bound
         np.testing.assert_allclose(embedding_of(answers[1], None), embedding_of(answers[0], None), rtol=1e-5, atol=1e-6)

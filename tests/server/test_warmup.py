@@ -61,8 +61,9 @@ class RunSpy:
 def test_warmup_runs_every_batch_size_before_ready(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spy = RunSpy(monkeypatch)
     registry = CollectorRegistry()
-    deployment = Deployment(config(two_outputs(tmp_path), batcher={"max_batch_size": 6}).deployments[0],
-                            ServerMetrics(registry))
+    deployment = Deployment(
+        config(two_outputs(tmp_path), batcher={"max_batch_size": 6}).deployments[0], ServerMetrics(registry)
+    )
     try:
         assert deployment.wait_ready(30)
         assert spy.warmup_sizes == [1, 2, 3, 4, 5, 6]
@@ -71,8 +72,9 @@ def test_warmup_runs_every_batch_size_before_ready(tmp_path: Path, monkeypatch: 
         deployment.close()
 
 
-def test_readiness_is_false_until_warmup_ends_while_live_answers(tiny_model: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_readiness_is_false_until_warmup_ends_while_live_answers(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     spy = RunSpy(monkeypatch)
     spy.release.clear()
     monkeypatch.setattr(deployment_module, "WARMUP_WAIT_S", 0.0)
@@ -99,8 +101,9 @@ def test_readiness_is_false_until_warmup_ends_while_live_answers(tiny_model: Pat
 
 
 def test_small_model_is_ready_when_built(tiny_model: Path) -> None:
-    deployment = Deployment(config(tiny_model, batcher={"max_batch_size": 8}).deployments[0],
-                            ServerMetrics(CollectorRegistry()))
+    deployment = Deployment(
+        config(tiny_model, batcher={"max_batch_size": 8}).deployments[0], ServerMetrics(CollectorRegistry())
+    )
     try:
         assert deployment.ready  # the constructor waits up to WARMUP_WAIT_S for a warm-up this small
     finally:
@@ -123,8 +126,9 @@ def test_close_during_warmup_stops_it(tiny_model: Path, monkeypatch: pytest.Monk
     spy = RunSpy(monkeypatch)
     spy.release.clear()
     monkeypatch.setattr(deployment_module, "WARMUP_WAIT_S", 0.0)
-    deployment = Deployment(config(tiny_model, batcher={"max_batch_size": 50}).deployments[0],
-                            ServerMetrics(CollectorRegistry()))
+    deployment = Deployment(
+        config(tiny_model, batcher={"max_batch_size": 50}).deployments[0], ServerMetrics(CollectorRegistry())
+    )
     closer = threading.Thread(target=deployment.close)
     closer.start()
     spy.release.set()
@@ -133,8 +137,9 @@ def test_close_during_warmup_stops_it(tiny_model: Path, monkeypatch: pytest.Monk
     assert len(spy.warmup_sizes) < 50 and not deployment.ready
 
 
-def test_failed_warmup_run_is_logged_and_the_deployment_serves(tiny_model: Path, monkeypatch: pytest.MonkeyPatch,
-                                                               caplog: pytest.LogCaptureFixture) -> None:
+def test_failed_warmup_run_is_logged_and_the_deployment_serves(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     def refuse_zeros(model: OnnxModel, inputs: dict, outputs: list[str] | None = None) -> dict:
         raise RuntimeError("zeros are not valid for this model")
 
@@ -148,13 +153,19 @@ def test_failed_warmup_run_is_logged_and_the_deployment_serves(tiny_model: Path,
 
 
 def test_describe_names_the_environment_and_options(tiny_model: Path) -> None:
-    deployment = Deployment(config(tiny_model, cpu={"intra_op_threads": 1}).deployments[0],
-                            ServerMetrics(CollectorRegistry()))
+    deployment = Deployment(
+        config(tiny_model, cpu={"intra_op_threads": 1}).deployments[0], ServerMetrics(CollectorRegistry())
+    )
     try:
         described = deployment.describe()
-        assert described["environment"] == {"onnxruntime": ort.__version__, "providers": ["CPUExecutionProvider"],
-                                            "cpu": cpu_model(), "cores": deployment.environment["cores"],
-                                            "gpu": None, "cpu_threads": 1}
+        assert described["environment"] == {
+            "onnxruntime": ort.__version__,
+            "providers": ["CPUExecutionProvider"],
+            "cpu": cpu_model(),
+            "cores": deployment.environment["cores"],
+            "gpu": None,
+            "cpu_threads": 1,
+        }
         assert described["environment"]["cores"] >= 1
         assert described["cpu"]["intra_op_threads"] == 1
         assert "cuda" not in described and "tensorrt" not in described  # CPU deployment: no device options
@@ -165,15 +176,22 @@ def test_describe_names_the_environment_and_options(tiny_model: Path) -> None:
 
 def test_a_batch_runs_the_outputs_all_its_requests_asked_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spy = RunSpy(monkeypatch)
-    deployment = Deployment(config(two_outputs(tmp_path), warmup=False,
-                                   batcher={"max_batch_size": 4, "max_queue_delay_ms": 10_000,
-                                            "preferred_batch_sizes": [2]}).deployments[0],
-                            ServerMetrics(CollectorRegistry()))
+    deployment = Deployment(
+        config(
+            two_outputs(tmp_path),
+            warmup=False,
+            batcher={"max_batch_size": 4, "max_queue_delay_ms": 10_000, "preferred_batch_sizes": [2]},
+        ).deployments[0],
+        ServerMetrics(CollectorRegistry()),
+    )
     x = np.arange(4, dtype=np.float32).reshape(1, 4)
     try:
+
         def submit_pair(first: list[str] | None, second: list[str] | None) -> list[dict]:
-            futures = [deployment.batcher.submit({"x": x}, 1, outputs=deployment.selection(wanted))
-                       for wanted in (first, second)]
+            futures = [
+                deployment.batcher.submit({"x": x}, 1, outputs=deployment.selection(wanted))
+                for wanted in (first, second)
+            ]
             return [future.result(30) for future in futures]
 
         same = submit_pair(["square"], ["square"])
@@ -216,11 +234,19 @@ def test_a_string_model_is_served_with_bytes_in_json_and_binary(tmp_path: Path) 
         assert answer["outputs"] == [{"name": "t", "datatype": "BYTES", "shape": [1, 2], "data": ["caf\u00e9", ""]}]
 
         raw = b"".join(len(x).to_bytes(4, "little") + x for x in [b"ab", b"\xe2\x98\x83"])
-        header = orjson.dumps({"inputs": [{"name": "s", "shape": [1, 2], "datatype": "BYTES",
-                                           "parameters": {"binary_data_size": len(raw)}}],
-                               "parameters": {"binary_data_output": True}})
-        response = client.post("/v2/models/m/infer", data=header + raw,
-                               headers={HEADER_LENGTH: str(len(header)), "Content-Type": "application/octet-stream"})
+        header = orjson.dumps(
+            {
+                "inputs": [
+                    {"name": "s", "shape": [1, 2], "datatype": "BYTES", "parameters": {"binary_data_size": len(raw)}}
+                ],
+                "parameters": {"binary_data_output": True},
+            }
+        )
+        response = client.post(
+            "/v2/models/m/infer",
+            data=header + raw,
+            headers={HEADER_LENGTH: str(len(header)), "Content-Type": "application/octet-stream"},
+        )
         assert response.status_code == 200
         length = int(response.headers[HEADER_LENGTH])
         assert orjson.loads(response.data[:length])["outputs"][0]["parameters"] == {"binary_data_size": len(raw)}
