@@ -125,7 +125,7 @@ def stub_out(part: str, app, mode: str, body: bytes) -> None:
         fastpath.encode_response = lambda *args: answer
     elif part == "metrics":  # every Prometheus update of the path
         idle = NoMetrics()
-        deployment.observer = deployment.batcher._observer = idle
+        deployment.metrics = deployment.batcher._metrics = idle
     else:
         raise SystemExit(f"unknown part {part!r}; one of {', '.join(STUBS)}")
 

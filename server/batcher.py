@@ -17,19 +17,19 @@ from latlab.server.config import BatcherSettings, PaddingSettings
 from latlab.server.errors import ComputeError, ModelNotReady, QueueFull, RequestTimeout, public_message
 from latlab.server.tensors import Tensors, merge, request_length, shape_key, split
 
-__all__ = ["BatchObserver", "DynamicBatcher", "requested_outputs"]
+__all__ = ["BatchMetrics", "DynamicBatcher", "requested_outputs"]
 log = logging.getLogger("latlab.server.batcher")
 
 
-class BatchObserver(Protocol):
-    """What the batcher reports (metrics implement it)."""
+class BatchMetrics(Protocol):
+    """What the batcher reports to its metrics (metrics.DeploymentMetrics implements it)."""
 
     def queue_depth(self, depth: int) -> None: ...
     def rejected(self, reason: str) -> None: ...
     def batch_done(self, size: int, queue_s: Sequence[float], compute_s: float, ok: bool) -> None: ...
 
 
-class _NoObserver:
+class _NoMetrics:
     def queue_depth(self, depth: int) -> None: ...
     def rejected(self, reason: str) -> None: ...
     def batch_done(self, size: int, queue_s: Sequence[float], compute_s: float, ok: bool) -> None: ...
@@ -49,7 +49,7 @@ class DynamicBatcher:
         self,
         run_batch: Callable[..., Tensors],
         settings: BatcherSettings,
-        observer: BatchObserver | None = None,
+        metrics: BatchMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         name: str = "batcher",
         padding: PaddingSettings | None = None,
@@ -58,7 +58,7 @@ class DynamicBatcher:
         self._settings = settings
         self._padding = padding if padding and padding.values else None
         self._queue = BatchQueue(settings)
-        self._observer = observer or _NoObserver()
+        self._metrics = metrics or _NoMetrics()
         self._clock = clock
         self._timeout_s = settings.timeout_ms / 1000.0
         self._cond = threading.Condition()
@@ -96,7 +96,7 @@ class DynamicBatcher:
             else:  # decided at arrival, never queued: the queue stays empty and its gauge untouched
                 direct = self._queue.sends_alone(pending, free)
                 if not direct:
-                    self._observer.queue_depth(len(self._queue))
+                    self._metrics.queue_depth(len(self._queue))
             if direct:
                 self._busy += 1
             else:
@@ -150,16 +150,16 @@ class DynamicBatcher:
         try:
             self._queue.put(pending)
         except QueueFull:
-            self._observer.rejected("queue_full")
+            self._metrics.rejected("queue_full")
             raise
-        self._observer.queue_depth(len(self._queue))
+        self._metrics.queue_depth(len(self._queue))
 
     def refuse_if_full(self) -> None:
         """Raise QueueFull, counting the rejection, when the queue is full right now. Read without the lock:
         a racy snapshot, enough to refuse a request before its body is read; submit's own check, under the
         lock, stays the authority for the requests let through."""
         if self._queue.full:
-            self._observer.rejected("queue_full")
+            self._metrics.rejected("queue_full")
             raise self._queue.full_error()
 
     def adaptive_state(self) -> dict[str, float | None]:
@@ -207,7 +207,7 @@ class DynamicBatcher:
                 for pending in expired:
                     self._fail(pending, RequestTimeout(f"expired after {now - pending.enqueued_at:.3f} s in the queue"))
                 if expired:
-                    self._observer.queue_depth(len(self._queue))
+                    self._metrics.queue_depth(len(self._queue))
                 free = self._settings.instances - self._busy
                 if free <= 0:  # every instance runs a batch (a request thread may run its own): wait for one
                     self._cond.wait()
@@ -215,7 +215,7 @@ class DynamicBatcher:
                 decision = self._queue.take(now, flush=self._closing, free_instances=free)
                 if isinstance(decision, list):
                     self._busy += 1
-                    self._observer.queue_depth(len(self._queue))
+                    self._metrics.queue_depth(len(self._queue))
                     if self._queue:
                         self._cond.notify()  # another worker may start the next batch
                     return decision
@@ -226,7 +226,7 @@ class DynamicBatcher:
     def _fail(self, pending: Pending, error: Exception) -> None:
         if pending.future.set_running_or_notify_cancel():
             pending.future.set_exception(error)
-        self._observer.rejected("timeout")
+        self._metrics.rejected("timeout")
 
     def _run(self, batch: list[Pending]) -> float | None:
         """Run one batch and answer its futures; returns the model's run time (None when not run or failed)."""
@@ -247,14 +247,14 @@ class DynamicBatcher:
             error = ComputeError(f"model run failed: {public_message(exc)}")
             for pending in batch:
                 pending.future.set_exception(error)
-            self._observer.batch_done(
+            self._metrics.batch_done(
                 sum(sizes), [started - p.enqueued_at for p in batch], self._clock() - started, ok=False
             )
             return None
         compute_s = self._clock() - started
         for pending, part in zip(batch, parts):
             pending.future.set_result(part)
-        self._observer.batch_done(sum(sizes), [started - p.enqueued_at for p in batch], compute_s, ok=True)
+        self._metrics.batch_done(sum(sizes), [started - p.enqueued_at for p in batch], compute_s, ok=True)
         return run_s
 
 

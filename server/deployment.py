@@ -15,7 +15,7 @@ from latlab.server.admission import admission_for
 from latlab.server.batcher import DynamicBatcher
 from latlab.server.config import DeploymentConfig
 from latlab.server.errors import BadRequest, ConfigError
-from latlab.server.metrics import DeploymentObserver, ServerMetrics
+from latlab.server.metrics import DeploymentMetrics, ServerMetrics
 from latlab.server.protocol import InferRequest
 from latlab.server.runtime import OnnxModel
 from latlab.server.text import TextFrontEnd, text_front_end, timed_encode
@@ -39,14 +39,14 @@ class Deployment:
         labels = {"deployment": config.name, "model": config.model, "provider": config.provider}
         metrics.model_load.labels(**labels).set(time.perf_counter() - started)
         metrics.queue_capacity.labels(**labels).set(config.batcher.max_queue_size)
-        self.observer: DeploymentObserver = metrics.for_deployment(labels)
-        self.admission = admission_for(config, admission, lambda: self.observer.rejected("queue_full"))
+        self.metrics: DeploymentMetrics = metrics.for_deployment(labels)
+        self.admission = admission_for(config, admission, lambda: self.metrics.rejected("queue_full"))
         if self.admission.limit is not None:
             metrics.admission_limit.labels(**labels).set(self.admission.limit)
         _check_padding(config, {spec.name for spec in self.model.inputs})
         self.text = text_front_end(config, {spec.name: spec.dtype for spec in self.model.inputs})
         padding = config.padding if self.text is None else self.text.padding(config.padding)
-        self.batcher = DynamicBatcher(self._run_batch, config.batcher, self.observer, name=config.name, padding=padding)
+        self.batcher = DynamicBatcher(self._run_batch, config.batcher, self.metrics, name=config.name, padding=padding)
         self._output_names = {o.name for o in self.model.outputs}
         self._output_order = [o.name for o in self.model.outputs]
         self.environment = environment(self.model)
@@ -93,9 +93,9 @@ class Deployment:
         a device the transfer times reported apart."""
         results, timings = self.model.run_timed(inputs, None if outputs is None else list(outputs))
         rows = next((array.shape[0] for array in inputs.values() if array.ndim), 0)
-        self.observer.rows_run(self.model.bucket_for(rows), rows)
+        self.metrics.rows_run(self.model.bucket_for(rows), rows)
         if timings is not None:
-            self.observer.transfer_done(timings.input_s, timings.output_s)
+            self.metrics.transfer_done(timings.input_s, timings.output_s)
         return results
 
     def selection(self, outputs: list[str] | None) -> tuple[str, ...] | None:
@@ -106,7 +106,7 @@ class Deployment:
 
     def infer(self, request: InferRequest) -> dict[str, np.ndarray]:
         self.check_outputs(request.outputs)
-        inputs = tokenized(self.text, self.observer, request)
+        inputs = tokenized(self.text, self.metrics, request)
         outputs = self.batcher.infer(*self.queued(inputs, request.outputs, request.parameters, request.finite))
         return picked(outputs, request.outputs)
 
@@ -189,13 +189,13 @@ def environment(model: OnnxModel) -> dict:
     }
 
 
-def tokenized(text: TextFrontEnd | None, observer: DeploymentObserver, request: InferRequest) -> dict[str, np.ndarray]:
+def tokenized(text: TextFrontEnd | None, metrics: DeploymentMetrics, request: InferRequest) -> dict[str, np.ndarray]:
     """A request's model inputs: a text deployment's sentences tokenized here, on the request's thread before
     queueing (a bad sentence fails its request alone), and the truncation said in the response."""
     if text is None:
         return request.inputs
     inputs, truncated, seconds = timed_encode(text, request.inputs)
-    observer.preprocessed(seconds)
+    metrics.preprocessed(seconds)
     request.response_parameters["truncated"] = truncated
     return inputs
 

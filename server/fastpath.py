@@ -158,8 +158,8 @@ class InferRoute:
         started = time.perf_counter()
         check_bearer(self.state.config.auth_token, environ.get("HTTP_AUTHORIZATION"))
         deployment = self.state.get(name, version)
-        observer = deployment.observer
-        observer.inflight.inc()
+        metrics = deployment.metrics
+        metrics.inflight.inc()
         outcome = "ok"
         admitted = False
         try:
@@ -179,8 +179,8 @@ class InferRoute:
         finally:
             if admitted:
                 deployment.admission.leave()
-            observer.inflight.dec()
-            observer.answered(outcome, time.perf_counter() - started)
+            metrics.inflight.dec()
+            metrics.answered(outcome, time.perf_counter() - started)
         if header_length is None:
             return 200, [_JSON], body
         return 200, [("Content-Type", "application/octet-stream"), (HEADER_LENGTH, str(header_length))], body

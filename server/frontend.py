@@ -124,11 +124,11 @@ class RemoteDeployment:
         self.config = config
         self.client = client
         labels = {"deployment": config.name, "model": config.model, "provider": config.provider}
-        self.observer = metrics.for_deployment(labels)
+        self.metrics = metrics.for_deployment(labels)
         self.admission = admission.for_deployment(
             index,
             admitted_bound(config.batcher) if bounded else None,
-            lambda: self.observer.rejected("queue_full"),
+            lambda: self.metrics.rejected("queue_full"),
             bound_detail(config.batcher),
         )
         self.text = text_front_end(config, {name: np.dtype(dtype) for name, dtype in inputs.items()})
@@ -143,7 +143,7 @@ class RemoteDeployment:
         queue; the engine's own check, at submit, refuses (503) what passes the door of a fuller queue."""
 
     def infer(self, request: InferRequest) -> dict[str, np.ndarray]:
-        inputs = tokenized(self.text, self.observer, request)
+        inputs = tokenized(self.text, self.metrics, request)
         described, frames = tensor_frames(inputs)
         header = {
             "kind": "infer",

@@ -69,7 +69,7 @@ BATCH_BUCKETS = tuple(float(2**i) for i in range(12))  # 1 .. 2048
 
 
 class ServerMetrics:
-    """The server's metrics; `for_deployment` gives a batch observer bound to one deployment's labels.
+    """The server's metrics; `for_deployment` gives the batcher's metrics bound to one deployment's labels.
     `process`: whether this registry also describes the process and the GPUs (False in the processes of a
     multi-front-end server, whose /metrics is multiprocess_registry's view of them all). Each gauge says how
     processes' values combine (ignored in one process)."""
@@ -192,12 +192,13 @@ class ServerMetrics:
             registry=registry,
         )
 
-    def for_deployment(self, labels: dict[str, str]) -> "DeploymentObserver":
-        return DeploymentObserver(self, labels)
+    def for_deployment(self, labels: dict[str, str]) -> "DeploymentMetrics":
+        return DeploymentMetrics(self, labels)
 
 
-class DeploymentObserver:
-    """Implements the batcher's observer for one deployment; children are resolved once, not per call."""
+class DeploymentMetrics:
+    """The batcher's metrics for one deployment (batcher.BatchMetrics and the request path's); children are
+    resolved once, not per call."""
 
     def __init__(self, metrics: ServerMetrics, labels: dict[str, str]) -> None:
         self.labels = labels

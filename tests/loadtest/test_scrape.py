@@ -9,7 +9,7 @@ import requests
 from prometheus_client import CollectorRegistry, generate_latest
 
 from latlab.loadtest.scrape import average_batch, batch_totals, fetch, observer, server_step, snapshot
-from latlab.server.metrics import DeploymentObserver, ServerMetrics
+from latlab.server.metrics import DeploymentMetrics, ServerMetrics
 
 from tests.loadtest.stub_server import StubModel, stub_server
 from tests.reliability.conftest import running_server
@@ -23,10 +23,10 @@ def metrics() -> ServerMetrics:
     return ServerMetrics(CollectorRegistry())
 
 
-def run_batches(observer: DeploymentObserver, sizes: list[int]) -> None:
+def run_batches(metrics: DeploymentMetrics, sizes: list[int]) -> None:
     for size in sizes:
         # Queue and compute times large enough that reading the wrong histogram would show.
-        observer.batch_done(size, queue_s=[5.0] * size, compute_s=7.0, ok=True)
+        metrics.batch_done(size, queue_s=[5.0] * size, compute_s=7.0, ok=True)
 
 
 def scrape(metrics: ServerMetrics) -> str:

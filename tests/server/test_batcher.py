@@ -40,7 +40,7 @@ class Recorder:
         return {"y": inputs["x"] * 2}
 
 
-class ObserverRecorder:
+class MetricsRecorder:
     def __init__(self) -> None:
         self.batches: list[tuple[int, int, bool]] = []
         self.rejections: list[str] = []
@@ -62,8 +62,8 @@ def batchers():
     """Builds DynamicBatchers and closes every one after the test, so no worker thread outlives it."""
     made: list[DynamicBatcher] = []
 
-    def make(run_batch, observer=None, **overrides: object) -> DynamicBatcher:
-        batcher = DynamicBatcher(run_batch, settings(**overrides), observer, name="test")
+    def make(run_batch, metrics=None, **overrides: object) -> DynamicBatcher:
+        batcher = DynamicBatcher(run_batch, settings(**overrides), metrics, name="test")
         made.append(batcher)
         return batcher
 
@@ -128,8 +128,8 @@ def test_zero_delay_runs_without_waiting(batchers) -> None:
 
 def test_model_failure_fails_only_its_batch_and_serving_goes_on(batchers) -> None:
     run = Recorder(fail_when=lambda inputs: bool((inputs["x"] < 0).any()))
-    observer = ObserverRecorder()
-    batcher = batchers(run, observer, max_batch_size=2, max_queue_delay_ms=10_000.0)
+    metrics = MetricsRecorder()
+    batcher = batchers(run, metrics, max_batch_size=2, max_queue_delay_ms=10_000.0)
     bad = [batcher.submit({"x": -x(1, 1)}, 1), batcher.submit({"x": x(1)}, 1)]  # one full, failing batch
     for future in bad:
         with pytest.raises(ComputeError, match="model run failed: boom from the model"):
@@ -138,7 +138,7 @@ def test_model_failure_fails_only_its_batch_and_serving_goes_on(batchers) -> Non
     np.testing.assert_array_equal(good[0].result(RESULT_WAIT_S)["y"], x(1, 5) * 2)
     np.testing.assert_array_equal(good[1].result(RESULT_WAIT_S)["y"], x(1, 7) * 2)
     assert run.sizes == [2, 2]
-    assert observer.batches == [(2, 2, False), (2, 2, True)]
+    assert metrics.batches == [(2, 2, False), (2, 2, True)]
 
 
 def test_output_without_batch_dimension_is_a_compute_error(batchers) -> None:
@@ -151,8 +151,8 @@ def test_output_without_batch_dimension_is_a_compute_error(batchers) -> None:
 
 def test_close_drains_queued_work(batchers) -> None:
     run = Recorder()
-    observer = ObserverRecorder()
-    batcher = batchers(run, observer, max_batch_size=2, max_queue_delay_ms=60_000.0)
+    metrics = MetricsRecorder()
+    batcher = batchers(run, metrics, max_batch_size=2, max_queue_delay_ms=60_000.0)
     inputs = [x(1, 10 * i) for i in range(5)]
     futures = [batcher.submit({"x": a}, 1) for a in inputs]
     assert not any(f.done() for f in futures[4:])  # a partial batch is waiting on its long delay
@@ -161,7 +161,7 @@ def test_close_drains_queued_work(batchers) -> None:
     for future, a in zip(futures, inputs):
         np.testing.assert_array_equal(future.result(0)["y"], a * 2)
     assert sorted(run.sizes) == [1, 2, 2]
-    assert sum(size for size, _, _ in observer.batches) == 5
+    assert sum(size for size, _, _ in metrics.batches) == 5
 
 
 def test_submit_after_close_is_refused(batchers) -> None:
@@ -180,28 +180,28 @@ def test_close_of_an_idle_batcher_returns_promptly(batchers) -> None:
     assert time.monotonic() - started < RESULT_WAIT_S / 2  # woken at once, never waiting out the close timeout
 
 
-def test_observer_records_batch_sizes_and_queue_depth(batchers) -> None:
-    observer = ObserverRecorder()
-    batcher = batchers(Recorder(), observer, max_batch_size=3, max_queue_delay_ms=10_000.0)
+def test_metrics_record_batch_sizes_and_queue_depth(batchers) -> None:
+    metrics = MetricsRecorder()
+    batcher = batchers(Recorder(), metrics, max_batch_size=3, max_queue_delay_ms=10_000.0)
     for future in [batcher.submit({"x": x(1)}, 1) for _ in range(3)]:  # fills one batch
         future.result(RESULT_WAIT_S)
     for future in [batcher.submit({"x": x(2)}, 2), batcher.submit({"x": x(1)}, 1)]:  # fills another
         future.result(RESULT_WAIT_S)
-    assert [size for size, _, _ in observer.batches] == [3, 3]
-    assert [count for _, count, _ in observer.batches] == [3, 2]
-    assert all(ok for _, _, ok in observer.batches)
-    assert observer.depths[:3] == [1, 2, 3]
-    assert observer.depths[-1] == 0
+    assert [size for size, _, _ in metrics.batches] == [3, 3]
+    assert [count for _, count, _ in metrics.batches] == [3, 2]
+    assert all(ok for _, _, ok in metrics.batches)
+    assert metrics.depths[:3] == [1, 2, 3]
+    assert metrics.depths[-1] == 0
 
 
 def test_queue_full_is_refused_at_once_and_observed(batchers) -> None:
-    observer = ObserverRecorder()
-    batcher = batchers(Recorder(), observer, max_batch_size=8, max_queue_delay_ms=60_000.0, max_queue_size=2)
+    metrics = MetricsRecorder()
+    batcher = batchers(Recorder(), metrics, max_batch_size=8, max_queue_delay_ms=60_000.0, max_queue_size=2)
     batcher.submit({"x": x(1)}, 1)
     batcher.submit({"x": x(1)}, 1)
     with pytest.raises(QueueFull):
         batcher.submit({"x": x(1)}, 1)
-    assert observer.rejections == ["queue_full"]
+    assert metrics.rejections == ["queue_full"]
 
 
 def test_oversized_request_is_a_bad_request(batchers) -> None:
@@ -219,8 +219,8 @@ def test_expired_request_is_answered_with_timeout_and_never_computed(batchers) -
         gate.wait(RESULT_WAIT_S)
         return {"y": inputs["x"] * 2}
 
-    observer = ObserverRecorder()
-    batcher = batchers(slow, observer, max_batch_size=1, max_queue_delay_ms=0.0, timeout_ms=50.0)
+    metrics = MetricsRecorder()
+    batcher = batchers(slow, metrics, max_batch_size=1, max_queue_delay_ms=0.0, timeout_ms=50.0)
     first = batcher.submit({"x": x(1)}, 1)  # occupies the only worker until the gate opens
     second = batcher.submit({"x": x(1)}, 1)  # waits in the queue past its deadline
     time.sleep(0.1)
@@ -229,7 +229,7 @@ def test_expired_request_is_answered_with_timeout_and_never_computed(batchers) -
     with pytest.raises(RequestTimeout, match="expired after"):
         second.result(RESULT_WAIT_S)
     assert calls == [1]
-    assert "timeout" in observer.rejections
+    assert "timeout" in metrics.rejections
 
 
 def test_several_instances_run_batches_in_parallel(batchers) -> None:
@@ -347,16 +347,16 @@ def test_a_request_that_may_wait_for_others_is_left_to_the_worker(batchers) -> N
 def test_a_lone_request_is_decided_at_arrival_and_never_queued(batchers) -> None:
     """Batching off: each lone request runs at once without entering the queue, so the depth gauge is never
     moved; its refusals are those of the queue."""
-    observer = ObserverRecorder()
-    batcher = batchers(Recorder(), observer, max_batch_size=1, max_queue_delay_ms=0.0)
+    metrics = MetricsRecorder()
+    batcher = batchers(Recorder(), metrics, max_batch_size=1, max_queue_delay_ms=0.0)
     for i in range(5):
         np.testing.assert_array_equal(batcher.infer({"x": x(1, i)}, 1)["y"], x(1, i) * 2)
-    assert observer.depths == [] and observer.batches == [(1, 1, True)] * 5
+    assert metrics.depths == [] and metrics.batches == [(1, 1, True)] * 5
     with pytest.raises(BadRequest, match="exceeds this deployment's max_batch_size 1"):
         batcher.infer({"x": x(2)}, 2)
     with pytest.raises(BadRequest, match="parameters.priority"):
         batcher.infer({"x": x(1)}, 1, priority=3)
-    assert len(observer.batches) == 5
+    assert len(metrics.batches) == 5
 
 
 def test_a_run_on_the_calling_thread_holds_an_instance(batchers) -> None:

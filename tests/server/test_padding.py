@@ -256,7 +256,7 @@ def test_a_deployment_with_padding_batches_mixed_lengths_and_answers_each_alone(
             thread.join(WAIT_S)
     finally:
         deployment.close()
-    labels = deployment.observer.labels
+    labels = deployment.metrics.labels
     assert registry.get_sample_value("latlab_batcher_batch_size_count", labels) == 1  # one batch of both
     assert registry.get_sample_value("latlab_batcher_batch_size_sum", labels) == 2
     alone = RecordingSession(path)
