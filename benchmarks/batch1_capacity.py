@@ -87,16 +87,16 @@ def main(argv: list[str] | None = None) -> None:
                 "0",
                 "--max-windows",
                 "3",
-            )[0]["steps"][0]
+            )[0].steps[0]
             after, cpu_after, wall = totals(served), worker.cpu_times(), time.monotonic() - started
             runs = after["runs"] - before["runs"]
             run_s = after["run_s"] - before["run_s"]
             cores = (cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system) / wall
             print(
-                f"{rate:6.0f}/s: achieved {step['achieved_rps']:6.0f}/s  p99 {step['p99_s'] * 1e3:6.1f} ms  "
+                f"{rate:6.0f}/s: achieved {step.achieved_rps:6.0f}/s  p99 {step.p99_s * 1e3:6.1f} ms  "
                 f"run {run_s / runs * 1e3:.3f} ms  instance busy {run_s / wall:4.0%}  "
                 f"queue wait {(after['queue_s'] - before['queue_s']) / runs * 1e3:6.2f} ms  "
-                f"server {cores:.2f} cores  generator {step['generator_cpu_percent']:.0f}% of a core",
+                f"server {cores:.2f} cores  generator {step.generator_cpu_percent:.0f}% of a core",
                 flush=True,
             )
 

@@ -170,10 +170,10 @@ def cpu_split(folder: Path, model: Path, layout: str, rate: float) -> dict:
         )
         after, count_after = server_cpu(pid), mean_request_s(url, "mlp-batch")[1]
         answered = count_after - count_before
-        (step,) = curve["steps"]
+        (step,) = curve.steps
         return {
             "answered": answered,
-            "p99_ms": step["p99_s"] * 1e3,
+            "p99_ms": step.p99_s * 1e3,
             **{k: (after[k] - before[k]) / answered * 1e6 for k in after},
         }
 

@@ -55,12 +55,12 @@ def main(argv: list[str] | None = None) -> None:
                     "--max-windows",
                     "3",
                 )
-                step = deployment["steps"][-1]
-                per_request_ms = step["generator_cpu_percent"] / 100.0 / step["achieved_rps"] * 1e3
+                step = deployment.steps[-1]
+                per_request_ms = step.generator_cpu_percent / 100.0 / step.achieved_rps * 1e3
                 cost[client].append(per_request_ms)
                 print(
-                    f"{client:<8} {step['offered_rps']:8.0f} {step['achieved_rps']:9.0f} "
-                    f"{step['p99_s'] * 1e3:7.1f} {step['generator_cpu_percent']:9.1f} {per_request_ms:15.3f}"
+                    f"{client:<8} {step.offered_rps:8.0f} {step.achieved_rps:9.0f} "
+                    f"{step.p99_s * 1e3:7.1f} {step.generator_cpu_percent:9.1f} {per_request_ms:15.3f}"
                 )
     lean, locust = (statistics.median(cost[c]) for c in CLIENTS)
     print(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import json
 import subprocess
 import sys
 import threading
@@ -21,6 +20,7 @@ import requests
 from onnx import TensorProto, helper
 
 from latlab.common import procs
+from latlab.loadtest.results import RESULTS_FILE, Deployment, read_results
 from latlab.server.config import BatcherSettings, load_config, save_config
 from latlab.server.runtime import OnnxModel
 
@@ -126,7 +126,7 @@ def loadtest(
     out: Path,
     *options: str,
     meanwhile: Callable[[subprocess.Popen], None] | None = None,
-) -> list[dict]:
+) -> list[Deployment]:
     """Run `latlab loadtest` and return its results' deployments; `meanwhile(process)`, when given, runs in
     this process while the load test does (it should return once the process has ended)."""
     args = [
@@ -149,7 +149,7 @@ def loadtest(
             raise
     if process.returncode:
         raise RuntimeError(f"{' '.join(args)} failed:\n{stdout[-2000:]}{stderr[-2000:]}")
-    return json.loads((out / "results.json").read_text())["deployments"]
+    return read_results(out / RESULTS_FILE)[0].deployments
 
 
 def quantile(cumulative: dict[float, float], q: float) -> float | None:

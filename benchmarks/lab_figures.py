@@ -7,43 +7,39 @@ how many steps were decided, undecided and extended, and how often the stability
 from __future__ import annotations
 
 import argparse
-import json
 from collections import Counter
 from pathlib import Path
 
 from latlab.cli_options import parse_slos
+from latlab.loadtest.results import RESULTS_FILE, Deployment, read_results
 from latlab.loadtest.search import slo_verdict
 from latlab.report.verdict import label, max_rate_under, rate_text
 
 
-def curves(run_dir: Path) -> list[dict]:
+def curves(run_dir: Path) -> list[Deployment]:
     """Every deployment of the run's results files, in the order the lab swept them."""
     found = []
-    for path in sorted(run_dir.glob("*/results.json"), key=lambda p: p.stat().st_mtime):
-        found += json.loads(path.read_text())["deployments"]
+    for path in sorted(run_dir.glob(f"*/{RESULTS_FILE}"), key=lambda p: p.stat().st_mtime):
+        found += read_results(path)[0].deployments
     return found
 
 
-def slo_table(deployments: list[dict], slos: list[float]) -> list[str]:
+def slo_table(deployments: list[Deployment], slos: list[float]) -> list[str]:
     head = "| deployment | " + " | ".join(f"p99 ≤ {s * 1e3:g} ms" for s in slos) + " | steps (of them for brackets) |"
     lines = [head, "|---|" + "---:|" * (len(slos) + 1)]
     for curve in deployments:
-        cells = [rate_text(curve, max_rate_under(curve["steps"], s), s) for s in slos]
-        lines.append(
-            f"| {label(curve)} | " + " | ".join(cells) + f" | {len(curve['steps'])} ({curve.get('slo_steps', 0)}) |"
-        )
+        cells = [rate_text(curve, max_rate_under(curve.steps, s), s) for s in slos]
+        lines.append(f"| {label(curve)} | " + " | ".join(cells) + f" | {len(curve.steps)} ({curve.slo_steps or 0}) |")
     return lines
 
 
-def decision_counts(deployments: list[dict], slos: list[float]) -> list[str]:
-    steps = [s for c in deployments for s in c["steps"]]
+def decision_counts(deployments: list[Deployment], slos: list[float]) -> list[str]:
+    steps = [s for c in deployments for s in c.steps]
     verdicts = Counter(slo_verdict(s, slo) for s in steps for slo in slos)
     fully = sum(all(slo_verdict(s, slo) != "undecided" for slo in slos) for s in steps)
-    extended = sum(1 for s in steps if s.get("extended_windows"))
-    unstable = sum(1 for s in steps if not s.get("stable", True))
-    brackets = Counter(
-        b["meaning"].split(":")[0].split(" (")[0] for c in deployments for b in c.get("slo_brackets", [])
-    )
+    extended = sum(1 for s in steps if s.extended_windows)
+    unstable = sum(1 for s in steps if not s.stable)
+    brackets = Counter(b["meaning"].split(":")[0].split(" (")[0] for c in deployments for b in c.slo_brackets)
     return [
         f"- steps: {len(steps)}; decided for every SLO: {fully}; extended while undecided: {extended}",
         "- step-SLO decisions: " + ", ".join(f"{k} {v}" for k, v in sorted(verdicts.items())),

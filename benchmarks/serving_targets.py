@@ -54,8 +54,8 @@ def slo_rates(url: str, names: list[str], out: Path, options: list[str]) -> dict
     """Each deployment's highest rate meeting the SLO, and whether the search called it VALID."""
     found = {}
     for deployment in loadtest(url, names, out, *options):
-        search = deployment.get("search") or {}
-        found[deployment["name"]] = (search.get("rate") or 0.0, bool(search.get("valid")))
+        search = deployment.search or {}
+        found[deployment.name] = (search.get("rate") or 0.0, bool(search.get("valid")))
     return found
 
 
@@ -141,8 +141,8 @@ def low_load_p50(
     after = {d: served.histogram(name, d) for d in deployments}
     low = {}
     for result in results:
-        d, step = result["name"], result["steps"][0]
-        window = [seconds for at, seconds in paced if step["start_time"] <= at <= step["end_time"]]
+        d, step = result.name, result.steps[0]
+        window = [seconds for at, seconds in paced if step.start_time <= at <= step.end_time]
         low[d] = {
             "server": quantile({b: n - before[d].get(b, 0.0) for b, n in after[d].items()}, 0.5),
             "ort": float(np.median(window)),

@@ -14,7 +14,6 @@ The stub (tests/loadtest/stub_server.py) serves one request at a time, each in 1
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -26,9 +25,10 @@ sys.path.insert(0, str(ROOT))
 from tests.loadtest.stub_server import stub_process  # noqa: E402
 
 from latlab.common import procs  # noqa: E402
+from latlab.loadtest.results import RESULTS_FILE, Deployment, Step, read_results  # noqa: E402
 
 
-def loadtest(host: str, out: Path, *args: str) -> dict:
+def loadtest(host: str, out: Path, *args: str) -> Deployment:
     command = [
         sys.executable,
         "-m",
@@ -47,7 +47,7 @@ def loadtest(host: str, out: Path, *args: str) -> dict:
         *args,
     ]
     subprocess.run(command, check=True, capture_output=True, timeout=600)
-    return json.loads((out / "results.json").read_text())["deployments"][0]
+    return read_results(out / RESULTS_FILE)[0].deployments[0]
 
 
 def saturation_round(host: str, out: Path, capacity: float) -> float:
@@ -55,16 +55,16 @@ def saturation_round(host: str, out: Path, capacity: float) -> float:
         host, out, "--rates", f"{capacity / 3:g}", "--max-rate", f"{capacity * 15:g}", "--step-seconds", "3"
     )
     # the highest throughput of a step that kept up: what the report calls the deployment's max rate
-    sustained = max(s["achieved_rps"] for s in curve["steps"] if s["achieved_rps"] >= 0.9 * s["offered_rps"])
-    probes = ", ".join(f"{s['target']:.0f}" for s in sorted(curve["steps"], key=lambda s: s["start_time"]))
+    sustained = max(s.achieved_rps for s in curve.steps if s.achieved_rps >= 0.9 * s.offered_rps)
+    probes = ", ".join(f"{s.target:.0f}" for s in sorted(curve.steps, key=lambda s: s.start_time))
     print(
         f"  saturation search: probes {probes} req/s; sustained {sustained:.0f} = {sustained / capacity:.2f}x "
-        f"the capacity; saturated={curve['saturated']}"
+        f"the capacity; saturated={curve.saturated}"
     )
     return sustained / capacity
 
 
-def short_steps_round(host: str, out: Path, rates: list[float]) -> list[dict]:
+def short_steps_round(host: str, out: Path, rates: list[float]) -> list[Step]:
     curve = loadtest(
         host,
         out,
@@ -75,13 +75,13 @@ def short_steps_round(host: str, out: Path, rates: list[float]) -> list[dict]:
         "--step-seconds",
         "1.5",
     )
-    for step in curve["steps"]:
+    for step in curve.steps:
         print(
-            f"  short steps at {step['target']:>5.0f}/s: windows {step['window_seconds']:.2f} s, "
-            f"{step['samples']:4d} samples, achieved/offered {step['achieved_rps'] / step['offered_rps']:.3f}, "
-            f"offered/target {step['offered_rps'] / step['target']:.3f}"
+            f"  short steps at {step.target:>5.0f}/s: windows {step.window_seconds:.2f} s, "
+            f"{step.samples:4d} samples, achieved/offered {step.achieved_rps / step.offered_rps:.3f}, "
+            f"offered/target {step.offered_rps / step.target:.3f}"
         )
-    return curve["steps"]
+    return curve.steps
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
                 Path(scratch) / f"short-{index}",
                 [args.capacity / 10, args.capacity / 2, args.capacity * 0.8],
             )
-            ratios += [s["achieved_rps"] / s["offered_rps"] for s in steps]
+            ratios += [s.achieved_rps / s.offered_rps for s in steps]
     print(
         f"found/capacity: {', '.join(f'{f:.2f}' for f in found)}; achieved/offered over short steps: "
         f"{min(ratios):.3f} .. {max(ratios):.3f} (never above 1 by construction)"

@@ -116,7 +116,7 @@ def slo_search(url: str, names: list[str], out: Path, args: argparse.Namespace) 
         "--resolution",
         str(args.resolution),
     ]
-    return {d["name"]: d.get("search") or {} for d in loadtest(url, names, out, *options)}
+    return {d.name: d.search or {} for d in loadtest(url, names, out, *options)}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -627,9 +627,9 @@ def cmd_report(args: argparse.Namespace) -> None:
         if len(args.run_dirs) != 1:
             raise UserError("--from-prometheus rebuilds one run: give exactly one RUN folder")
         run_dir = args.run_dirs[0]
-        doc = curves_from_prometheus(args.from_prometheus, args.run or run_dir.name)
-        write_results(run_dir / "results-prometheus.json", doc)
-        print(f"rebuilt {sum(len(d['steps']) for d in doc['deployments'])} steps from {args.from_prometheus}")
+        run = curves_from_prometheus(args.from_prometheus, args.run or run_dir.name)
+        write_results(run_dir / "results-prometheus.json", run)
+        print(f"rebuilt {sum(len(d.steps) for d in run.deployments)} steps from {args.from_prometheus}")
     path = write_report(args.run_dirs, slos, prices=prices, out=args.out, with_reference=args.with_reference)
     print(f"report: {path}")
 

@@ -1,4 +1,4 @@
-"""Rebuilds a run's results document from Prometheus alone, out of the series LoadGenMetrics.record_step wrote.
+"""Rebuilds a run's results from Prometheus alone, out of the series LoadGenMetrics.record_step wrote.
 
 Percentiles come from the per-step histograms (histogram_quantile), not from the exact p50/p99 gauges:
 comparing the two is how we know the histogram buckets are fine enough to trust on a dashboard.
@@ -11,7 +11,7 @@ import math
 import time
 from collections import defaultdict
 
-from latlab.loadtest.results import SCHEMA
+from latlab.loadtest.results import Deployment, Run, Step
 from latlab.common.prometheus import query, sample_value
 
 UNKNOWN = "from prometheus"
@@ -23,8 +23,8 @@ STEP_MARGIN_S = 300
 QUANTILES = {"p50_s": 0.5, "p90_s": 0.9, "p99_s": 0.99}
 
 
-def curves_from_prometheus(url: str, run_id: str, lookback: str = "30d") -> dict:
-    """The results document (loadtest/results.py's schema) of run_id, from the Prometheus at url.
+def curves_from_prometheus(url: str, run_id: str, lookback: str = "30d") -> Run:
+    """The run run_id (loadtest/results.py's types), from the Prometheus at url.
 
     What Prometheus does not hold (machine, batcher settings, dropped requests, generator CPU) is a
     placeholder or None. lookback bounds how old the run may be (the lab keeps 30 days)."""
@@ -35,15 +35,14 @@ def curves_from_prometheus(url: str, run_id: str, lookback: str = "30d") -> dict
     for (deployment, step), end in ends.items():
         by_deployment[deployment].append((step, end))
     order = sorted(by_deployment, key=lambda name: min(end for _, end in by_deployment[name]))  # as swept
-    return {
-        "schema": SCHEMA,
-        "run_id": run_id,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(min(ends.values()))),
-        "host": UNKNOWN,
-        "machine": {"hostname": UNKNOWN, "cpu": UNKNOWN, "cores": None, "memory_gib": None},
-        "arrivals": UNKNOWN,
-        "deployments": [_deployment(url, run_id, name, sorted(by_deployment[name])) for name in order],
-    }
+    return Run(
+        run_id=run_id,
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(min(ends.values()))),
+        host=UNKNOWN,
+        machine={"hostname": UNKNOWN, "cpu": UNKNOWN, "cores": None, "memory_gib": None},
+        arrivals=UNKNOWN,
+        deployments=[_deployment(url, run_id, name, sorted(by_deployment[name])) for name in order],
+    ).context()
 
 
 def step_ends(url: str, run_id: str, lookback: str = "30d") -> dict[tuple[str, int], float]:
@@ -52,19 +51,20 @@ def step_ends(url: str, run_id: str, lookback: str = "30d") -> dict[tuple[str, i
     return {(s["metric"]["deployment"], int(s["metric"]["step"])): sample_value(s) for s in result}
 
 
-def _deployment(url: str, run_id: str, name: str, steps: list[tuple[int, float]]) -> dict:
-    return {
-        "name": name,
-        "model": name,
-        "provider": "?",
-        "batcher": {},
-        "steps": [rebuild_step(url, run_id, name, step, end) for step, end in steps],
-        "stop_reason": "rebuilt from Prometheus",
-    }
+def _deployment(url: str, run_id: str, name: str, steps: list[tuple[int, float]]) -> Deployment:
+    return Deployment(
+        name=name,
+        model=name,
+        provider="?",
+        batcher={},
+        steps=[rebuild_step(url, run_id, name, step, end) for step, end in steps],
+        stop_reason="rebuilt from Prometheus",
+    )
 
 
-def rebuild_step(url: str, run_id: str, deployment: str, step: int, end: float) -> dict:
-    """One step dict with sweep.py's keys, read back at the step's end (+ margin for the scrape)."""
+def rebuild_step(url: str, run_id: str, deployment: str, step: int, end: float) -> Step:
+    """One step as sweep.py records it, read back at the step's end (+ margin for the scrape); what Prometheus
+    does not hold is None (`stable`, when not exported, its default). Its `target` is the rate asked for."""
     at = min(end + STEP_MARGIN_S, time.time())
     selector = _selector(run=run_id, deployment=deployment, step=str(step))
 
@@ -79,27 +79,27 @@ def rebuild_step(url: str, run_id: str, deployment: str, step: int, end: float) 
         last("latlab_loadtest_step_generator_bound"),
         last("latlab_loadtest_step_stable"),
     )
-    rebuilt = {
-        "target_rps": last("latlab_loadtest_step_target_rps"),
-        "offered_rps": last("latlab_loadtest_step_offered_rps"),
-        "achieved_rps": last("latlab_loadtest_step_achieved_rps"),
-        "sent": None if count is None else int(count),  # the window's histogram holds one sample per arrival sent
-        "ok": None,
-        "errors": None if errors is None else int(errors),
-        "dropped": None,
-        "late": None,
-        "incomplete": None,
+    target = last("latlab_loadtest_step_target_rps")
+    return Step(
+        target=target,
+        target_rps=target,
+        offered_rps=last("latlab_loadtest_step_offered_rps"),
+        achieved_rps=last("latlab_loadtest_step_achieved_rps"),
+        sent=None if count is None else int(count),  # the window's histogram holds one sample per arrival sent
+        ok=None,
+        errors=None if errors is None else int(errors),
+        dropped=None,
+        late=None,
+        incomplete=None,
         **percentiles,
-        "max_s": None,
-        "mean_s": total / count if count else None,
-        "duration_s": None,
-        "avg_batch_size": None,
-        "generator_cpu_percent": None,
-        "generator_bound": None if bound is None else bool(bound),
-    }
-    if stable is not None:
-        rebuilt["stable"] = bool(stable)
-    return rebuilt
+        max_s=None,
+        mean_s=total / count if count else None,
+        duration_s=None,
+        avg_batch_size=None,
+        generator_cpu_percent=None,
+        generator_bound=None if bound is None else bool(bound),
+        **({} if stable is None else {"stable": bool(stable)}),
+    )
 
 
 def _one_value(url: str, promql: str, at: float) -> float | None:

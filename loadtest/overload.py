@@ -14,7 +14,7 @@ by a long normal tail; (b) keeps a server that falls back from passing; pooling 
 a hundred from flipping the verdict. The phase lasts long enough to hold TAIL_REQUESTS requests after
 the expected drain of the admitted backlog.
 
-Pure logic over a `phase(name, load, seconds, windows=3, warmup=0.0, drain=True, spans=False) -> step`
+Pure logic over a `phase(name, load, seconds, windows=3, warmup=0.0, drain=True, spans=False) -> Step`
 callable (the sweep supplies it; with `spans` the step carries the pooled figures above as
 `recovery_spans`), so it is tested without a server, like the SLO search.
 """
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from latlab.loadtest.recorder import MIN_SAMPLES_P99
+from latlab.loadtest.results import Step
 from latlab.loadtest.search import SATURATED_BELOW
 
 NORMAL_P99_FACTOR = 2.0  # pooled recovery requests are normal when their p99 is within this factor of the baseline's
@@ -51,7 +52,7 @@ class OverloadPlan:
 
 
 def run_overload(
-    phase: Callable[..., dict],
+    phase: Callable[..., Step],
     overload: OverloadPlan,
     start_rate: float,
     probe_seconds: float,
@@ -100,13 +101,13 @@ def drain_seconds(info: dict, capacity: float, recovery_load: float) -> float | 
     return backlog / ((1.0 - recovery_load) * capacity)
 
 
-def _measure_capacity(phase: Callable[..., dict], start: float, seconds: float) -> float:
+def _measure_capacity(phase: Callable[..., Step], start: float, seconds: float) -> float:
     """Raise the offered rate (doubling) until the server saturates; its capacity is what it then serves."""
     rate = start
     for _ in range(MAX_CAPACITY_PROBES):
         step = phase("capacity", rate, seconds, warmup=1.0)
-        if step["achieved_rps"] < SATURATED_BELOW * step["offered_rps"]:
-            return step["achieved_rps"]
+        if step.achieved_rps < SATURATED_BELOW * step.offered_rps:
+            return step.achieved_rps
         rate *= 2
     raise LookupError(f"the server did not saturate up to {rate / 2:g} req/s: give --capacity, or start --rates higher")
 
@@ -115,25 +116,25 @@ def overload_figures(
     capacity: float,
     factor: float,
     info: dict,
-    baseline: dict,
-    burst: dict,
-    recovery: dict,
+    baseline: Step,
+    burst: Step,
+    recovery: Step,
     hanging: int,
     recovery_load: float | None = None,
 ) -> dict:
     """What the burst did and how soon the server recovered, as one dict with a one-line summary.
     `hanging`: requests still unanswered 10 s after the load stopped; `recovery_load`: the recovery's rate as a
     fraction of the capacity (for the expected drain time)."""
-    by_status = burst["by_status"]
+    by_status = burst.by_status
     rejected, accepted = by_status.get("503", {}), by_status.get("200", {})
     timeout_s = (info.get("batcher") or {}).get("timeout_ms", float("nan")) / 1000.0
-    recovery_s, good_after = recovery_time(recovery, baseline["p99_s"])
+    recovery_s, good_after = recovery_time(recovery, baseline.p99_s)
     figures = {
         "factor": factor,
         "capacity_rps": capacity,
-        "offered_rps": burst["offered_rps"],
-        "achieved_rps": burst["achieved_rps"],
-        "burst_seconds": burst["duration_s"],
+        "offered_rps": burst.offered_rps,
+        "achieved_rps": burst.achieved_rps,
+        "burst_seconds": burst.duration_s,
         "rejected": rejected.get("count", 0),
         "rejected_p99_s": rejected.get("p99_s"),
         "rejected_response_p50_s": rejected.get("response_p50_s"),
@@ -150,25 +151,25 @@ def overload_figures(
         "unanswered": by_status.get("0", {}).get("count", 0),
         "hanging": hanging,
         "other_statuses": {code: s["count"] for code, s in by_status.items() if code not in ("200", "503", "504", "0")},
-        "queue_depth_max": burst["queue_depth_max"],
-        "queue_capacity": burst["queue_capacity"],
-        "baseline_p99_s": baseline["p99_s"],
+        "queue_depth_max": burst.queue_depth_max,
+        "queue_capacity": burst.queue_capacity,
+        "baseline_p99_s": baseline.p99_s,
         "recovery_s": recovery_s,
         "recovery_good_windows_after": good_after,
-        "recovery_gap_s": recovery["start_time"] - burst["end_time"],
-        "generator_bound": burst["generator_bound"],
-        "generator_cpu_percent": burst["generator_cpu_percent"],
-        "dropped": burst["dropped"],
-        "late": burst["late"],
+        "recovery_gap_s": recovery.start_time - burst.end_time,
+        "generator_bound": burst.generator_bound,
+        "generator_cpu_percent": burst.generator_cpu_percent,
+        "dropped": burst.dropped,
+        "late": burst.late,
         **goodput(capacity, baseline, burst),
         "drain_s": drain_seconds(info, capacity, recovery_load) if recovery_load is not None else None,
-        "recovery_window_s": recovery["window_seconds"],
+        "recovery_window_s": recovery.window_seconds,
     }
     figures["summary"] = _summary(figures)
     return figures
 
 
-def goodput(capacity: float, baseline: dict, burst: dict) -> dict:
+def goodput(capacity: float, baseline: Step, burst: Step) -> dict:
     """What the burst still got done, as a fraction of the capacity, and where the cores went.
 
     `goodput_fraction`: requests answered 200 per second during the burst over the capacity, counted by the
@@ -177,10 +178,10 @@ def goodput(capacity: float, baseline: dict, burst: dict) -> dict:
     1 the model waited between runs (for the interpreter lock, a request's decoding): the server's cost.
     `compute_slowdown`: a run's mean time in the burst over the baseline's; above 1 the model's own threads got
     less CPU (refusals, the load generator and other clients on the same cores)."""
-    server, before = burst.get("server") or {}, baseline.get("server") or {}
+    server, before = burst.server or {}, baseline.server or {}
     served = server.get("ok_count")
     source = "server" if served is not None and server.get("seconds") else "generator"
-    rate = served / server["seconds"] if source == "server" else burst["achieved_rps"]
+    rate = served / server["seconds"] if source == "server" else burst.achieved_rps
     slowdown = (
         server["compute_s"] / before["compute_s"] if server.get("compute_s") and before.get("compute_s") else None
     )
@@ -197,12 +198,12 @@ def goodput(capacity: float, baseline: dict, burst: dict) -> dict:
     }
 
 
-def recovery_time(recovery: dict, baseline_p99_s: float) -> tuple[float | None, str]:
+def recovery_time(recovery: Step, baseline_p99_s: float) -> tuple[float | None, str]:
     """Seconds from the load's drop to the start of the first recovery window from which on the requests were
     served normally, pooled as the module's docstring says (`recovery_spans`); None if from no window on they
     were. Also how many of the windows from then on start a normal run, e.g. '14/15'."""
     bound = NORMAL_P99_FACTOR * baseline_p99_s
-    spans = recovery.get("recovery_spans") or []
+    spans = recovery.recovery_spans or []
     runs = [normal(s["run"], bound) for s in spans]
     recovered = [run and normal(s["rest"], bound) for run, s in zip(runs, spans)]
     if True not in recovered:

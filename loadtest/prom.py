@@ -16,6 +16,8 @@ from prometheus_client.metrics_core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from latlab.loadtest.results import Step
+
 
 def geometric_buckets(start: float, stop: float, factor: float) -> tuple[float, ...]:
     """Bounds start·factorⁱ up to the first one ≥ stop.
@@ -32,7 +34,7 @@ LATENCY_BUCKETS_S = geometric_buckets(50e-6, 60.0, 1.05)
 RUN_LABELS = ("run", "deployment")
 STEP_LABELS = ("run", "deployment", "step")
 
-# The step dict's keys (as the sweep writes them to results.json) and the gauge each one goes to.
+# The Step fields (as the sweep writes them to results.json) and the gauge each one goes to.
 KEEP_STEPS = 2  # per-step series stay in the exposition this many steps after their own
 
 STEP_GAUGES = {
@@ -45,7 +47,6 @@ STEP_GAUGES = {
     "generator_bound": ("latlab_loadtest_step_generator_bound", "1 if the load generator's CPU was saturated."),
     "stable": ("latlab_loadtest_step_stable", "1 if the step's latency was judged stable."),
 }
-REQUIRED_STEP_KEYS = ("target_rps", "offered_rps", "achieved_rps", "errors", "generator_bound")
 
 
 class BatchHistogram(Collector):
@@ -194,20 +195,17 @@ class LoadGenMetrics:
         self.users.labels(self.run_id, deployment).set(users)
 
     def record_step(
-        self, deployment: str, step: int, latencies_s: Sequence[float], stats: dict, *, ended_at: float | None = None
+        self, deployment: str, step: int, latencies_s: Sequence[float], stats: Step, *, ended_at: float | None = None
     ) -> None:
         """Freeze one measured step: its window's every latency and its results.json statistics.
 
         ended_at is the unix time the window ended (now when not given). The end timestamp is written
         last: it is what marks a step as recorded."""
-        missing = [key for key in REQUIRED_STEP_KEYS if key not in stats]
-        if missing:
-            raise KeyError(f"step statistics lack {', '.join(missing)}")
         labels = (self.run_id, deployment, str(step))
         self._recorded.add(labels)
         self.step_latency.observe_many(labels, latencies_s)
         for key, gauge in self.step_gauges.items():
-            value = _gauge_value(stats.get(key))
+            value = _gauge_value(getattr(stats, key))
             if value is not None:
                 gauge.labels(*labels).set(value)
         self.step_end.labels(*labels).set(time.time() if ended_at is None else ended_at)

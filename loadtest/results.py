@@ -1,43 +1,247 @@
-"""The one results format: a JSON file per run with every deployment's steps."""
+"""The one results format, typed: a run (`Run`) holds its deployments (`Deployment`), each its measured steps
+(`Step`); written and read here only, as JSON (`latlab.results/2`). Files of `latlab.results/1` still read: the
+fields are the same, /1 only lacked the ones added since (they take their defaults)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-SCHEMA = "latlab.results/1"
+SCHEMA = "latlab.results/2"
+OLDER = ("latlab.results/1",)
+"""Schemas that still read; their unknown fields are dropped (a /2 file's are an error)."""
 RESULTS_FILE = "results.json"
 
+Figures = dict[str, Any]
+"""A JSON object of named figures whose keys vary with their source (the server's, Triton's, the overload test)."""
 
-def write_results(path: Path, doc: dict) -> None:
-    doc = {"schema": SCHEMA, **doc}
+CONTEXT = {"context": True}
+"""Metadata of the fields a reader fills from the enclosing record (or the file): never written, never compared."""
+
+
+@dataclass
+class Step:
+    """One measured load: what was offered, what came back, and the server's figures over the same windows."""
+
+    target: float
+    """The load asked for: a request rate (open loop) or a number of users (closed loop)."""
+    achieved_rps: float
+    """Answered requests per second, counted by intended send time over the step's measured windows."""
+    offered_rps: float
+    errors: int
+    p50_s: float | None
+    p90_s: float | None
+    p99_s: float | None
+    max_s: float | None
+    target_rps: float | None = None
+    """The rate asked for (None in a closed loop)."""
+    users: int | None = None
+    sent: int = 0
+    ok: int | None = None
+    dropped: int | None = None
+    late: int | None = None
+    incomplete: int | None = None
+    mean_s: float | None = None
+    samples: int | None = None
+    too_few_samples: bool = False
+    duration_s: float | None = None
+    windows: int | None = None
+    extended_windows: int = 0
+    window_seconds: float | None = None
+    stable: bool = True
+    avg_batch_size: float | None = None
+    server: Figures | None = None
+    """Where a request's time went on the server over the step (scrape.server_step), None where unknown."""
+    generator_cpu_percent: float | None = None
+    generator_bound: bool = False
+    sent_by_worker: dict[str, int] | None = None
+    by_status: dict[str, Figures] = field(default_factory=dict)
+    queue_depth_max: float | None = None
+    queue_capacity: float | None = None
+    queue_samples: int = 0
+    server_interrupted: bool = False
+    interruption: str | None = None
+    workers_lost: list[str] = field(default_factory=list)
+    workers_left: int | None = None
+    start_time: float | None = None
+    end_time: float | None = None
+    timeline: list[Figures] = field(default_factory=list)
+    """Every measured window's figures, in order."""
+    confidence: Figures | None = None
+    """The p50/p99 intervals and each SLO's decision (loadtest/confidence.py)."""
+    phase: str | None = None
+    """The overload test's phase (before, burst, after)."""
+    recovery_spans: list[Figures] | None = None
+
+
+@dataclass
+class Deployment:
+    """One deployment's curve: its settings as the server described them, its steps, and how the sweep ended."""
+
+    name: str
+    steps: list[Step] = field(default_factory=list)
+    stop_reason: str = ""
+    model: str | None = None
+    provider: str | None = None
+    model_path: str | None = None
+    batcher: Figures | None = None
+    cpu: Figures | None = None
+    cuda: Figures | None = None
+    tensorrt: Figures | None = None
+    io_binding: bool | None = None
+    bucket_runs: Figures | None = None
+    warmup: bool | None = None
+    allow_non_finite: bool | None = None
+    environment: Figures | None = None
+    tokenizer: Figures | None = None
+    frontends: int | None = None
+    platform: str | None = None
+    """The model's platform, as a foreign server's metadata names it."""
+    server: Figures | None = None
+    """The server's name and version."""
+    server_config: Figures | None = None
+    settings_unknown: str | None = None
+    provider_from: str | None = None
+    server_metrics: Figures | None = None
+    saturated: bool | None = None
+    """Whether the sweep reached the capacity (None: the file does not say)."""
+    rate_cap_rps: float | None = None
+    search: Figures | None = None
+    overload: Figures | None = None
+    single_request: Figures | None = None
+    slo_brackets: list[Figures] = field(default_factory=list)
+    slo_steps: int | None = None
+    slo_budget_spent: bool | None = None
+    machine: Figures | None = None
+    """Where this deployment ran: written only where it is not the run's machine; readers fill in the run's."""
+    run_id: str = field(default="", compare=False, metadata=CONTEXT)
+    reference: bool = field(default=False, compare=False, metadata=CONTEXT)
+    """Committed reference data merged into a report, not this run's."""
+    by_server: bool = field(default=False, compare=False, metadata=CONTEXT)
+    """Compared by server in a report (curves of one model from more than one server)."""
+
+
+@dataclass
+class Run:
+    """One `latlab loadtest` (or one lab model): the machine it ran on, how load was generated, its deployments."""
+
+    run_id: str
+    machine: Figures
+    deployments: list[Deployment] = field(default_factory=list)
+    created: str | None = None
+    host: str | None = None
+    mode: str | None = None
+    """"open" (arrivals at a rate) or "closed" (users)."""
+    arrivals: str | None = None
+    payload: Figures | None = None
+    slo_p99_s: float | None = None
+    events: list[Figures] = field(default_factory=list)
+    workers: int | None = None
+    path: str = field(default="", compare=False, metadata=CONTEXT)
+    """The file it was read from."""
+    reference: bool = field(default=False, compare=False, metadata=CONTEXT)
+
+    def context(self) -> "Run":
+        """Each deployment told its run id and, unless it names its own, the run's machine; returns self."""
+        for deployment in self.deployments:
+            deployment.run_id = self.run_id
+            deployment.reference = self.reference
+            deployment.machine = deployment.machine or self.machine
+        return self
+
+
+def write_results(path: Path, run: Run) -> None:
+    doc = {"schema": SCHEMA, **to_dict(run)}
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(_finite(doc), indent=2) + "\n")
     tmp.replace(path)  # a reader never sees half a file
 
 
-def read_results(run_dir: Path) -> list[dict]:
+def read_results(run_dir: Path) -> list[Run]:
     """Every results file under a run folder (runs from several machines can be merged in one folder)."""
     run_dir = Path(run_dir)
-    if run_dir.is_file():
-        files = [run_dir]
-    else:
-        files = sorted(run_dir.glob("**/results*.json"))
+    files = [run_dir] if run_dir.is_file() else sorted(run_dir.glob("**/results*.json"))
     if not files:
         raise FileNotFoundError(f"no results*.json under {run_dir}")
-    docs = []
+    runs = []
     for file in files:
-        doc = json.loads(file.read_text())
-        if doc.get("schema") != SCHEMA:
-            raise ValueError(f"{file} is not a latlab results file (schema {doc.get('schema')!r})")
-        doc["_path"] = str(file)
-        docs.append(doc)
-    return docs
+        try:
+            run = from_dict(json.loads(file.read_text()))
+        except ValueError as exc:
+            raise ValueError(f"{file}: {exc}") from None
+        run.path = str(file)
+        runs.append(run)
+    return runs
 
 
-def _finite(value):
+def from_dict(doc: dict) -> Run:
+    """A run from its JSON document (either schema); ValueError naming the first field that does not fit."""
+    schema = doc.get("schema")
+    if schema != SCHEMA and schema not in OLDER:
+        raise ValueError(f"not a latlab results file (schema {schema!r})")
+    strict = schema == SCHEMA
+    deployments = [_deployment(d, strict, i) for i, d in enumerate(doc.get("deployments") or [])]
+    run = _build(Run, {**doc, "deployments": deployments}, strict, "the run")
+    return run.context()
+
+
+def to_dict(record: Any) -> Any:
+    """The JSON form of a run, deployment or step: every field but the context ones (and a deployment's machine
+    where it is its run's)."""
+    if isinstance(record, Run):
+        doc = _fields(record)
+        for deployment in doc["deployments"]:
+            if deployment["machine"] == record.machine:
+                del deployment["machine"]
+        return doc
+    if dataclasses.is_dataclass(record):
+        return _fields(record)
+    if isinstance(record, list):
+        return [to_dict(item) for item in record]
+    return record
+
+
+def _fields(record: Any) -> dict:
+    written = [f.name for f in dataclasses.fields(record) if not f.metadata.get("context")]
+    return {name: to_dict(getattr(record, name)) for name in written}
+
+
+def _deployment(doc: dict, strict: bool, index: int) -> Deployment:
+    where = f"deployment {doc.get('name', index)!r}"
+    steps = [_step(s, strict, f"step {k} of {where}") for k, s in enumerate(doc.get("steps") or [])]
+    return _build(Deployment, {**doc, "steps": steps}, strict, where)
+
+
+def _step(doc: dict, strict: bool, where: str) -> Step:
+    if not strict and isinstance(doc, dict) and "target" not in doc:  # early /1 files named only the rate or users
+        doc = {**doc, "target": doc.get("target_rps") if doc.get("target_rps") is not None else doc.get("users")}
+    return _build(Step, doc, strict, where)
+
+
+def _build(cls: type, doc: dict, strict: bool, where: str) -> Any:
+    if not isinstance(doc, dict):
+        raise ValueError(f"{where} is not a JSON object")
+    names = {f.name for f in dataclasses.fields(cls) if not f.metadata.get("context")}
+    unknown = sorted(set(doc) - names - {"schema"})
+    if strict and unknown:
+        raise ValueError(f"{where} has fields this version does not know: {', '.join(unknown)}")
+    missing = [f.name for f in dataclasses.fields(cls) if _required(f) and f.name not in doc]
+    if missing:
+        raise ValueError(f"{where} lacks {', '.join(missing)}")
+    return cls(**{k: v for k, v in doc.items() if k in names})
+
+
+def _required(f: dataclasses.Field) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+def _finite(value: Any) -> Any:
     """JSON has no NaN: write null for statistics of empty windows."""
     if isinstance(value, float) and not math.isfinite(value):
         return None

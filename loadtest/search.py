@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
+from latlab.loadtest.results import Step
+
 MIN_REQUESTS = 500  # fewer samples than this cannot support a p99
 SATURATED_BELOW = 0.9  # achieved / offered: a sweep stops below this
 SEARCH_SATURATED_BELOW = 0.95  # the search is stricter: a short window hides a slight overload's latency
@@ -21,9 +23,10 @@ class SearchResult:
     valid: bool
     reasons: list[str]
     resolution: float
-    probes: list[dict] = field(default_factory=list)
+    probes: list[Step] = field(default_factory=list)
 
     def as_dict(self) -> dict:
+        """As results record it (a deployment's `search`): plain JSON values, each probe a step's fields."""
         return asdict(self)
 
     def summary(self) -> str:
@@ -33,49 +36,49 @@ class SearchResult:
         return f"SLO p99 ≤ {self.slo_p99_s * 1e3:g} ms: {rate}, {verdict}{why}, {len(self.probes)} probes"
 
 
-def meets(step: dict, slo_p99_s: float) -> bool:
+def meets(step: Step, slo_p99_s: float) -> bool:
     """The step met the SLO: p99 within bound, no errors, nothing dropped, not saturated."""
-    p99 = step.get("p99_s")
+    p99 = step.p99_s
     return (
         p99 is not None
         and p99 == p99
         and p99 <= slo_p99_s
-        and not step["errors"]
-        and not step["dropped"]
-        and step["achieved_rps"] >= SEARCH_SATURATED_BELOW * step["offered_rps"]
+        and not step.errors
+        and not step.dropped
+        and step.achieved_rps >= SEARCH_SATURATED_BELOW * step.offered_rps
     )
 
 
-def slo_verdict(step: dict, slo_p99_s: float) -> str:
+def slo_verdict(step: Step, slo_p99_s: float) -> str:
     """ "met", "broken" or "undecided": the rule every table and the sweep's SLO brackets judge a step by.
     Errors, dropped arrivals or an offered rate not kept up with (open loop) break any SLO. Otherwise the
     step's decision at its confidence (`confidence.slos`, loadtest/confidence.py): met only when the count of
     requests over the bound is small enough for their number, broken when it is too large, else undecided.
     Steps without decisions (older results, or a bound not given to the sweep): the sample p99 against the
     bound, undecided with fewer than MIN_SAMPLES_P99 requests."""
-    if step.get("errors") or step.get("dropped"):
+    if step.errors or step.dropped:
         return "broken"
-    offered = step.get("offered_rps") if step.get("target_rps") else None
-    if offered and step.get("achieved_rps", 0.0) < SATURATED_BELOW * offered:
+    offered = step.offered_rps if step.target_rps else None
+    if offered and step.achieved_rps < SATURATED_BELOW * offered:
         return "broken"
     decision = step_decision(step, slo_p99_s)
     if decision is not None:
         return decision["verdict"]
-    p99 = step.get("p99_s")
-    if p99 is None or p99 != p99 or step.get("too_few_samples"):
+    p99 = step.p99_s
+    if p99 is None or p99 != p99 or step.too_few_samples:
         return "undecided"  # a "p99" of a handful of requests decides nothing
     return "met" if p99 <= slo_p99_s else "broken"
 
 
-def step_decision(step: dict, slo_p99_s: float) -> dict | None:
+def step_decision(step: Step, slo_p99_s: float) -> dict | None:
     """The step's recorded decision for this bound (results since percentile confidence), else None."""
-    for decision in (step.get("confidence") or {}).get("slos", []):
+    for decision in (step.confidence or {}).get("slos", []):
         if abs(decision["slo_p99_s"] - slo_p99_s) <= 1e-9 * slo_p99_s:
             return decision
     return None
 
 
-def slo_met(step: dict, slo_p99_s: float) -> bool:
+def slo_met(step: Step, slo_p99_s: float) -> bool:
     """The step met the SLO (slo_verdict says "met")."""
     return slo_verdict(step, slo_p99_s) == "met"
 
@@ -86,8 +89,8 @@ class Bracket:
     that met it, `broke` the lowest-rate step above that one that did not (None: none measured)."""
 
     slo_p99_s: float
-    met: dict | None
-    broke: dict | None
+    met: Step | None
+    broke: Step | None
 
     @property
     def low(self) -> float | None:
@@ -104,14 +107,14 @@ class Bracket:
         return (self.high - self.low) / self.low
 
 
-def _rate(step: dict) -> float:
+def _rate(step: Step) -> float:
     """A step's offered rate (what a bracket's ends are stated in)."""
-    return float(step.get("target_rps") or step.get("offered_rps") or 0.0)
+    return float(step.target_rps or step.offered_rps or 0.0)
 
 
-def slo_bracket(steps: list[dict], slo_p99_s: float) -> Bracket:
+def slo_bracket(steps: list[Step], slo_p99_s: float) -> Bracket:
     """The bracket of one SLO over the open-loop steps measured so far (a step serves every SLO)."""
-    rated = sorted((s for s in steps if s.get("target_rps")), key=_rate)
+    rated = sorted((s for s in steps if s.target_rps), key=_rate)
     met = [s for s in rated if slo_met(s, slo_p99_s)]
     best = met[-1] if met else None
     above = [s for s in rated if not slo_met(s, slo_p99_s) and (best is None or _rate(s) > _rate(best))]
@@ -135,8 +138,8 @@ def next_slo_rate(bracket: Bracket, resolution: float, floor_rps: float) -> floa
 
 def bracket_slos(
     slos_s: tuple[float, ...],
-    steps: list[dict],
-    measure: Callable[[float], dict],
+    steps: list[Step],
+    measure: Callable[[float], Step],
     single: Callable[[], dict],
     resolution: float,
     floor_rps: float,
@@ -153,7 +156,7 @@ def bracket_slos(
     `single_request`."""
     found: dict = {}
     extra = 0
-    lowest = min((_rate(s) for s in steps if s.get("target_rps")), default=0.0)
+    lowest = min((_rate(s) for s in steps if s.target_rps), default=0.0)
 
     def single_once() -> dict:
         if "single_request" not in found:
@@ -179,7 +182,7 @@ def bracket_slos(
 
 def _widest_next(
     slos_s: tuple[float, ...],
-    steps: list[dict],
+    steps: list[Step],
     single: Callable[[], dict],
     resolution: float,
     floor_rps: float,
@@ -205,28 +208,27 @@ TAIL_FLAT = 0.8
 """Below this ratio of p99s, halving the rate still helps; at or above it the p99 has stopped falling."""
 
 
-def tail_flat(steps: list[dict], below: float) -> dict | None:
+def tail_flat(steps: list[Step], below: float) -> Step | None:
     """The lowest-rate step when the p99 has stopped falling with the load: the search measured it below `below`
     (the sweep's lowest rate) and its p99 is at least TAIL_FLAT times that of the next rate up. Below that, lower
     rates buy nothing (the machine's tail, not queueing, sets the p99), so a search for a bound the deployment
     breaks there stops instead of halving on to the floor."""
-    rated = sorted((s for s in steps if s.get("target_rps") and s.get("p99_s") is not None), key=_rate)
+    rated = sorted((s for s in steps if s.target_rps and s.p99_s is not None), key=_rate)
     if len(rated) < 2 or _rate(rated[0]) >= below:
         return None
     low, high = rated[0], rated[1]
-    return low if low["p99_s"] >= TAIL_FLAT * high["p99_s"] else None
+    return low if low.p99_s >= TAIL_FLAT * high.p99_s else None
 
 
 def bracket_record(
-    bracket: Bracket, single: dict | None, resolution: float, floor_rps: float, flat: dict | None = None
+    bracket: Bracket, single: dict | None, resolution: float, floor_rps: float, flat: Step | None = None
 ) -> dict:
     """One SLO's bracket as results record it: its ends' rates, its width, and what it means in words."""
     if bracket.met is None and single is not None and breaks(single, bracket.slo_p99_s):
         meaning = NEVER
     elif bracket.met is None and bracket.broke is not None and flat is not None:
         meaning = (
-            f"{FLAT} {_rate(flat):.3g} req/s: the p99 stopped falling with the load "
-            f"({flat['p99_s'] * 1e3:.1f} ms there)"
+            f"{FLAT} {_rate(flat):.3g} req/s: the p99 stopped falling with the load ({flat.p99_s * 1e3:.1f} ms there)"
         )
     elif bracket.met is None:
         meaning = (
@@ -273,20 +275,20 @@ def breaks(single: dict, slo_p99_s: float) -> bool:
     return not single.get("too_few_samples") and single["p99_s"] > slo_p99_s
 
 
-def validity(step: dict) -> list[str]:
+def validity(step: Step) -> list[str]:
     """Why a passing step's figure should not be trusted (empty list: VALID)."""
     reasons = []
-    if step["sent"] < MIN_REQUESTS:
-        reasons.append(f"too few requests ({step['sent']} < {MIN_REQUESTS})")
-    if not step.get("stable", True):
+    if step.sent < MIN_REQUESTS:
+        reasons.append(f"too few requests ({step.sent} < {MIN_REQUESTS})")
+    if not step.stable:
         reasons.append("unstable: the last windows disagreed by more than 10%")
-    if step.get("generator_bound"):
+    if step.generator_bound:
         reasons.append("generator saturated (its CPU > 90%)")
     return reasons
 
 
 def slo_search(
-    measure: Callable[[float], dict],
+    measure: Callable[[float], Step],
     slo_p99_s: float,
     start: float,
     resolution: float = 0.05,
@@ -295,7 +297,7 @@ def slo_search(
 ) -> SearchResult:
     """Double from `start` until the SLO breaks (or halve until it holds), then bisect the bracket
     until its width is within `resolution` of the passing rate."""
-    probes: list[dict] = []
+    probes: list[Step] = []
 
     def probe(rate: float) -> bool:
         step = measure(rate)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import locust  # noqa: F401 - imported first for its side effect: gevent's monkey-patching must precede other imports
 
+import dataclasses
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,7 +23,7 @@ from latlab.loadtest.driver import WORKER_LAG_S, LoadDriver
 from latlab.loadtest.overload import OverloadPlan, run_overload
 from latlab.loadtest.prom import LoadGenMetrics, start_exporter
 from latlab.loadtest.recorder import MIN_SAMPLES_P99, Recorder, recovery_spans
-from latlab.loadtest.results import write_results
+from latlab.loadtest.results import Deployment, Run, Step, write_results
 from latlab.loadtest.scrape import QueueWatch, average_batch, describe, fetch, scrape_batches
 from latlab.loadtest.scrape import extras_notice, metrics_source, server_step, snapshot
 from latlab.loadtest.payloads import options_of
@@ -135,9 +136,9 @@ def run_sweep(
     out_path: Path,
     run_id: str,
     progress: Callable[[str], None] = _print,
-    run_one: Callable[..., dict] | None = None,
-) -> dict:
-    """Sweep (or search) every deployment in turn; write and return the results document.
+    run_one: Callable[..., Deployment] | None = None,
+) -> Run:
+    """Sweep (or search) every deployment in turn; write and return the run.
     `run_one(plan, driver, metrics, deployment, progress)` replaces the sweep of one deployment
     (the overload test uses it)."""
     progress = _Progress(progress)
@@ -146,14 +147,14 @@ def run_sweep(
     if plan.metrics_port:
         start_exporter(metrics, plan.metrics_port)
         progress(f"load generator metrics on http://127.0.0.1:{plan.metrics_port}/metrics")
-    doc = {
-        "run_id": run_id,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "host": plan.host,
-        "machine": machine.describe(plan.machine_name),
-        "mode": plan.mode,
-        "arrivals": ("poisson" if plan.poisson else "constant") if plan.mode == "open" else "closed loop",
-        "payload": {
+    run = Run(
+        run_id=run_id,
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        host=plan.host,
+        machine=machine.describe(plan.machine_name),
+        mode=plan.mode,
+        arrivals=("poisson" if plan.poisson else "constant") if plan.mode == "open" else "closed loop",
+        payload={
             "encoding": "binary" if plan.binary else "json",
             "seq_len": plan.seq_len,
             "client": plan.client,
@@ -161,24 +162,23 @@ def run_sweep(
             "seq_len_max": plan.seq_len_max,
             **({"inputs": plan.inputs} if plan.inputs else {}),
         },
-        "slo_p99_s": plan.slo_p99_s,
-        "deployments": [],
-        "events": [],
-    }
+        slo_p99_s=plan.slo_p99_s,
+    )
     driver = LoadDriver(plan, metrics, progress)
-    doc["events"] = driver.events  # the fleet's events (a worker lost), as they happen
+    run.events = driver.events  # the fleet's events (a worker lost), as they happen
     try:
-        doc["workers"] = driver.processes if driver.distributed else 0
+        run.workers = driver.processes if driver.distributed else 0
         for deployment in plan.deployments:
-            doc["deployments"].append((run_one or _run_deployment)(plan, driver, metrics, deployment, progress))
-            write_results(out_path, doc)  # a partial run still leaves its finished deployments behind
+            run.deployments.append((run_one or _run_deployment)(plan, driver, metrics, deployment, progress))
+            run.context()  # each deployment told its run (and that it ran on the run's machine), as a reader is
+            write_results(out_path, run)  # a partial run still leaves its finished deployments behind
     finally:
         driver.close()
     if driver.events:
-        write_results(out_path, doc)  # a worker may also have been lost after the last step
+        write_results(out_path, run)  # a worker may also have been lost after the last step
     if plan.metrics_port:
         gevent.sleep(2.5)  # let Prometheus scrape the last step before the exporter goes away
-    return doc
+    return run
 
 
 class ServerGone(requests.ConnectionError):
@@ -187,15 +187,15 @@ class ServerGone(requests.ConnectionError):
 
 def _run_deployment(
     plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, deployment: str, progress: Callable[[str], None]
-) -> dict:
+) -> Deployment:
     info = _describe(plan, deployment, progress)
-    steps: list[dict] = []
+    steps: list[Step] = []
 
-    def measure(load: float) -> dict:
+    def measure(load: float) -> Step:
         step = measure_step(plan, driver, metrics, deployment, load, index=len(steps))
         steps.append(step)
         progress(progress_line(deployment, step, plan.mode))
-        if step["server_interrupted"]:
+        if step.server_interrupted:
             _wait_for_server(plan.host, deployment, step, progress)
         return step
 
@@ -203,26 +203,41 @@ def _run_deployment(
         search, stop_reason = _search(plan, driver, measure)
         progress(f"{deployment}: {stop_reason}")
         saturated = bool(search) and not any("no upper bound" in r for r in search["reasons"])
-        return {
-            **info,
-            "steps": sorted(steps, key=lambda s: s["target"]),
-            "search": search,
-            "stop_reason": stop_reason,
-            "saturated": saturated,
-            "rate_cap_rps": max((p["target"] for p in search["probes"]), default=None) if search else None,
-        }
+        return _record(
+            info,
+            steps=sorted(steps, key=lambda s: s.target),
+            search=search,
+            stop_reason=stop_reason,
+            saturated=saturated,
+            rate_cap_rps=max((p["target"] for p in search["probes"]), default=None) if search else None,
+        )
     stop_reason, saturated = _sweep_rates(plan, measure)
     progress(f"{deployment}: {stop_reason}")
     cap = max(plan.max_rate, max(plan.loads)) if plan.mode == "open" else None
-    record = {**info, "steps": steps, "stop_reason": stop_reason, "saturated": saturated, "rate_cap_rps": cap}
     interrupted = stop_reason.startswith("stopped at") and not saturated  # the server or the fleet went away
+    brackets = {}
     if plan.slos_s and plan.mode == "open" and not interrupted:
-        record.update(_bracket_slos(plan, driver, deployment, measure, steps, progress))
-    record["steps"] = sorted(steps, key=lambda s: s["target"])
-    return record
+        brackets = _bracket_slos(plan, driver, deployment, measure, steps, progress)
+    return _record(
+        info,
+        steps=sorted(steps, key=lambda s: s.target),
+        stop_reason=stop_reason,
+        saturated=saturated,
+        rate_cap_rps=cap,
+        **brackets,
+    )
 
 
-def _sweep_rates(plan: SweepPlan, measure: Callable[[float], dict]) -> tuple[str, bool]:
+_DEPLOYMENT_FIELDS = frozenset(f.name for f in dataclasses.fields(Deployment) if not f.metadata.get("context"))
+
+
+def _record(info: dict, **fields: object) -> Deployment:
+    """A deployment's record: its description (`_describe`) with `fields` over it. A key of the description that
+    is no Deployment field (a newer server's /config) is left out: results files hold only known fields."""
+    return Deployment(**{**{k: v for k, v in info.items() if k in _DEPLOYMENT_FIELDS}, **fields})
+
+
+def _sweep_rates(plan: SweepPlan, measure: Callable[[float], Step]) -> tuple[str, bool]:
     """Step through the listed loads; with a cap, raise the rate until the deployment saturates, breaks the SLO
     or errs, then narrow the bracket to plan.refine_within. (why it stopped, whether the deployment's limit did)."""
     listed, passed, failed, why = list(plan.loads[1:]), None, None, ""
@@ -249,14 +264,14 @@ def _bracket_slos(
     plan: SweepPlan,
     driver: LoadDriver,
     deployment: str,
-    measure: Callable[[float], dict],
-    steps: list[dict],
+    measure: Callable[[float], Step],
+    steps: list[Step],
     progress: Callable[[str], None],
 ) -> dict:
     """Every SLO's bracket narrowed to plan.resolution with extra steps (search.bracket_slos); each extra step,
     and the one-at-a-time probe, after the previous step's backlog has drained."""
 
-    def step(rate: float) -> dict:
+    def step(rate: float) -> Step:
         driver.drain()
         return measure(rate)
 
@@ -308,13 +323,13 @@ def _next_load(plan: SweepPlan, listed: list[float], passed: float | None, faile
     return (passed + failed) / 2
 
 
-def _search(plan: SweepPlan, driver: LoadDriver, measure: Callable[[float], dict]) -> tuple[dict | None, str]:
+def _search(plan: SweepPlan, driver: LoadDriver, measure: Callable[[float], Step]) -> tuple[dict | None, str]:
     """The SLO search's result and its one-line summary (or why it stopped)."""
 
-    def probe(rate: float) -> dict:
+    def probe(rate: float) -> Step:
         driver.drain()  # a failed probe's backlog must not spill into the next one
         step = measure(rate)
-        if step["server_interrupted"]:  # the server's restart says nothing about this rate: once more
+        if step.server_interrupted:  # the server's restart says nothing about this rate: once more
             driver.drain()
             step = measure(rate)
         return step
@@ -326,14 +341,14 @@ def _search(plan: SweepPlan, driver: LoadDriver, measure: Callable[[float], dict
     return result.as_dict(), result.summary()
 
 
-def overload_runner(overload: OverloadPlan) -> Callable[..., dict]:
+def overload_runner(overload: OverloadPlan) -> Callable[..., Deployment]:
     """What `run_sweep(run_one=...)` calls per deployment for the overload test instead of a sweep."""
 
     def run_one(
         plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, deployment: str, progress: Callable[[str], None]
-    ) -> dict:
+    ) -> Deployment:
         info = _describe(plan, deployment, progress)
-        steps: list[dict] = []
+        steps: list[Step] = []
 
         def phase(
             name: str,
@@ -343,7 +358,7 @@ def overload_runner(overload: OverloadPlan) -> Callable[..., dict]:
             warmup: float = 0.0,
             drain: bool = True,
             spans: bool = False,
-        ) -> dict:
+        ) -> Step:
             if drain:
                 driver.drain()
             timing = replace(
@@ -355,10 +370,7 @@ def overload_runner(overload: OverloadPlan) -> Callable[..., dict]:
                 stop_at_saturation=False,
                 queue_sample_seconds=QUEUE_SAMPLE_S,
             )
-            step = {
-                "phase": name,
-                **measure_step(timing, driver, metrics, deployment, load, index=len(steps), spans=spans),
-            }
+            step = measure_step(timing, driver, metrics, deployment, load, index=len(steps), spans=spans, phase=name)
             steps.append(step)
             progress(f"{name:>9}: {progress_line(deployment, step, 'open').strip()}")
             return step
@@ -369,7 +381,8 @@ def overload_runner(overload: OverloadPlan) -> Callable[..., dict]:
 
         figures = run_overload(phase, overload, plan.loads[0], plan.window_seconds * 3, info, outstanding)
         progress(f"{deployment}: {figures['summary']}")
-        return {**info, "steps": steps, "overload": figures, "stop_reason": figures["summary"]}
+        # not a sweep: it does not say whether its loads stopped short of saturation (reports then count it saturated)
+        return _record(info, steps=steps, overload=figures, stop_reason=figures["summary"], saturated=None)
 
     return run_one
 
@@ -391,17 +404,17 @@ def _describe(plan: SweepPlan, deployment: str, progress: Callable[[str], None])
     return {**info, "server_metrics": source.as_dict()}
 
 
-def _wait_for_server(host: str, deployment: str, step: dict, progress: Callable[[str], None]) -> None:
+def _wait_for_server(host: str, deployment: str, step: Step, progress: Callable[[str], None]) -> None:
     """After an interrupted step: go on once the server answers again (its model's standard metadata route, which
     every OIP server has), or raise ServerGone."""
     try:
         fetch(host, f"/v2/models/{deployment}", attempts=int(SERVER_BACK_S), pause_s=1.0)
     except requests.ConnectionError as exc:
         raise ServerGone(
-            f"the server stopped answering ({step['interruption']}) and was not back within {SERVER_BACK_S:g} s: {exc}"
+            f"the server stopped answering ({step.interruption}) and was not back within {SERVER_BACK_S:g} s: {exc}"
         ) from None
     progress(
-        f"{deployment}: step at {step['target']:g} was interrupted ({step['interruption']}); "
+        f"{deployment}: step at {step.target:g} was interrupted ({step.interruption}); "
         "the server answers again, going on"
     )
 
@@ -414,11 +427,12 @@ def measure_step(
     load: float,
     index: int,
     spans: bool = False,
-) -> dict:
+    phase: str | None = None,
+) -> Step:
     """Warm up, then measure windows until the last three agree (or max_windows); the step's figures
     come from the last three windows together, its `timeline` has every window. With `spans` (the overload
     test's recovery): the plan's windows as they are, short for time resolution, and `recovery_spans`, the
-    requests pooled from each window on (see recorder.recovery_spans)."""
+    requests pooled from each window on (see recorder.recovery_spans). `phase`: the overload test's phase."""
     began = time.time()
     if not spans:
         plan = replace(plan, window_seconds=window_for(plan, load))
@@ -456,35 +470,36 @@ def measure_step(
     by_status = recorder.by_status(first, end)
     unread = (batches_before is None) + (batches_after is None) if source.url else 0  # none to read: not a failure
     interruption = _interruption(by_status, queue.failures + unread)
-    step = {
-        "target": load,
-        "target_rps": load if plan.mode == "open" else None,
-        "users": int(load) if plan.mode == "closed" else driver.runner.user_count,
+    step = Step(
+        target=load,
+        target_rps=load if plan.mode == "open" else None,
+        users=int(load) if plan.mode == "closed" else driver.runner.user_count,
         **stats.as_dict(),
-        "duration_s": end - first,
-        "windows": len(windows),
-        "extended_windows": extended,
-        "window_seconds": plan.window_seconds,
-        "stable": stable,
-        "avg_batch_size": average_batch(batches_before, batches_after),
-        "server": server_step(server_before, server_after, deployment),
-        "generator_cpu_percent": cpu,
-        "generator_bound": cpu > GENERATOR_BOUND_CPU,
-        "sent_by_worker": per_source if driver.distributed else None,
-        "by_status": by_status,
+        duration_s=end - first,
+        windows=len(windows),
+        extended_windows=extended,
+        window_seconds=plan.window_seconds,
+        stable=stable,
+        avg_batch_size=average_batch(batches_before, batches_after),
+        server=server_step(server_before, server_after, deployment),
+        generator_cpu_percent=cpu,
+        generator_bound=cpu > GENERATOR_BOUND_CPU,
+        sent_by_worker=per_source if driver.distributed else None,
+        by_status=by_status,
         **queue.stop(),
-        "server_interrupted": interruption is not None,
-        "interruption": interruption,
-        "workers_lost": driver.lost_since(began),
-        "workers_left": driver.processes if driver.distributed else None,
-        "start_time": start,
-        "end_time": end,
-        "timeline": windows,
-        "confidence": step_confidence(
+        server_interrupted=interruption is not None,
+        interruption=interruption,
+        workers_lost=driver.lost_since(began),
+        workers_left=driver.processes if driver.distributed else None,
+        start_time=start,
+        end_time=end,
+        timeline=windows,
+        confidence=step_confidence(
             latencies, [*plan.slos_s, *([plan.slo_p99_s] if plan.slo_p99_s else [])], plan.confidence
         ),
-        **({"recovery_spans": pooled} if spans else {}),
-    }
+        phase=phase,
+        recovery_spans=pooled,
+    )
     metrics.record_step(deployment, index, latencies, step, ended_at=end)
     metrics.count_dropped(deployment, stats.dropped)
     metrics.count_late(deployment, stats.late)
@@ -576,30 +591,30 @@ def _interruption(by_status: dict, failed_scrapes: int) -> str | None:
     return ", ".join(parts) or None
 
 
-def _stop_reason(step: dict, plan: SweepPlan) -> str | None:
-    if step["workers_left"] == 0:
+def _stop_reason(step: Step, plan: SweepPlan) -> str | None:
+    if step.workers_left == 0:
         return "no Locust worker left to send load"
-    if step["server_interrupted"] or step["workers_lost"]:
+    if step.server_interrupted or step.workers_lost:
         return None  # the errors and the shortfall are the restart's (or the lost worker's), not this load's
-    if plan.mode == "open" and plan.stop_at_saturation and step["achieved_rps"] < SATURATED_BELOW * step["offered_rps"]:
-        return f"saturated: achieved {step['achieved_rps']:.0f} < 90% of offered {step['offered_rps']:.0f} req/s"
-    if step["sent"] and step["errors"] / step["sent"] > plan.max_error_ratio:
-        return f"{step['errors']} errors of {step['sent']} requests"
-    if plan.slo_p99_s and step["p99_s"] is not None and step["p99_s"] > plan.slo_margin * plan.slo_p99_s:
-        return f"p99 {step['p99_s'] * 1e3:.1f} ms broke the SLO by more than {plan.slo_margin:g}x"
+    if plan.mode == "open" and plan.stop_at_saturation and step.achieved_rps < SATURATED_BELOW * step.offered_rps:
+        return f"saturated: achieved {step.achieved_rps:.0f} < 90% of offered {step.offered_rps:.0f} req/s"
+    if step.sent and step.errors / step.sent > plan.max_error_ratio:
+        return f"{step.errors} errors of {step.sent} requests"
+    if plan.slo_p99_s and step.p99_s is not None and step.p99_s > plan.slo_margin * plan.slo_p99_s:
+        return f"p99 {step.p99_s * 1e3:.1f} ms broke the SLO by more than {plan.slo_margin:g}x"
     return None
 
 
-def progress_line(deployment: str, step: dict, mode: str) -> str:
-    flags = ("" if step["stable"] else "  [unstable]") + ("  [generator-bound]" if step["generator_bound"] else "")
-    if step["server_interrupted"]:
-        flags += f"  [server interrupted: {step['interruption']}]"
-    if step["workers_lost"]:
-        flags += f"  [workers lost: {', '.join(step['workers_lost'])}]"
-    batch = f"{step['avg_batch_size']:.1f}" if step["avg_batch_size"] else "-"
-    load = f"offered {step['offered_rps']:7.0f}/s" if mode == "open" else f"users {step['users']:4d}"
+def progress_line(deployment: str, step: Step, mode: str) -> str:
+    flags = ("" if step.stable else "  [unstable]") + ("  [generator-bound]" if step.generator_bound else "")
+    if step.server_interrupted:
+        flags += f"  [server interrupted: {step.interruption}]"
+    if step.workers_lost:
+        flags += f"  [workers lost: {', '.join(step.workers_lost)}]"
+    batch = f"{step.avg_batch_size:.1f}" if step.avg_batch_size else "-"
+    load = f"offered {step.offered_rps:7.0f}/s" if mode == "open" else f"users {step.users:4d}"
     return (
-        f"{deployment:>14}  {load}  achieved {step['achieved_rps']:7.0f}/s  "
-        f"p50 {step['p50_s'] * 1e3:7.2f} ms  p99 {step['p99_s'] * 1e3:7.2f} ms  "
-        f"errors {step['errors']}  batch {batch}{flags}"
+        f"{deployment:>14}  {load}  achieved {step.achieved_rps:7.0f}/s  "
+        f"p50 {step.p50_s * 1e3:7.2f} ms  p99 {step.p99_s * 1e3:7.2f} ms  "
+        f"errors {step.errors}  batch {batch}{flags}"
     )

@@ -7,10 +7,11 @@ import html
 import math
 from dataclasses import replace
 
+from latlab.loadtest.results import Deployment
 from latlab.report import costs
 from latlab.report import verdict
 from latlab.report.best import Best, best_per_provider, best_rate_text
-from latlab.report.sections import p99_interval
+from latlab.report.sections import p99_interval, samples_text
 from latlab.report.verdict import (
     PROVIDER_HINT,
     UNKNOWN,
@@ -41,23 +42,19 @@ def winner(rows: list[Best]) -> Best | None:
     return max(met, key=lambda r: r.rate, default=None)
 
 
-def settings(curve: dict) -> str:
+def settings(curve: Deployment) -> str:
     """The batching settings in a few words."""
     return verdict.batching_text(curve, short=False)
 
 
-def side(curves: list[dict]) -> str:
+def side(curves: list[Deployment]) -> str:
     """What one side of the comparison is: '16 CPU cores', '1 NVIDIA H100 80GB HBM3', 'provider unknown'."""
     if curves and provider_of(curves[0]) == UNKNOWN:
         return "provider unknown"
     if curves and is_gpu(curves[0]):
         names = sorted(
             {
-                str(
-                    (c.get("environment") or {}).get("gpu")
-                    or (c.get("machine") or {}).get("gpu")
-                    or "GPU of unknown model"
-                )
+                str((c.environment or {}).get("gpu") or (c.machine or {}).get("gpu") or "GPU of unknown model")
                 for c in curves
             }
         )
@@ -69,7 +66,7 @@ def side(curves: list[dict]) -> str:
     return f"{count} CPU core{'s' if threads[-1] > 1 else ''}"
 
 
-def compared(curves: list[dict]) -> str:
+def compared(curves: list[Deployment]) -> str:
     """'16 CPU cores vs 1 NVIDIA H100 80GB HBM3'; the servers first when they are not only latlab's
     ('latlab vs MLServer: 2 CPU cores vs provider unknown')."""
     cpu = [c for c in curves if is_cpu(c)]
@@ -80,11 +77,11 @@ def compared(curves: list[dict]) -> str:
     return f"{' vs '.join(servers)}: {sides}" if servers != ["latlab"] else sides
 
 
-def headline_slo(curves: list[dict], slos_s: list[float]) -> float | None:
+def headline_slo(curves: list[Deployment], slos_s: list[float]) -> float | None:
     """The SLO the sentence speaks of: the tightest that both CPU and GPU meet, else the tightest any meets."""
 
-    def meets(group: list[dict], slo: float) -> bool:
-        return any(max_rate_under(c["steps"], slo) for c in group)
+    def meets(group: list[Deployment], slo: float) -> bool:
+        return any(max_rate_under(c.steps, slo) for c in group)
 
     cpu = [c for c in curves if is_cpu(c)]
     gpu = [c for c in curves if is_gpu(c)]
@@ -136,7 +133,7 @@ def crossover_clause(found: dict) -> str:
     return f"below {found['from_rps']:.0f} req/s {low} is cheaper, above it {names[found['cheaper_high']]}"
 
 
-def sentence(model: str, curves: list[dict], slos_s: list[float], prices: dict) -> str:
+def sentence(model: str, curves: list[Deployment], slos_s: list[float], prices: dict) -> str:
     """The model's answer in one plain sentence, at the headline SLO."""
     slo = headline_slo(curves, slos_s)
     if slo is None:
@@ -169,7 +166,7 @@ def sentence(model: str, curves: list[dict], slos_s: list[float], prices: dict) 
     return f"{model}: at p99 ≤ {slo * 1e3:g} ms " + "; ".join(clauses) + "."
 
 
-def server_sentence(model: str, curves: list[dict], slos_s: list[float], prices: dict) -> str:
+def server_sentence(model: str, curves: list[Deployment], slos_s: list[float], prices: dict) -> str:
     """Where servers are compared: per SLO, the server whose best deployment sustains the most under it, and what
     each other server's best sustains."""
     parts = []
@@ -207,7 +204,7 @@ def _rate_words(row: Best, extra: str = "") -> str:
     return f"{number} req/s ({inside})" if inside else f"{number} req/s"
 
 
-def best_per_server(curves: list[dict], slo_s: float, prices: dict) -> list[Best]:
+def best_per_server(curves: list[Deployment], slo_s: float, prices: dict) -> list[Best]:
     """Per server, its best row under the SLO (any provider), servers in order (latlab's first)."""
     best: dict[str, Best] = {}
     for row in best_per_provider(curves, slo_s, prices):
@@ -237,18 +234,18 @@ def _winner_cell(rows: list[Best]) -> str:
     return f"{best.group} ({why})"
 
 
-def _of_group(curves: list[dict], group: str) -> list[dict]:
+def _of_group(curves: list[Deployment], group: str) -> list[Deployment]:
     servers = by_server(curves)
     return [c for c in curves if group_name(c, servers) == group]
 
 
-def _heading(curves: list[dict], group: str) -> str:
+def _heading(curves: list[Deployment], group: str) -> str:
     """A column group's heading: 'cpu (16 CPU cores)', 'latlab, cpu (2 CPU cores)', 'MLServer, provider unknown'."""
     what = side(_of_group(curves, group))
     return group if what == "provider unknown" else f"{group} ({what})"
 
 
-def answer_table(curves: list[dict], slos_s: list[float], prices: dict) -> str:
+def answer_table(curves: list[Deployment], slos_s: list[float], prices: dict) -> str:
     """One row per SLO; per provider (per server and provider when servers are compared) its best settings, max
     rate (≥ when unsaturated), cost; the winner."""
     providers = [r.group for r in best_per_provider(curves, slos_s[0], prices)]
@@ -273,7 +270,7 @@ def answer_table(curves: list[dict], slos_s: list[float], prices: dict) -> str:
     )
 
 
-def evidence(curves: list[dict], slos_s: list[float], prices: dict) -> str:
+def evidence(curves: list[Deployment], slos_s: list[float], prices: dict) -> str:
     """The p99 of every step behind the answer table, with its interval and SLO decision (loadtest/confidence.py),
     folded: a reader can check how well each rate's p99 was measured."""
     items = []
@@ -281,14 +278,14 @@ def evidence(curves: list[dict], slos_s: list[float], prices: dict) -> str:
         for row in best_per_provider(curves, slo, prices):
             if row.step is None:
                 continue
-            ci = row.step.get("confidence") or {}
+            ci = row.step.confidence or {}
             decision = next((d for d in ci.get("slos", []) if math.isclose(d["slo_p99_s"], slo)), None)
             said = f", {decision['verdict']} at {ci['level']:.0%}" if decision else ""
             needed = f" (a decision needs {decision['needed']} requests)" if decision and decision.get("needed") else ""
             items.append(
                 f"<li>p99 ≤ {slo * 1e3:g} ms, {html.escape(row.group)} at {row.rate:.0f} req/s: p99 "
-                f"{row.step['p99_s'] * 1e3:.2f} ms (interval {html.escape(p99_interval(row.step))} ms, "
-                f"{row.step.get('samples', '?')} requests{said}){needed}</li>"
+                f"{row.step.p99_s * 1e3:.2f} ms (interval {html.escape(p99_interval(row.step))} ms, "
+                f"{samples_text(row.step)} requests{said}){needed}</li>"
             )
     if not items:
         return ""
@@ -299,7 +296,7 @@ def evidence(curves: list[dict], slos_s: list[float], prices: dict) -> str:
 
 
 def answer_section(
-    by_model: dict[str, list[dict]], slos_s: list[float], prices: dict, prices_note: str, bench_gpu: bool = False
+    by_model: dict[str, list[Deployment]], slos_s: list[float], prices: dict, prices_note: str, bench_gpu: bool = False
 ) -> str:
     """The first screen: what is compared, then per model its sentence and table; what is missing, if anything.
     `bench_gpu`: an in-process bench with GPU points is merged in (it answers per model size, not served)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from latlab.loadtest.results import Deployment, Step
 from latlab.report import costs
 from latlab.report.verdict import (
     PROVIDER_HINT,
@@ -31,18 +32,18 @@ class Best:
     """One provider's best deployment under one SLO."""
 
     provider: str
-    curve: dict | None = None
-    step: dict | None = None
+    curve: Deployment | None = None
+    step: Step | None = None
     price: costs.Price | None = None
     slo_s: float | None = None
-    candidates: list[dict] = field(default_factory=list)
+    candidates: list[Deployment] = field(default_factory=list)
     """Every deployment of the provider that was judged: what "never meets it" must hold for."""
     group: str = ""
     """What the row stands for in tables: the provider, or "server, provider" when servers are compared."""
 
     @property
     def rate(self) -> float:
-        return self.step["achieved_rps"] if self.step else 0.0
+        return self.step.achieved_rps if self.step else 0.0
 
     @property
     def unsaturated(self) -> bool:
@@ -58,7 +59,7 @@ class Best:
         return self.price.per_hour / (self.rate * 3600) * 1e6
 
 
-def best_per_provider(curves: list[dict], slo_s: float, prices: dict) -> list[Best]:
+def best_per_provider(curves: list[Deployment], slo_s: float, prices: dict) -> list[Best]:
     """Per provider (cpu first, then device providers, then an unknown one), the deployment with the highest rate
     meeting the SLO; per server and provider, servers in order (latlab's first), when servers are compared."""
     best: dict[str, Best] = {}
@@ -66,12 +67,12 @@ def best_per_provider(curves: list[dict], slo_s: float, prices: dict) -> list[Be
     order = {name: i for i, name in enumerate(server_names(curves))}
     for curve in curves:
         provider, group = provider_of(curve), group_name(curve, servers)
-        step = max_rate_under(curve["steps"], slo_s)
+        step = max_rate_under(curve.steps, slo_s)
         current = best.setdefault(
             group, Best(provider, curve, None, costs.machine_price(prices, curve), slo_s, group=group)
         )
         current.candidates.append(curve)
-        if step is not None and step["achieved_rps"] > current.rate:
+        if step is not None and step.achieved_rps > current.rate:
             best[group] = Best(
                 provider, curve, step, costs.machine_price(prices, curve), slo_s, current.candidates, group
             )
@@ -94,7 +95,7 @@ def best_rate_text(row: Best) -> str:
     return rate_text(row.curve, row.step, row.slo_s)
 
 
-def provider_verdict(model: str, curves: list[dict], slo_s: float, prices: dict) -> str:
+def provider_verdict(model: str, curves: list[Deployment], slo_s: float, prices: dict) -> str:
     """The CPU-vs-GPU verdict in plain words for one model and one SLO."""
     bound = f"p99 ≤ {slo_s * 1e3:g} ms"
     rows = best_per_provider(curves, slo_s, prices)
@@ -132,7 +133,9 @@ def provider_verdict(model: str, curves: list[dict], slo_s: float, prices: dict)
     return _gpu_wins(model, bound, cpu, gpu)
 
 
-def _with_unknown(model: str, bound: str, known: list[dict], unknown: Best | None, slo_s: float, prices: dict) -> str:
+def _with_unknown(
+    model: str, bound: str, known: list[Deployment], unknown: Best | None, slo_s: float, prices: dict
+) -> str:
     """The verdict where some deployments' provider is not recorded: they count as neither CPU nor GPU; what they
     sustain is said, and the CPU-vs-GPU verdict is given over the others."""
     if unknown is not None:

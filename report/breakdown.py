@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import html
 
+from latlab.loadtest.results import Deployment, Step
 from latlab.report.costs import cpu_threads
-from latlab.report.verdict import BY_SERVER, is_gpu, label, machine_name, max_rate_under, server_name
+from latlab.report.verdict import is_gpu, label, machine_name, max_rate_under, server_name
 
 PARTS = ("queue", "preprocess", "input_transfer", "compute", "output_transfer", "rest")
 """The stacked bar's parts, bottom to top."""
@@ -34,31 +35,31 @@ def parts(server: dict) -> dict[str, float] | None:
     return {key: figures[key] for key in PARTS}
 
 
-def busy_share(server: dict, curve: dict) -> float | None:
+def busy_share(server: dict, curve: Deployment) -> float | None:
     """Share of the step's time the deployment's instances were running batches (all instances together)."""
     busy, seconds = server.get("busy_s"), server.get("seconds")
     if busy is None or not seconds:
         return server.get("busy_share")
-    instances = int((curve.get("batcher") or {}).get("instances") or 1)
+    instances = int((curve.batcher or {}).get("instances") or 1)
     return busy / (seconds * instances)
 
 
-def usable_cores(curve: dict, share: float) -> float:
+def usable_cores(curve: Deployment, share: float) -> float:
     """The cores the server could keep busy: one per interpreter (its lock serialises the Python work of
     decoding, batching and encoding): one process, or each front end and the engine of a server with several
     ([server] frontends); plus, on CPU, ORT's threads while a batch runs."""
-    frontends = int(curve.get("frontends") or 1)
+    frontends = int(curve.frontends or 1)
     interpreters = 1.0 if frontends <= 1 else frontends + 1.0
     if is_gpu(curve):
         return interpreters
     return interpreters + share * (cpu_threads(curve) or 1)
 
 
-def server_bound(step: dict, curve: dict) -> bool | None:
+def server_bound(step: Step, curve: Deployment) -> bool | None:
     """True when the serving processes were saturated (CPU ≥ 90% of the cores they could use: usable_cores, the
     front ends and engine of a multi-front-end server counted) while its device was not (instances busy < 70%
     of the time); None when the server did not export what the rule needs."""
-    server = step.get("server") or {}
+    server = step.server or {}
     share = busy_share(server, curve) if server else None
     cpu = server.get("process_cpu_cores")
     if share is None or cpu is None:
@@ -66,14 +67,14 @@ def server_bound(step: dict, curve: dict) -> bool | None:
     return cpu >= SERVER_BOUND_CPU * usable_cores(curve, share) and share < DEVICE_IDLE_BELOW
 
 
-def bars(curves: list[dict], slos_s: list[float]) -> list[dict]:
+def bars(curves: list[Deployment], slos_s: list[float]) -> list[dict]:
     """Per deployment and SLO: the step at its highest rate meeting the SLO, with its server-side parts,
     client-measured mean and p99, and the server-bound flag. Steps without server figures are left out."""
     found = []
     for curve in curves:
         for slo in sorted(slos_s):
-            step = max_rate_under(curve["steps"], slo)
-            split = parts(step.get("server") or {}) if step else None
+            step = max_rate_under(curve.steps, slo)
+            split = parts(step.server or {}) if step else None
             if split is None or any(b["step"] is step for b in found):
                 continue  # the same step can be the highest under two SLOs: one bar
             found.append(
@@ -82,21 +83,21 @@ def bars(curves: list[dict], slos_s: list[float]) -> list[dict]:
                     "slo_s": slo,
                     "step": step,
                     "parts": split,
-                    "client_mean_s": step.get("mean_s"),
-                    "client_p99_s": step.get("p99_s"),
+                    "client_mean_s": step.mean_s,
+                    "client_p99_s": step.p99_s,
                     "server_bound": server_bound(step, curve),
                 }
             )
     return found
 
 
-def client_only(curves: list[dict]) -> str:
+def client_only(curves: list[Deployment]) -> str:
     """Which deployments were measured from the client side only because their server exports no figures latlab
     reads (their run recorded why, in `server_metrics`), in one sentence; "" when none was."""
-    missing = [c for c in curves if "server_metrics" in c and not (c.get("server_metrics") or {}).get("kind")]
+    missing = [c for c in curves if c.server_metrics is not None and not c.server_metrics.get("kind")]
     if not missing:
         return ""
-    reasons = sorted({str((c.get("server_metrics") or {}).get("note") or "no metrics") for c in missing})
+    reasons = sorted({str(c.server_metrics.get("note") or "no metrics") for c in missing})
     names = ", ".join(f"{label(c)} on {machine_name(c)}" for c in missing)
     return (
         f"Client side only for {names}: the server exports no figures latlab reads ({'; '.join(reasons)}). "
@@ -105,25 +106,25 @@ def client_only(curves: list[dict]) -> str:
 
 
 def bar_label(bar: dict) -> str:
-    server = f"{server_name(bar['curve'])}: " if bar["curve"].get(BY_SERVER) else ""
-    return f"{server}{bar['curve']['name']} @ {bar['step']['achieved_rps']:.0f}/s"
+    server = f"{server_name(bar['curve'])}: " if bar["curve"].by_server else ""
+    return f"{server}{bar['curve'].name} @ {bar['step'].achieved_rps:.0f}/s"
 
 
 def breakdown_table(found: list[dict]) -> str:
     """The bars as numbers (ms), with the server's CPU and busy share and the server-bound flag."""
     rows = []
     for bar in found:
-        server, curve = bar["step"]["server"], bar["curve"]
+        server, curve = bar["step"].server, bar["curve"]
         share = busy_share(server, curve)
         cpu = server.get("process_cpu_cores")
         flag = {True: "server-bound", False: "no", None: "unknown (no process CPU figure)"}[bar["server_bound"]]
-        if bar["server_bound"] is not None and int(curve.get("frontends") or 1) > 1:
+        if bar["server_bound"] is not None and int(curve.frontends or 1) > 1:
             flag += f" ({processes(curve)})"
         cells = "".join(f"<td>{bar['parts'][k] * 1e3:.2f}</td>" for k in PARTS)
         client = "–" if bar["client_mean_s"] is None else f"{bar['client_mean_s'] * 1e3:.2f}"
         rows.append(
             f"<tr><td>{html.escape(label(curve))} on {html.escape(machine_name(curve))}</td>"
-            f"<td>{bar['step']['achieved_rps']:.0f} (p99 ≤ {bar['slo_s'] * 1e3:g} ms)</td>{cells}"
+            f"<td>{bar['step'].achieved_rps:.0f} (p99 ≤ {bar['slo_s'] * 1e3:g} ms)</td>{cells}"
             f"<td>{sum(bar['parts'].values()) * 1e3:.2f}</td><td>{client}</td>"
             f"<td>{'–' if cpu is None else f'{cpu:.2f}'}</td>"
             f"<td>{'–' if share is None else f'{share:.0%}'}</td><td>{flag}</td></tr>"
@@ -136,9 +137,9 @@ def breakdown_table(found: list[dict]) -> str:
     )
 
 
-def processes(curve: dict) -> str:
+def processes(curve: Deployment) -> str:
     """The server's processes as the server-bound rule counts them: "one process", or "N front ends + engine"."""
-    frontends = int(curve.get("frontends") or 1)
+    frontends = int(curve.frontends or 1)
     return "one process" if frontends <= 1 else f"{frontends} front ends + engine"
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from latlab.report.verdict import is_gpu
+from latlab.loadtest.results import Deployment
+from latlab.report.verdict import is_gpu, provider_of
 
 
 @dataclass(frozen=True)
@@ -18,18 +19,18 @@ class Price:
     """e.g. "$2.50 per machine-hour" or "$0.05 per core-hour × 16 cores"."""
 
 
-def cpu_threads(curve: dict) -> int | None:
+def cpu_threads(curve: Deployment) -> int | None:
     """The cores a CPU deployment computes on: `cpu_threads` from its environment (the lab's fair CPU share), else its
     ORT intra-op threads (0 = every core of the machine); None when nothing says."""
-    environment = curve.get("environment") or {}
-    for source in (environment, curve.get("cpu") or {}, curve.get("batcher") or {}):
+    environment = curve.environment or {}
+    for source in (environment, curve.cpu or {}, curve.batcher or {}):
         for key in ("cpu_threads", "intra_op_threads"):
             threads = source.get(key)
             if threads is None:
                 continue
             if int(threads) > 0:
                 return int(threads)
-            cores = environment.get("cores") or (curve.get("machine") or {}).get("cores")
+            cores = environment.get("cores") or (curve.machine or {}).get("cores")
             return int(cores) if cores else None
     return None
 
@@ -47,10 +48,10 @@ def price_amount_and_unit(value: object) -> tuple[float, str]:
     return float(amount), "core-hour" if "core" in unit else "machine-hour"
 
 
-def machine_price(prices: dict, curve: dict) -> Price | None:
+def machine_price(prices: dict, curve: Deployment) -> Price | None:
     """The hourly price of one machine running `curve`'s deployment; None without a price for its provider.
     A core-hour price is charged for the cores a CPU deployment computes on (cpu_threads)."""
-    provider = str(curve.get("provider", "?")).lower()
+    provider = provider_of(curve)
     # TensorRT runs on the CUDA machine: without a price of its own it costs what that machine costs.
     value = prices.get(provider, prices.get("cuda") if provider == "tensorrt" else None)
     if value is None:

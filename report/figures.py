@@ -10,39 +10,40 @@ import matplotlib
 matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
+from latlab.loadtest.results import Deployment  # noqa: E402
 from latlab.report.costs import fleet_cost_per_million, rate_grid  # noqa: E402
-from latlab.report.verdict import BY_SERVER, machine_name, server_name  # noqa: E402
+from latlab.report.verdict import machine_name, server_name  # noqa: E402
 
 
-def curve_png(model: str, curves: list[dict], slos_s: list[float]) -> bytes:
+def curve_png(model: str, curves: list[Deployment], slos_s: list[float]) -> bytes:
     """p99 (solid) and p50 (dashed) against achieved throughput, one colour per deployment and machine."""
     fig, ax = plt.subplots(figsize=(8, 4.8), dpi=110)
     for i, curve in enumerate(curves):
         # A step the server's restart interrupted says nothing about the load: left off the curve.
-        steps = [s for s in curve["steps"] if s.get("p99_s") is not None and not s.get("server_interrupted")]
-        x = [s["achieved_rps"] for s in steps]
-        name = f"{curve['name']} @ {machine_name(curve)}"
-        if curve.get(BY_SERVER):  # servers compared: the same deployment name may be on each
+        steps = [s for s in curve.steps if s.p99_s is not None and not s.server_interrupted]
+        x = [s.achieved_rps for s in steps]
+        name = f"{curve.name} @ {machine_name(curve)}"
+        if curve.by_server:  # servers compared: the same deployment name may be on each
             name = f"{server_name(curve)}: {name}"
         color = f"C{i % 10}"
-        ax.plot(x, [s["p99_s"] * 1e3 for s in steps], "o-", color=color, label=f"{name} p99")
-        ax.plot(x, [s["p50_s"] * 1e3 for s in steps], "s--", color=color, alpha=0.6, label=f"{name} p50")
-        few = [s for s in steps if s.get("too_few_samples")]
+        ax.plot(x, [s.p99_s * 1e3 for s in steps], "o-", color=color, label=f"{name} p99")
+        ax.plot(x, [s.p50_s * 1e3 for s in steps], "s--", color=color, alpha=0.6, label=f"{name} p50")
+        few = [s for s in steps if s.too_few_samples]
         if few:  # their p99 is the maximum of a handful of requests: shown, hollow, never deciding an SLO
             ax.plot(
-                [s["achieved_rps"] for s in few],
-                [s["p99_s"] * 1e3 for s in few],
+                [s.achieved_rps for s in few],
+                [s.p99_s * 1e3 for s in few],
                 "o",
                 markersize=11,
                 markerfacecolor="none",
                 color="black",
                 label="too few samples" if i == 0 else None,
             )
-        bound = [s for s in steps if s.get("generator_bound")]
+        bound = [s for s in steps if s.generator_bound]
         if bound:  # the generator, not the server, may be what these points measure
             ax.plot(
-                [s["achieved_rps"] for s in bound],
-                [s["p99_s"] * 1e3 for s in bound],
+                [s.achieved_rps for s in bound],
+                [s.p99_s * 1e3 for s in bound],
                 "x",
                 color="red",
                 markersize=10,

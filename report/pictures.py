@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import html
 
+from latlab.loadtest.results import Deployment
 from latlab.report import answer, best, breakdown
 from latlab.report.figures import breakdown_png, cost_png
 from latlab.report.verdict import is_cpu, is_gpu
@@ -15,7 +16,7 @@ def img(png: bytes, alt: str) -> str:
     return f"<img alt='{html.escape(alt)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
 
 
-def cost_lines(curves: list[dict], slo_s: float, prices: dict) -> tuple[list[dict], dict | None]:
+def cost_lines(curves: list[Deployment], slo_s: float, prices: dict) -> tuple[list[dict], dict | None]:
     """Per provider, the best deployment's staircase inputs; and the CPU-vs-GPU crossover when both exist."""
     rows = [r for r in best.best_per_provider(curves, slo_s, prices) if r.rate > 0 and r.price is not None]
     lines = [
@@ -34,7 +35,7 @@ def cost_lines(curves: list[dict], slo_s: float, prices: dict) -> tuple[list[dic
     return lines, found
 
 
-def cost_section(model: str, curves: list[dict], slos_s: list[float], prices: dict) -> tuple[str, bytes | None]:
+def cost_section(model: str, curves: list[Deployment], slos_s: list[float], prices: dict) -> tuple[str, bytes | None]:
     """The cost picture at the headline SLO (the one the sentence speaks of); (html, png or None)."""
     slo = answer.headline_slo(curves, slos_s)
     title = f"<h3>{html.escape(model)}: cost against sustained rate</h3>"
@@ -61,7 +62,7 @@ def cost_section(model: str, curves: list[dict], slos_s: list[float], prices: di
     return text, png
 
 
-def time_section(model: str, curves: list[dict], slos_s: list[float]) -> tuple[str, bytes | None]:
+def time_section(model: str, curves: list[Deployment], slos_s: list[float]) -> tuple[str, bytes | None]:
     """Where the time goes for every deployment step that has server figures; (html, png or None)."""
     title = f"<h3>{html.escape(model)}: where the time goes</h3>"
     found = breakdown.bars(curves, slos_s)
@@ -83,7 +84,7 @@ def time_section(model: str, curves: list[dict], slos_s: list[float]) -> tuple[s
     warning = (
         f"<p class='warning'><strong>Server-bound</strong>: {html.escape('; '.join(flagged))}.</p>" if flagged else ""
     )
-    triton = [breakdown.bar_label(b) for b in found if (b["step"].get("server") or {}).get("source") == "triton"]
+    triton = [breakdown.bar_label(b) for b in found if (b["step"].server or {}).get("source") == "triton"]
     warning += (
         f"<p>From Triton's nv_inference_* counters ({html.escape('; '.join(triton))}): mean per successful "
         "request of its queue wait, compute input (shown as input transfer), the model's run and compute "

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import html
 
+from latlab.loadtest.results import Deployment, Run, Step
 from latlab.report.bench_pivot import gpu_speedup, pivot
 from latlab.common.machine import key as machine_key
 from latlab.report.breakdown import server_bound
 from latlab.report.predict import ASSUMPTIONS, predict_deployment
 from latlab.report.best import best_per_provider
-from latlab.report.verdict import BY_SERVER, label, machine_name, max_rate_under, rate_text, server_name, sustained_rate
+from latlab.report.verdict import label, machine_name, max_rate_under, rate_text, server_name, sustained_rate
 
 MACHINE_KEYS = ("cpu", "cores", "memory_gib", "os", "gpu", "ort_version", "torch_version", "threads", "python")
 
@@ -18,22 +19,23 @@ def esc(value: object) -> str:
     return html.escape(str(value))
 
 
-def environment_section(results_docs: list[dict], bench_docs: list[dict]) -> str:
+def environment_section(runs: list[Run], bench_docs: list[dict]) -> str:
     """Where every number came from: each run's load generator and server, each bench's machine."""
     rows = []
-    for doc in results_docs:
+    for run in runs:
         servers = []
-        for deployment in doc.get("deployments", []):
-            server = _details(deployment.get("environment") or {})
-            if deployment.get("environment") and server not in servers:
+        for deployment in run.deployments:
+            server = _details(deployment.environment or {})
+            if deployment.environment and server not in servers:
                 servers.append(server)
-        details = f"load generator: {_details(doc.get('machine', {}))}"
+        details = f"load generator: {_details(run.machine or {})}"
         details += "".join(f" | server: {server}" for server in servers) or " | server: environment not recorded"
-        row = _machine_row(f"run {doc.get('run_id', '?')}", doc, doc.get("machine", {}), details)
+        row = _machine_row(f"run {run.run_id}", run.reference, run.machine or {}, details)
         if row not in rows:  # a lab run writes one results file per model, all from the same machines
             rows.append(row)
     for doc in bench_docs:
-        rows.append(_machine_row("bench", doc, doc.get("machine", {}), _details(doc.get("machine", {}))))
+        machine = doc.get("machine", {})
+        rows.append(_machine_row("bench", bool(doc.get("_reference")), machine, _details(machine)))
     return (
         "<details><summary>Environment: every machine a number came from</summary>"
         "<table><tr><th>source</th><th>machine</th><th>details</th></tr>"
@@ -41,8 +43,8 @@ def environment_section(results_docs: list[dict], bench_docs: list[dict]) -> str
     )
 
 
-def _machine_row(kind: str, doc: dict, machine: dict, details: str) -> str:
-    origin = " (reference data)" if doc.get("_reference") else ""
+def _machine_row(kind: str, reference: bool, machine: dict, details: str) -> str:
+    origin = " (reference data)" if reference else ""
     return f"<tr><td>{esc(kind + origin)}</td><td>{esc(doc_machine_name(machine))}</td><td>{esc(details)}</td></tr>"
 
 
@@ -57,22 +59,22 @@ def _details(machine: dict) -> str:
     return "; ".join(f"{k}: {machine[k]}" for k in keys) or "not recorded"
 
 
-def slo_table(curves: list[dict], slos_s: list[float]) -> str:
+def slo_table(curves: list[Deployment], slos_s: list[float]) -> str:
     """Highest measured rate under each SLO per deployment, labelled with its run and machine."""
     head = "".join(f"<th>max req/s at p99 ≤ {s * 1e3:g} ms</th>" for s in slos_s)
     rows = []
     for curve in curves:
         cells = []
         for slo in slos_s:
-            cells.append(f"<td>{esc(rate_text(curve, max_rate_under(curve['steps'], slo), slo))}</td>")
+            cells.append(f"<td>{esc(rate_text(curve, max_rate_under(curve.steps, slo), slo))}</td>")
         rows.append(
-            f"<tr><td>{esc(label(curve))}</td><td>{esc(curve['run_id'])} on {esc(machine_name(curve))}</td>"
+            f"<tr><td>{esc(label(curve))}</td><td>{esc(curve.run_id)} on {esc(machine_name(curve))}</td>"
             f"{''.join(cells)}</tr>"
         )
     return f"<table><tr><th>deployment</th><th>run on machine</th>{head}</tr>{''.join(rows)}</table>"
 
 
-def provider_table(curves: list[dict], slos_s: list[float], prices: dict[str, float]) -> str:
+def provider_table(curves: list[Deployment], slos_s: list[float], prices: dict[str, float]) -> str:
     """Per SLO and provider: the best batcher settings found, their rate and cost per million inferences."""
     rows = []
     for slo in slos_s:
@@ -94,13 +96,17 @@ def provider_table(curves: list[dict], slos_s: list[float], prices: dict[str, fl
 
 
 def prediction_section(
-    model: str, curves: list[dict], slos_s: list[float], fits: list[dict], overheads: dict[str, float] | None = None
+    model: str,
+    curves: list[Deployment],
+    slos_s: list[float],
+    fits: list[dict],
+    overheads: dict[str, float] | None = None,
 ) -> str:
     """Predicted beside measured SLO-bounded max rate, with the relative error, where a bench fit exists.
     `overheads`: serving work per request by machine (machine.key; predict.request_overheads)."""
     rows, missing = [], []
     for curve in curves:
-        overhead = (overheads or {}).get(machine_key(curve.get("machine") or {}), 0.0)
+        overhead = (overheads or {}).get(machine_key(curve.machine or {}), 0.0)
         for slo in slos_s:
             predicted = predict_deployment(curve, fits, slo, overhead)
             if predicted is None:
@@ -127,7 +133,7 @@ def prediction_section(
     for curve in missing:
         text += (
             f"<p>No prediction for {esc(label(curve))} on {esc(machine_name(curve))}: no bench batch-size sweep "
-            f"of model '{esc(curve.get('model'))}' on the {esc(curve.get('provider', '?'))} backend from that "
+            f"of model '{esc(curve.model)}' on the {esc(curve.provider or '?')} backend from that "
             "machine (run `latlab bench` there and put its bench.json beside the results).</p>"
         )
     return text
@@ -138,15 +144,15 @@ def _fixed(predicted: dict) -> str:
     return f" (bench {', '.join(f'{k}={v}' for k, v in sorted(fixed.items()))})" if fixed else ""
 
 
-def _prediction_caveats(curve: dict, predicted: dict) -> str:
+def _prediction_caveats(curve: Deployment, predicted: dict) -> str:
     """Why a prediction and a measurement may not be comparable."""
     caveats = []
-    top = max((s["achieved_rps"] for s in curve["steps"]), default=0.0)
+    top = max((s.achieved_rps for s in curve.steps), default=0.0)
     if predicted["rate"] > top:
         caveats.append(f"beyond the highest rate measured ({top:.0f} req/s)")
     if predicted["batch"] > predicted["fit"].max_batch:
         caveats.append(f"batch {predicted['batch']:.0f} extrapolates the fit past batch {predicted['fit'].max_batch}")
-    server_threads = (curve.get("cpu") or {}).get("intra_op_threads")
+    server_threads = (curve.cpu or {}).get("intra_op_threads")
     bench_threads = predicted.get("bench_threads")
     if (
         predicted["backend"] == "ort-cpu"
@@ -190,33 +196,36 @@ def bench_table(doc: dict) -> str:
     return f"<details><summary>bench numbers</summary>{''.join(tables)}</details>"
 
 
-def steps_table(curve: dict) -> str:
+def steps_table(curve: Deployment) -> str:
     rows = []
-    for s in curve["steps"]:
-        p = {k: (f"{s[k] * 1e3:.2f}" if s.get(k) is not None else "–") for k in ("p50_s", "p90_s", "p99_s", "max_s")}
-        batch = f"{s['avg_batch_size']:.1f}" if s.get("avg_batch_size") else "–"
+    for s in curve.steps:
+        p = {
+            k: (f"{getattr(s, k) * 1e3:.2f}" if getattr(s, k) is not None else "–")
+            for k in ("p50_s", "p90_s", "p99_s", "max_s")
+        }
+        batch = f"{s.avg_batch_size:.1f}" if s.avg_batch_size else "–"
         flags = (
-            (" (generator-bound)" if s.get("generator_bound") else "")
-            + (f" (too few samples: {s.get('samples', '?')})" if s.get("too_few_samples") else "")
+            (" (generator-bound)" if s.generator_bound else "")
+            + (f" (too few samples: {samples_text(s)})" if s.too_few_samples else "")
             + (" (server-bound)" if server_bound(s, curve) else "")
-            + ("" if s.get("stable", True) else " (unstable)")
+            + ("" if s.stable else " (unstable)")
         )
-        if s.get("server_interrupted"):
-            flags += f" (server interrupted: {s.get('interruption')})"
-        if s.get("workers_lost"):
-            flags += f" (workers lost: {', '.join(s['workers_lost'])})"
-        cpu = f"{s['generator_cpu_percent']:.0f}%" if s.get("generator_cpu_percent") is not None else "–"
-        dropped = s.get("dropped") if s.get("dropped") is not None else "–"
+        if s.server_interrupted:
+            flags += f" (server interrupted: {s.interruption})"
+        if s.workers_lost:
+            flags += f" (workers lost: {', '.join(s.workers_lost)})"
+        cpu = f"{s.generator_cpu_percent:.0f}%" if s.generator_cpu_percent is not None else "–"
+        dropped = s.dropped if s.dropped is not None else "–"
         rows.append(
-            f"<tr><td>{s['offered_rps']:.0f}</td><td>{s['achieved_rps']:.0f}</td><td>{p['p50_s']}</td>"
+            f"<tr><td>{s.offered_rps:.0f}</td><td>{s.achieved_rps:.0f}</td><td>{p['p50_s']}</td>"
             f"<td>{p['p90_s']}</td><td>{p['p99_s']}</td><td>{esc(p99_interval(s))}</td><td>{p['max_s']}</td>"
-            f"<td>{s['errors']}</td><td>{dropped}</td><td>{batch}</td><td>{cpu}{esc(flags)}</td></tr>"
+            f"<td>{s.errors}</td><td>{dropped}</td><td>{batch}</td><td>{cpu}{esc(flags)}</td></tr>"
         )
-    server = f" ({server_name(curve)})" if curve.get(BY_SERVER) else ""
+    server = f" ({server_name(curve)})" if curve.by_server else ""
     return (
-        f"<details><summary>{esc(curve['name'])}{esc(server)} on {esc(machine_name(curve))}: "
-        f"{len(curve['steps'])} steps — "
-        f"{esc(curve.get('stop_reason', ''))}{esc(_saturation(curve))}</summary>"
+        f"<details><summary>{esc(curve.name)}{esc(server)} on {esc(machine_name(curve))}: "
+        f"{len(curve.steps)} steps — "
+        f"{esc(curve.stop_reason)}{esc(_saturation(curve))}</summary>"
         "<table><tr><th>offered/s</th><th>achieved/s</th>"
         f"<th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>p99 {_level(curve)} interval ms</th><th>max ms</th>"
         "<th>errors</th><th>dropped</th>"
@@ -224,10 +233,15 @@ def steps_table(curve: dict) -> str:
     )
 
 
-def p99_interval(step: dict) -> str:
+def samples_text(step: Step) -> object:
+    """The step's request count, '?' in results from before it was recorded."""
+    return "?" if step.samples is None else step.samples
+
+
+def p99_interval(step: Step) -> str:
     """'8.1–9.6': the step's p99 interval in ms (loadtest/confidence.py); '≥ 8.1' with too few samples for an
     upper bound; '–' in results from before intervals were recorded."""
-    ci = step.get("confidence")
+    ci = step.confidence
     if not ci or ci.get("p99_low_s") is None:
         return "–"
     if ci.get("p99_high_s") is None:
@@ -235,15 +249,15 @@ def p99_interval(step: dict) -> str:
     return f"{ci['p99_low_s'] * 1e3:.2f}–{ci['p99_high_s'] * 1e3:.2f}"
 
 
-def _level(curve: dict) -> str:
-    levels = {s["confidence"]["level"] for s in curve["steps"] if s.get("confidence")}
+def _level(curve: Deployment) -> str:
+    levels = {s.confidence["level"] for s in curve.steps if s.confidence}
     return f"{levels.pop():.0%}" if len(levels) == 1 else "confidence"
 
 
-def _saturation(curve: dict) -> str:
+def _saturation(curve: Deployment) -> str:
     """Whether the sweep found the deployment's limit (saturated, rate_cap_rps; absent in results from
     before the saturation search)."""
-    cap = f", rate cap {curve['rate_cap_rps']:g} req/s" if curve.get("rate_cap_rps") else ""
-    if curve.get("saturated") is False:
+    cap = f", rate cap {curve.rate_cap_rps:g} req/s" if curve.rate_cap_rps else ""
+    if curve.saturated is False:
         return f" (not saturated{cap})"
-    return f" (saturated{cap})" if curve.get("saturated") else ""
+    return f" (saturated{cap})" if curve.saturated else ""

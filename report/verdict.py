@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
+from latlab.loadtest.results import Deployment, Step
 from latlab.loadtest.search import FLAT, NEVER, slo_met
 
 DEFAULT_PRICES = {"cpu": 0.10, "cuda": 2.50}
@@ -50,20 +52,20 @@ def parse_prices(text: str) -> dict[str, float | dict]:
     return prices
 
 
-def max_rate_under(steps: list[dict], slo_s: float) -> dict | None:
+def max_rate_under(steps: list[Step], slo_s: float) -> Step | None:
     """The step with the highest achieved throughput that met the SLO (search.slo_met: the sweep's own rule)."""
-    return max((s for s in steps if slo_met(s, slo_s)), key=lambda s: s["achieved_rps"], default=None)
+    return max((s for s in steps if slo_met(s, slo_s)), key=lambda s: s.achieved_rps, default=None)
 
 
-def bracket_of(curve: dict, slo_s: float) -> dict | None:
+def bracket_of(curve: Deployment, slo_s: float) -> dict | None:
     """The sweep's bracket of this SLO for the deployment (`latlab loadtest --slos`); None in older results."""
-    return next((b for b in curve.get("slo_brackets") or [] if math.isclose(b["slo_p99_s"], slo_s)), None)
+    return next((b for b in curve.slo_brackets or [] if math.isclose(b["slo_p99_s"], slo_s)), None)
 
 
-def unmet_text(curves: list[dict], slo_s: float) -> str:
+def unmet_text(curves: list[Deployment], slo_s: float) -> str:
     """What a table says for deployments none of whose steps met the SLO: "never" only when one request at a
     time broke it for every one of them (with the fastest such p99), else where the search stopped."""
-    singles = [c.get("single_request") for c in curves]
+    singles = [c.single_request for c in curves]
     brackets = [bracket_of(c, slo_s) for c in curves]
     if curves and all(b and b["meaning"] == NEVER for b in brackets) and all(singles):
         fastest = min((s["p99_s"] for s in singles if s.get("p99_s") is not None), default=None)
@@ -74,11 +76,11 @@ def unmet_text(curves: list[dict], slo_s: float) -> str:
     below = [b["broke_rps"] for b in brackets if b and b["broke_rps"] and b["meaning"] != NEVER]
     if below:
         return f"< {min(below):.3g} (met only below the lowest rate measured)"
-    lowest = min((_target(s) for c in curves for s in c["steps"]), default=None)
+    lowest = min((_target(s) for c in curves for s in c.steps), default=None)
     return f"not met at ≥ {lowest:g}" if lowest else "not measured"
 
 
-def unmet_clause(curves: list[dict], slo_s: float) -> str:
+def unmet_clause(curves: list[Deployment], slo_s: float) -> str:
     """unmet_text as a sentence's clause: 'never meets it (...)' or 'does not meet it at the rates measured'."""
     why = unmet_text(curves, slo_s)
     if why.startswith("never"):
@@ -86,10 +88,10 @@ def unmet_clause(curves: list[dict], slo_s: float) -> str:
     return f"does not meet it at the rates measured ({why})"
 
 
-def bracket_text(curve: dict, step: dict, slo_s: float | None) -> str:
+def bracket_text(curve: Deployment, step: Step, slo_s: float | None) -> str:
     """A met step's rate, with the rate that broke the SLO beside it when the bracket is wider than the
     sweep's resolution: '104–500'."""
-    rate = f"{step['achieved_rps']:.0f}"
+    rate = f"{step.achieved_rps:.0f}"
     bracket = bracket_of(curve, slo_s) if slo_s else None
     if bracket and bracket["broke_rps"] and bracket["width"] is not None and bracket["width"] > bracket["resolution"]:
         rate = f"{rate}–{bracket['broke_rps']:.0f}"
@@ -98,32 +100,32 @@ def bracket_text(curve: dict, step: dict, slo_s: float | None) -> str:
     return rate
 
 
-def _target(step: dict) -> float:
+def _target(step: Step) -> float:
     """The load a step was asked for (a rate, or users in closed loop), else what was offered."""
-    return float(step.get("target_rps") or step.get("target") or step.get("offered_rps") or 0.0)
+    return float(step.target_rps or step.target or step.offered_rps or 0.0)
 
 
-def is_lower_bound(curve: dict, step: dict) -> bool:
+def is_lower_bound(curve: Deployment, step: Step) -> bool:
     """Whether a step's rate is only a lower bound of the deployment's: the sweep ended (its cap, or its rates
     ran out) before the deployment saturated, and this is its highest load. A curve that does not say
     (results from before the saturation search) counts as saturated."""
-    return curve.get("saturated") is False and _target(step) >= max(_target(s) for s in curve["steps"])
+    return curve.saturated is False and _target(step) >= max(_target(s) for s in curve.steps)
 
 
-def rate_text(curve: dict, step: dict | None, slo_s: float | None = None) -> str:
+def rate_text(curve: Deployment, step: Step | None, slo_s: float | None = None) -> str:
     """A step's achieved rate as a table shows it: '≥ N (not saturated)' when it is only a lower bound, the
     bracket when it is wider than the resolution; with no step, why (see unmet_text)."""
     if step is None:
         return unmet_text([curve], slo_s) if slo_s else "–"
     if is_lower_bound(curve, step):
-        return f"≥ {step['achieved_rps']:.0f} (not saturated)"
+        return f"≥ {step.achieved_rps:.0f} (not saturated)"
     return bracket_text(curve, step, slo_s)
 
 
-def sustained_rate(curve: dict, slo_s: float) -> float:
+def sustained_rate(curve: Deployment, slo_s: float) -> float:
     """The curve's highest measured rate under the SLO; 0 when it never met it."""
-    step = max_rate_under(curve["steps"], slo_s)
-    return step["achieved_rps"] if step else 0.0
+    step = max_rate_under(curve.steps, slo_s)
+    return step.achieved_rps if step else 0.0
 
 
 UNKNOWN = "?"
@@ -133,81 +135,79 @@ GPU in any verdict: every text says "provider unknown" and how to record it (PRO
 PROVIDER_HINT = "`latlab loadtest --provider cpu|cuda` records it"
 SERVER_NAMES = {"latlab": "latlab", "triton": "Triton", "mlserver": "MLServer", "kserve": "KServe"}
 """GET /v2's `name` of known servers -> how the report writes it."""
-BY_SERVER = "by_server"
-"""Set on every curve of a report whose curves come from more than one server (tag_servers): labels, tables,
-curves and the answer then name each curve's server."""
 
 
-def provider_of(curve: dict) -> str:
+def provider_of(curve: Deployment) -> str:
     """The deployment's execution provider, lower case ("cpu", "cuda", "tensorrt"); UNKNOWN when not recorded."""
-    return str(curve.get("provider") or UNKNOWN).lower()
+    return str(curve.provider or UNKNOWN).lower()
 
 
-def is_gpu(curve: dict) -> bool:
+def is_gpu(curve: Deployment) -> bool:
     """A device deployment (a recorded provider other than the CPU's); an unknown provider is not one."""
     return provider_of(curve) not in ("cpu", UNKNOWN)
 
 
-def is_cpu(curve: dict) -> bool:
+def is_cpu(curve: Deployment) -> bool:
     return provider_of(curve) == "cpu"
 
 
-def server_name(curve: dict) -> str:
+def server_name(curve: Deployment) -> str:
     """The server that served the curve, by GET /v2's name ("latlab", "Triton", "MLServer"); results from before
     the server was recorded come from latlab's own."""
-    name = str((curve.get("server") or {}).get("name") or "latlab")
+    name = str((curve.server or {}).get("name") or "latlab")
     return SERVER_NAMES.get(name.lower(), name)
 
 
-def server_names(curves: list[dict]) -> list[str]:
+def server_names(curves: list[Deployment]) -> list[str]:
     """The servers of these curves, latlab's first, then alphabetically."""
     return sorted({server_name(c) for c in curves}, key=lambda name: (name != "latlab", name.lower()))
 
 
-def tag_servers(curves: list[dict]) -> list[dict]:
-    """The curves, each marked BY_SERVER when they come from more than one server; a one-server set is left as
-    it is (its report renders without the server dimension)."""
+def tag_servers(curves: list[Deployment]) -> list[Deployment]:
+    """The curves, each a copy with `by_server` set, when they come from more than one server: labels, tables,
+    curves and the answer then name each curve's server. A one-server set is left as it is (its report renders
+    without the server dimension)."""
     if len(server_names(curves)) < 2:
         return curves
-    return [{**c, BY_SERVER: True} for c in curves]
+    return [replace(c, by_server=True) for c in curves]
 
 
-def by_server(curves: list[dict]) -> bool:
+def by_server(curves: list[Deployment]) -> bool:
     """Whether these curves are compared by server (tagged by tag_servers, or from more than one server)."""
-    return any(c.get(BY_SERVER) for c in curves) or len(server_names(curves)) > 1
+    return any(c.by_server for c in curves) or len(server_names(curves)) > 1
 
 
-def provider_text(curve: dict) -> str:
-    provider = curve.get("provider")
+def provider_text(curve: Deployment) -> str:
+    provider = curve.provider
     return "provider unknown" if provider_of(curve) == UNKNOWN else str(provider)
 
 
-def batching_text(curve: dict, short: bool = True) -> str:
+def batching_text(curve: Deployment, short: bool = True) -> str:
     """The batcher settings in a few words: latlab's batcher ("batch ≤ 64, wait ≤ 2 ms", short; "batching ≤ 64,
     wait ≤ 2 ms"), Triton's dynamic batcher from its model config, or "batcher settings unknown"."""
-    batcher = curve.get("batcher") or {}
+    batcher = curve.batcher or {}
     size = batcher.get("max_batch_size")
     if size is None:
         return "batcher settings unknown" if short else "batching unknown"
     delay = batcher.get("max_queue_delay_ms", 0)
-    if curve.get("server_config") is not None:  # Triton's model config: its dynamic batcher
+    if curve.server_config is not None:  # Triton's model config: its dynamic batcher
         return "no dynamic batcher" if size == 1 else f"dynamic batcher ≤ {size}, wait ≤ {delay:g} ms"
     if size == 1:
         return "batching off"
     return f"{'batch' if short else 'batching'} ≤ {size}, wait ≤ {delay:g} ms"
 
 
-def label(curve: dict) -> str:
+def label(curve: Deployment) -> str:
     """A deployment in words: name, provider and batcher settings; its server first when the report compares
-    servers (BY_SERVER)."""
-    server = f"{server_name(curve)}, " if curve.get(BY_SERVER) else ""
-    return f"{curve['name']} ({server}{provider_text(curve)}, {batching_text(curve)})"
+    servers (`by_server`)."""
+    server = f"{server_name(curve)}, " if curve.by_server else ""
+    return f"{curve.name} ({server}{provider_text(curve)}, {batching_text(curve)})"
 
 
-def machine_name(curve: dict) -> str:
+def machine_name(curve: Deployment) -> str:
     """What the machine is: its recorded `name` (server environment, then run), else its GPU (for a device
     deployment) or CPU model. Never the hostname: every lab VM is called `vm`."""
-    environment, run = curve.get("environment") or {}, curve.get("machine") or {}
+    environment, run = curve.environment or {}, curve.machine or {}
     gpu = environment.get("gpu") or run.get("gpu")
     for name in (
         environment.get("name"),
@@ -221,11 +221,11 @@ def machine_name(curve: dict) -> str:
     return "unnamed machine"
 
 
-def verdict(model: str, curves: list[dict], slo_s: float) -> str:
+def verdict(model: str, curves: list[Deployment], slo_s: float) -> str:
     """One sentence: which deployment sustains the most load under the SLO, and by how much."""
     best = sorted(
-        ((max_rate_under(c["steps"], slo_s), c) for c in curves),
-        key=lambda pair: pair[0]["achieved_rps"] if pair[0] else -1,
+        ((max_rate_under(c.steps, slo_s), c) for c in curves),
+        key=lambda pair: pair[0].achieved_rps if pair[0] else -1,
         reverse=True,
     )
     bound = f"p99 ≤ {slo_s * 1e3:g} ms"
@@ -233,23 +233,22 @@ def verdict(model: str, curves: list[dict], slo_s: float) -> str:
         return f"{model}: no deployment met {bound} at any measured load."
     merged = len({machine_name(c) for c in curves}) > 1  # same deployment names may come from two machines
 
-    def name(curve: dict) -> str:
+    def name(curve: Deployment) -> str:
         return f"{label(curve)} on {machine_name(curve)}" if merged else label(curve)
 
     (top_step, top), rest = best[0], best[1:]
-    sentence = f"{model} at {bound}: {name(top)} sustains {top_step['achieved_rps']:.0f} req/s"
+    sentence = f"{model} at {bound}: {name(top)} sustains {top_step.achieved_rps:.0f} req/s"
     for step, curve in rest:
-        if step is None or step["achieved_rps"] <= 0:
+        if step is None or step.achieved_rps <= 0:
             sentence += f"; {name(curve)} {unmet_clause([curve], slo_s)}"
         else:
             sentence += (
-                f"; {name(curve)} {step['achieved_rps']:.0f} req/s "
-                f"({top_step['achieved_rps'] / step['achieved_rps']:.1f}× less)"
+                f"; {name(curve)} {step.achieved_rps:.0f} req/s ({top_step.achieved_rps / step.achieved_rps:.1f}× less)"
             )
     return sentence + "."
 
 
-def group_name(curve: dict, servers: bool) -> str:
+def group_name(curve: Deployment, servers: bool) -> str:
     """What a table's row or column of best deployments stands for: the provider ("cpu", "provider unknown"),
     after the server when servers are compared ("MLServer, provider unknown")."""
     provider = provider_of(curve) if provider_of(curve) != UNKNOWN else "provider unknown"

@@ -15,7 +15,7 @@ from latlab.report.bench_plot import plot_bench
 from latlab.report.costs import price_amount_and_unit, price_unit
 from latlab.report.figures import curve_png
 from latlab.report.predict import bench_fits, request_overheads
-from latlab.loadtest.results import read_results
+from latlab.loadtest.results import Deployment, Run, read_results
 from latlab.report.best import provider_verdict
 from latlab.report.verdict import (
     DEFAULT_PRICES,
@@ -37,13 +37,10 @@ REFERENCE_DIR = Path(__file__).parent / "reference"
 """Measurements committed with the code (e.g. from a GPU machine), merged in with --with-reference."""
 
 
-def _curves(docs: list[dict]) -> list[dict]:
-    """Every deployment curve of every results file, tagged with its run and machine."""
-    return [
-        {**deployment, "run_id": doc["run_id"], "machine": doc["machine"], "reference": doc.get("_reference", False)}
-        for doc in docs
-        for deployment in doc["deployments"]
-    ]
+def _curves(runs: list[Run]) -> list[Deployment]:
+    """Every deployment curve of every results file (each knows its run, machine and whether it is reference
+    data: results.Run.context)."""
+    return [deployment for run in runs for deployment in run.deployments]
 
 
 def read_bench(folder: Path) -> list[dict]:
@@ -56,17 +53,20 @@ def read_bench(folder: Path) -> list[dict]:
     return docs
 
 
-def load_inputs(run_dirs: list[Path], reference_dir: Path | None) -> tuple[list[dict], list[dict]]:
-    """Results and bench documents of every folder (and the reference folder, marked as such)."""
+def load_inputs(run_dirs: list[Path], reference_dir: Path | None) -> tuple[list[Run], list[dict]]:
+    """The runs and bench documents of every folder (and the reference folder's, marked as such)."""
     results, bench = [], []
     folders = [(Path(d), False) for d in run_dirs] + ([(Path(reference_dir), True)] if reference_dir else [])
     for folder, reference in folders:
         if not folder.exists():
             raise FileNotFoundError(f"no such run folder: {folder}")
         found = bool(list(folder.glob("**/results*.json"))) if folder.is_dir() else folder.is_file()
-        docs = read_results(folder) if found else []
+        runs = read_results(folder) if found else []
         bench_docs = read_bench(folder) if folder.is_dir() else []
-        results += [{**doc, "_reference": reference} for doc in docs]
+        for run in runs:
+            run.reference = reference
+            run.context()  # its deployments are marked too
+        results += runs
         bench += [{**doc, "_reference": reference} for doc in bench_docs]
     if not results:
         raise FileNotFoundError(f"no results*.json under {', '.join(str(d) for d in run_dirs)}")
@@ -95,9 +95,9 @@ def write_report(
     curves = _curves(results)
     fits = bench_fits(bench)
     overheads = request_overheads(curves, fits)
-    by_model: dict[str, list[dict]] = defaultdict(list)
+    by_model: dict[str, list[Deployment]] = defaultdict(list)
     for curve in curves:
-        by_model[curve.get("model") or curve["name"]].append(curve)
+        by_model[curve.model or curve.name].append(curve)
     # A model whose curves come from more than one server is compared by server (verdict.tag_servers).
     by_model = {model: tag_servers(group) for model, group in by_model.items()}
     # First screen: the answer. Then the pictures, then the details (folded where long).
@@ -117,7 +117,7 @@ def write_report(
     body.append(sections.environment_section(results, bench))
     body.append(f"<details><summary>How the predictions are made</summary>{sections.assumptions_list()}</details>")
     body.append(_bench_section(bench, out))
-    events = [(doc["run_id"], event) for doc in results for event in doc.get("events", [])]
+    events = [(run.run_id, event) for run in results for event in run.events]
     body.append(_events_section(events))
     title = " + ".join(d.name for d in run_dirs)
     page = out / REPORT_FILE
@@ -125,7 +125,7 @@ def write_report(
     return page
 
 
-def _pictures(by_model: dict[str, list[dict]], slos_s: list[float], prices: dict, out: Path) -> list[str]:
+def _pictures(by_model: dict[str, list[Deployment]], slos_s: list[float], prices: dict, out: Path) -> list[str]:
     """Per model the cost picture and where the time goes, their PNGs also written beside the page."""
     body = []
     for model, model_curves in by_model.items():
@@ -139,7 +139,7 @@ def _pictures(by_model: dict[str, list[dict]], slos_s: list[float], prices: dict
     return body
 
 
-def _gpu_notice(curves: list[dict], bench: list[dict], with_reference: bool, reference_dir: Path) -> str:
+def _gpu_notice(curves: list[Deployment], bench: list[dict], with_reference: bool, reference_dir: Path) -> str:
     machines = sorted({machine_name(c) for c in curves})
     gpu_machines = sorted({machine_name(c) for c in curves if is_gpu(c)})
     bench_gpu = any(
@@ -195,7 +195,7 @@ def _price_text(value: object) -> str:
 
 def _model_section(
     model: str,
-    curves: list[dict],
+    curves: list[Deployment],
     slos_s: list[float],
     prices: dict[str, float],
     fits: list[dict],
@@ -205,20 +205,16 @@ def _model_section(
     verdicts = "".join(f"<li>{html.escape(provider_verdict(model, curves, s, prices))}</li>" for s in slos_s)
     verdicts += "".join(f"<li>{html.escape(verdict(model, curves, s))}</li>" for s in slos_s)
     verdicts += "".join(
-        f"<li>SLO search, {html.escape(c['name'])}: {html.escape(_search_line(c['search']))}</li>"
-        for c in curves
-        if c.get("search")
+        f"<li>SLO search, {html.escape(c.name)}: {html.escape(_search_line(c.search))}</li>" for c in curves if c.search
     )
     verdicts += "".join(
-        f"<li>{html.escape(c['name'])}: {html.escape(c['overload']['summary'])}</li>"
-        for c in curves
-        if c.get("overload")
+        f"<li>{html.escape(c.name)}: {html.escape(c.overload['summary'])}</li>" for c in curves if c.overload
     )
     bound = [
-        f"{c['name']} on {sections.machine_name(c)} at {s['offered_rps']:.0f} req/s offered"
+        f"{c.name} on {sections.machine_name(c)} at {s.offered_rps:.0f} req/s offered"
         for c in curves
-        for s in c["steps"]
-        if s.get("generator_bound")
+        for s in c.steps
+        if s.generator_bound
     ]
     flagged = (
         f"<p class='warning'>Generator-bound steps (the load generator's CPU was saturated; these numbers "

@@ -35,6 +35,7 @@ EXPORTER = textwrap.dedent("""
     from prometheus_client import CollectorRegistry
 
     from latlab.loadtest.prom import LoadGenMetrics, start_exporter
+    from latlab.loadtest.results import Step
 
     port, known = int(sys.argv[1]), json.loads(open(sys.argv[2]).read())
     registry = CollectorRegistry()
@@ -47,7 +48,8 @@ EXPORTER = textwrap.dedent("""
         for index, step in enumerate(steps):
             metrics.set_load(deployment, index, step["stats"]["target_rps"], users=1)
             metrics.observe(deployment, step["latencies"], [True] * len(step["latencies"]))
-            metrics.record_step(deployment, index, step["latencies"], step["stats"], ended_at=step["ended_at"])
+            stats = Step(**step["stats"])
+            metrics.record_step(deployment, index, step["latencies"], stats, ended_at=step["ended_at"])
             time.sleep(1.5)
     while True:
         time.sleep(1)
@@ -55,7 +57,8 @@ EXPORTER = textwrap.dedent("""
 
 
 def known_run() -> dict:
-    """Three steps per deployment: 2000 lognormal latencies each and the statistics sweep.py would write."""
+    """Three steps per deployment: 2000 lognormal latencies each and the statistics sweep.py would write (a Step's
+    fields, as JSON for the exporter's process)."""
     rng = np.random.default_rng(2024)
     now = time.time()
     deployments = {}
@@ -63,15 +66,18 @@ def known_run() -> dict:
         steps = []
         for i, median in enumerate(MEDIANS_S):
             latencies = rng.lognormal(np.log(median), 0.7, SAMPLES)
-            p50, p99 = np.percentile(latencies, [50, 99], method="inverted_cdf")
+            p50, p90, p99 = np.percentile(latencies, [50, 90, 99], method="inverted_cdf")
             target = 250.0 * (i + 1)
             stats = {
+                "target": target,
                 "target_rps": target,
                 "offered_rps": target * 0.99731 + d,
                 "achieved_rps": target * 0.98113,
                 "errors": i + d,
                 "p50_s": float(p50),
+                "p90_s": float(p90),
                 "p99_s": float(p99),
+                "max_s": float(latencies.max()),
                 "generator_bound": i == 2,
                 "stable": i < 2,
             }
@@ -113,26 +119,27 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict]]:
 
 def test_curves_rebuilt_from_prometheus_match_the_recorded_steps(lab) -> None:
     url, known = lab
-    doc = curves_from_prometheus(url, RUN)
-    assert [d["name"] for d in doc["deployments"]] == list(DEPLOYMENTS)
-    for curve in doc["deployments"]:
-        assert curve["stop_reason"] == "rebuilt from Prometheus"
-        recorded = known["deployments"][curve["name"]]
-        assert len(curve["steps"]) == len(recorded)
-        for rebuilt, step in zip(curve["steps"], recorded):
+    run = curves_from_prometheus(url, RUN)
+    assert [d.name for d in run.deployments] == list(DEPLOYMENTS)
+    for curve in run.deployments:
+        assert curve.stop_reason == "rebuilt from Prometheus"
+        recorded = known["deployments"][curve.name]
+        assert len(curve.steps) == len(recorded)
+        for rebuilt, step in zip(curve.steps, recorded):
             stats, latencies = step["stats"], np.asarray(step["latencies"])
-            for key in ("target_rps", "offered_rps", "achieved_rps", "errors", "generator_bound", "stable"):
-                assert rebuilt[key] == stats[key], key
-            assert rebuilt["sent"] == SAMPLES
-            assert rebuilt["mean_s"] == pytest.approx(latencies.mean(), rel=1e-12)
+            for key in ("target", "target_rps", "offered_rps", "achieved_rps", "errors", "generator_bound", "stable"):
+                assert getattr(rebuilt, key) == stats[key], key
+            assert rebuilt.sent == SAMPLES
+            assert rebuilt.mean_s == pytest.approx(latencies.mean(), rel=1e-12)
             for key, q in (("p50_s", 50), ("p90_s", 90), ("p99_s", 99)):
                 exact = np.percentile(latencies, q, method="inverted_cdf")
-                assert abs(rebuilt[key] - exact) / exact < 0.05, (curve["name"], key, rebuilt[key], exact)
+                value = getattr(rebuilt, key)
+                assert abs(value - exact) / exact < 0.05, (curve.name, key, value, exact)
 
 
 def test_rebuilt_document_is_a_valid_results_file(lab, tmp_path: Path) -> None:
     url, _ = lab
-    doc = curves_from_prometheus(url, RUN)
+    run = curves_from_prometheus(url, RUN)
     sweep_keys = {
         "target_rps",
         "offered_rps",
@@ -153,11 +160,13 @@ def test_rebuilt_document_is_a_valid_results_file(lab, tmp_path: Path) -> None:
         "generator_cpu_percent",
         "generator_bound",
     }
-    assert all(sweep_keys <= set(step) for curve in doc["deployments"] for step in curve["steps"])
-    write_results(tmp_path / "results.json", doc)
+    write_results(tmp_path / "results.json", run)
+    raw = json.loads((tmp_path / "results.json").read_text())  # the file itself: every figure a sweep writes
+    assert raw["schema"] == SCHEMA
+    assert all(sweep_keys <= set(step) for curve in raw["deployments"] for step in curve["steps"])
     (back,) = read_results(tmp_path)
-    assert back["schema"] == SCHEMA and back["run_id"] == RUN
-    assert set(back["machine"]) >= {"hostname", "cpu", "cores", "memory_gib"}
+    assert back == run and back.run_id == RUN
+    assert set(back.machine) >= {"hostname", "cpu", "cores", "memory_gib"}
 
 
 def test_live_series_reach_prometheus(lab) -> None:

@@ -3,7 +3,6 @@ loaded with real inputs from a sample file, one with a dynamic sequence axis siz
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from latlab import cli
 from latlab.lab_plan import PLANS
+from latlab.loadtest.results import Run, read_results
 
 pytestmark = pytest.mark.e2e
 VOCAB, WIDTH, FEATURES = 128, 8, 6
@@ -97,13 +97,13 @@ def verdict_of(report: Path, model: str) -> str:
     return answer[answer.index(f"<h2 class='model'>{model}</h2>") :]
 
 
-def check_results(run: Path, model: str, row_shape: list[int]) -> dict:
-    doc = json.loads((run / model / "results.json").read_text())
-    assert [d["name"] for d in doc["deployments"]] == [f"{model}-b1", f"{model}-batch"]
-    for deployment in doc["deployments"]:
-        assert deployment["steps"] and all(s["errors"] == 0 and s["ok"] > 0 for s in deployment["steps"])
-    sent = np.load(doc["payload"]["inputs"])  # what the generator sent lies in the run folder
-    assert Path(doc["payload"]["inputs"]).parent == run / model
+def check_results(run: Path, model: str, row_shape: list[int]) -> Run:
+    (doc,) = read_results(run / model / "results.json")
+    assert [d.name for d in doc.deployments] == [f"{model}-b1", f"{model}-batch"]
+    for deployment in doc.deployments:
+        assert deployment.steps and all(s.errors == 0 and s.ok > 0 for s in deployment.steps)
+    sent = np.load(doc.payload["inputs"])  # what the generator sent lies in the run folder
+    assert Path(doc.payload["inputs"]).parent == run / model
     assert [list(sent[n].shape[1:]) for n in sent.files] == [row_shape]
     return doc
 

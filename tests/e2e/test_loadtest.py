@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -10,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from latlab.loadtest.results import Run, read_results
 from tests.loadtest.stub_server import StubModel, stub_server
 
 pytestmark = pytest.mark.e2e
 CLI = [sys.executable, "-m", "latlab.cli"]
 
 
-def loadtest(host: str, out: Path, *args: str, env: dict | None = None, timeout: float = 180) -> dict:
+def loadtest_said(host: str, out: Path, *args: str, env: dict | None = None, timeout: float = 180) -> tuple[Run, str]:
+    """`latlab loadtest` of deployment "m": the run it wrote and what it printed."""
     result = subprocess.run(
         [*CLI, "loadtest", "--host", host, "--deployment", "m", "--out", str(out), *args],
         capture_output=True,
@@ -25,9 +26,12 @@ def loadtest(host: str, out: Path, *args: str, env: dict | None = None, timeout:
         env={**os.environ, **(env or {})},
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    doc = json.loads((out / "results.json").read_text())
-    doc["_stdout"] = result.stdout
-    return doc
+    (run,) = read_results(out / "results.json")
+    return run, result.stdout
+
+
+def loadtest(host: str, out: Path, *args: str, env: dict | None = None, timeout: float = 180) -> Run:
+    return loadtest_said(host, out, *args, env=env, timeout=timeout)[0]
 
 
 def test_open_loop_shows_a_stall_that_closed_loop_hides(tmp_path):
@@ -37,18 +41,18 @@ def test_open_loop_shows_a_stall_that_closed_loop_hides(tmp_path):
         window = ["--warmup-seconds", "0.5", "--step-seconds", "4.5", "--max-windows", "3"]
         opened = loadtest(host, tmp_path / "open", "--mode", "open", "--rates", "40", *window)
         closed = loadtest(host, tmp_path / "closed", "--mode", "closed", "--users", "1", *window)
-    (open_step,) = opened["deployments"][0]["steps"]
-    (closed_step,) = closed["deployments"][0]["steps"]
-    assert open_step["p99_s"] >= stall_s / 2, open_step  # requests queued behind the stall count their wait
-    assert closed_step["max_s"] >= 0.3 * stall_s, "the closed-loop user did hit a stall"
-    assert closed_step["p99_s"] < open_step["p99_s"] / 5, (closed_step["p99_s"], open_step["p99_s"])
-    assert closed_step["users"] == 1 and closed["mode"] == "closed"
+    (open_step,) = opened.deployments[0].steps
+    (closed_step,) = closed.deployments[0].steps
+    assert open_step.p99_s >= stall_s / 2, open_step  # requests queued behind the stall count their wait
+    assert closed_step.max_s >= 0.3 * stall_s, "the closed-loop user did hit a stall"
+    assert closed_step.p99_s < open_step.p99_s / 5, (closed_step.p99_s, open_step.p99_s)
+    assert closed_step.users == 1 and closed.mode == "closed"
 
 
 def test_slo_search_finds_a_known_capacity(tmp_path):
     capacity = 300.0
     with stub_server(StubModel(capacity=capacity)) as host:
-        doc = loadtest(
+        doc, said = loadtest_said(
             host,
             tmp_path / "search",
             "--slo",
@@ -65,11 +69,11 @@ def test_slo_search_finds_a_known_capacity(tmp_path):
             "3",
             timeout=300,
         )
-    search = doc["deployments"][0]["search"]
+    search = doc.deployments[0].search
     assert search["rate"] is not None
     assert abs(search["rate"] - capacity) <= 0.1 * capacity, search
-    assert "SLO p99 ≤ 500 ms" in doc["_stdout"]
-    assert search["probes"] and doc["deployments"][0]["steps"]
+    assert "SLO p99 ≤ 500 ms" in said
+    assert search["probes"] and doc.deployments[0].steps
 
 
 def test_raising_past_the_listed_rates_finds_a_known_capacity(tmp_path):
@@ -92,12 +96,12 @@ def test_raising_past_the_listed_rates_finds_a_known_capacity(tmp_path):
             "3",
             timeout=300,
         )
-    curve = doc["deployments"][0]
-    assert curve["saturated"] is True and curve["rate_cap_rps"] == 3000, curve["stop_reason"]
+    curve = doc.deployments[0]
+    assert curve.saturated is True and curve.rate_cap_rps == 3000, curve.stop_reason
     # the highest throughput of a step that kept up (the report's max rate is achieved, not offered)
-    sustained = [s["achieved_rps"] for s in curve["steps"] if s["achieved_rps"] >= 0.9 * s["offered_rps"]]
-    assert abs(max(sustained) - capacity) <= 0.1 * capacity, [(s["target"], s["achieved_rps"]) for s in curve["steps"]]
-    assert [s["target"] for s in curve["steps"]] == sorted(s["target"] for s in curve["steps"])
+    sustained = [s.achieved_rps for s in curve.steps if s.achieved_rps >= 0.9 * s.offered_rps]
+    assert abs(max(sustained) - capacity) <= 0.1 * capacity, [(s.target, s.achieved_rps) for s in curve.steps]
+    assert [s.target for s in curve.steps] == sorted(s.target for s in curve.steps)
 
 
 def test_a_cap_below_capacity_is_marked_not_saturated_and_short_steps_do_not_lie(tmp_path):
@@ -122,16 +126,16 @@ def test_a_cap_below_capacity_is_marked_not_saturated_and_short_steps_do_not_lie
             "stub-box",
             timeout=300,
         )
-    assert doc["machine"]["name"] == "stub-box"  # what reports call this machine
-    curve = doc["deployments"][0]
-    assert curve["saturated"] is False and "not saturated" in curve["stop_reason"] and curve["rate_cap_rps"] == 300
-    assert [s["target"] for s in curve["steps"]] == [20, 200, 300]
-    for step in curve["steps"]:
-        noise = 4 * (step["target"] * step["duration_s"]) ** 0.5 / step["duration_s"]
-        assert abs(step["offered_rps"] - step["target"]) <= noise, step
-        assert 0.9 * step["offered_rps"] <= step["achieved_rps"] <= step["offered_rps"], step
-        assert step["samples"] >= 100 and not step["too_few_samples"], step
-    assert curve["steps"][0]["window_seconds"] > 0.5  # 20 req/s: windows lengthened from 0.5 s
+    assert doc.machine["name"] == "stub-box"  # what reports call this machine
+    curve = doc.deployments[0]
+    assert curve.saturated is False and "not saturated" in curve.stop_reason and curve.rate_cap_rps == 300
+    assert [s.target for s in curve.steps] == [20, 200, 300]
+    for step in curve.steps:
+        noise = 4 * (step.target * step.duration_s) ** 0.5 / step.duration_s
+        assert abs(step.offered_rps - step.target) <= noise, step
+        assert 0.9 * step.offered_rps <= step.achieved_rps <= step.offered_rps, step
+        assert step.samples >= 100 and not step.too_few_samples, step
+    assert curve.steps[0].window_seconds > 0.5  # 20 req/s: windows lengthened from 0.5 s
 
 
 def test_distributed_fleet_totals_equal_the_sum_of_the_workers(tmp_path):
@@ -150,16 +154,16 @@ def test_distributed_fleet_totals_equal_the_sum_of_the_workers(tmp_path):
             "--max-windows",
             "3",
         )
-    assert doc["workers"] == 2
-    for step in doc["deployments"][0]["steps"]:
-        per_worker = step["sent_by_worker"]
+    assert doc.workers == 2
+    for step in doc.deployments[0].steps:
+        per_worker = step.sent_by_worker
         assert len(per_worker) == 2, per_worker
-        assert sum(per_worker.values()) + step["incomplete"] == step["sent"]
-        assert all(count > 0.25 * step["sent"] for count in per_worker.values()), "rate split across workers"
-        assert 0.7 * step["target_rps"] < step["achieved_rps"] < 1.3 * step["target_rps"]
+        assert sum(per_worker.values()) + step.incomplete == step.sent
+        assert all(count > 0.25 * step.sent for count in per_worker.values()), "rate split across workers"
+        assert 0.7 * step.target_rps < step.achieved_rps < 1.3 * step.target_rps
         # The generator's CPU, from the workers' own readings: Locust's heartbeat figure is 0.0 for a
         # worker's first 10 s, which every step of this run falls within (it read 0.0% at every step).
-        assert step["generator_cpu_percent"] > 0, step["generator_cpu_percent"]
+        assert step.generator_cpu_percent > 0, step.generator_cpu_percent
 
 
 def test_options_come_from_the_environment_and_a_config_file(tmp_path):
@@ -173,11 +177,11 @@ def test_options_come_from_the_environment_and_a_config_file(tmp_path):
             str(config),
             env={"LATLAB_RATES": "100,150", "LATLAB_CONSTANT": "1"},
         )
-    steps = doc["deployments"][0]["steps"]
-    assert [s["target_rps"] for s in steps] == [100, 150]  # the environment beats the file
-    assert doc["arrivals"] == "constant"
+    steps = doc.deployments[0].steps
+    assert [s.target_rps for s in steps] == [100, 150]  # the environment beats the file
+    assert doc.arrivals == "constant"
     # the file's step-seconds (rates high enough that no window is lengthened to hold 100 requests)
-    assert all(s["duration_s"] == pytest.approx(1.5) for s in steps)  # the setting, not a measured time
+    assert all(s.duration_s == pytest.approx(1.5) for s in steps)  # the setting, not a measured time
 
 
 @pytest.mark.parametrize("client", ["lean", "locust"])
@@ -199,13 +203,13 @@ def test_both_http_clients_send_the_planned_load(tmp_path, client):
             "--max-windows",
             "3",
         )
-    (step,) = doc["deployments"][0]["steps"]
-    assert doc["payload"]["client"] == client
-    assert step["errors"] == 0 and step["dropped"] == 0 and step["sent"] >= 0.9 * 80 * 3
-    assert 0.9 * 80 < step["achieved_rps"] < 1.1 * 80
+    (step,) = doc.deployments[0].steps
+    assert doc.payload["client"] == client
+    assert step.errors == 0 and step.dropped == 0 and step.sent >= 0.9 * 80 * 3
+    assert 0.9 * 80 < step.achieved_rps < 1.1 * 80
     # nothing queued behind the client: the typical request waits well under two arrival gaps (its p99 is the
     # 2-core machine's: one 0.36 s stall of the VM, a fresh-clone CI run showed, puts 12% of a step behind it)
-    assert step["p50_s"] < 2 / 80, step
+    assert step.p50_s < 2 / 80, step
 
 
 def test_overload_refuses_a_recovery_load_outside_0_to_1(tmp_path):
@@ -265,15 +269,15 @@ def test_slo_brackets_below_the_first_rate_and_never_only_with_evidence(tmp_path
             "3",
             timeout=400,
         )
-    curve = doc["deployments"][0]
-    never, below = curve["slo_brackets"]
-    single = curve["single_request"]
+    curve = doc.deployments[0]
+    never, below = curve.slo_brackets
+    single = curve.single_request
     assert never["meaning"] == NEVER and single["p50_s"] > slo_a and single["requests"] >= 100, (never, single)
     assert below["met_rps"] is not None and below["met_rps"] < first, below
     assert below["width"] <= 0.3 and below["meaning"] == "within the resolution", below
-    steps = {s["target"]: s for s in curve["steps"]}
+    steps = {s.target: s for s in curve.steps}
     assert slo_met(steps[below["met_rps"]], slo_b) and not slo_met(steps[below["broke_rps"]], slo_b)
-    assert not any(slo_met(s, slo_a) for s in curve["steps"])
+    assert not any(slo_met(s, slo_a) for s in curve.steps)
     page = write_report(tmp_path / "brackets", [slo_a, slo_b]).read_text()
     assert "never (p99" in page and "one request at a time" in page
 
@@ -313,14 +317,14 @@ def test_a_known_tail_is_decided_once_enough_requests_arrive(tmp_path, slow_ever
             "3",
             timeout=300,
         )
-    (step,) = doc["deployments"][0]["steps"]
-    (decision,) = step["confidence"]["slos"]
-    assert decision["verdict"] == verdict, (decision, step["samples"], step["extended_windows"])
-    assert decision["over"] >= 1 and step["samples"] == step["confidence"]["samples"]
+    (step,) = doc.deployments[0].steps
+    (decision,) = step.confidence["slos"]
+    assert decision["verdict"] == verdict, (decision, step.samples, step.extended_windows)
+    assert decision["over"] >= 1 and step.samples == step.confidence["samples"]
     if verdict == "undecided":
-        assert step["extended_windows"] == 0 and decision["needed"] > step["samples"]
+        assert step.extended_windows == 0 and decision["needed"] > step.samples
     else:
         assert decision["needed"] == 0
     # the p99 interval brackets the sample p99, and the slow answers lie above the bound
-    ci = step["confidence"]
-    assert ci["p99_low_s"] <= step["p99_s"] and (ci["p99_high_s"] is None or step["p99_s"] <= ci["p99_high_s"])
+    ci = step.confidence
+    assert ci["p99_low_s"] <= step.p99_s and (ci["p99_high_s"] is None or step.p99_s <= ci["p99_high_s"])

@@ -22,6 +22,7 @@ import pytest
 import requests
 
 from latlab.common.procs import free_port
+from latlab.loadtest.results import read_results, write_results
 from tests.conftest import TINY_IN, TINY_OUT
 from tests.e2e.test_loadtest import CLI
 
@@ -180,14 +181,14 @@ def test_a_real_mlserver_is_swept_reported_and_put_beside_latlab(tmp_path: Path,
     said = [line for line in swept.stdout.splitlines() if line.startswith(f"server at {host}")]
     assert len(said) == 1, swept.stdout  # its missing extras, said once
     assert "GET /v2/models/tiny/config answered 404" in said[0] and "no server figures" in said[0], said[0]
-    doc = json.loads((run / "results.json").read_text())
-    (curve,) = doc["deployments"]
-    assert curve["server"] == {"name": "mlserver", "version": MLSERVER_VERSION}
-    assert curve["provider"] == "cpu" and curve["provider_from"] == "--provider"
-    assert [s["target"] for s in curve["steps"]] == [20, 50]
-    for step in curve["steps"]:
-        assert step["errors"] == 0 and step["ok"] > 0 and step["samples"] > 0, step
-        assert not step["server_interrupted"] and step["server"] is None
+    (doc,) = read_results(run / "results.json")
+    (curve,) = doc.deployments
+    assert curve.server == {"name": "mlserver", "version": MLSERVER_VERSION}
+    assert curve.provider == "cpu" and curve.provider_from == "--provider"
+    assert [s.target for s in curve.steps] == [20, 50]
+    for step in curve.steps:
+        assert step.errors == 0 and step.ok > 0 and step.samples > 0, step
+        assert not step.server_interrupted and step.server is None
 
     slos = ["--slo", "100ms,1s"]
     run_cli("report", str(run), *slos)
@@ -200,17 +201,14 @@ def test_a_real_mlserver_is_swept_reported_and_put_beside_latlab(tmp_path: Path,
     # merged: the answer names the best server per SLO, tables and curves name each curve's server.
     latlab = tmp_path / "SYNTHETIC-latlab-run"
     twin = copy.deepcopy(doc)
-    twin["run_id"] = latlab.name
-    for deployment in twin["deployments"]:
-        deployment.update(
-            server={"name": "latlab", "version": "0.1.0"},
-            batcher={"max_batch_size": 32, "max_queue_delay_ms": 2.0, "instances": 1},
-        )
-        deployment.pop("settings_unknown", None)
-        for step in deployment["steps"]:
-            step["achieved_rps"] *= 2
-    latlab.mkdir()
-    (latlab / "results.json").write_text(json.dumps(twin))
+    twin.run_id = latlab.name
+    for deployment in twin.deployments:
+        deployment.server = {"name": "latlab", "version": "0.1.0"}
+        deployment.batcher = {"max_batch_size": 32, "max_queue_delay_ms": 2.0, "instances": 1}
+        deployment.settings_unknown = None
+        for step in deployment.steps:
+            step.achieved_rps *= 2
+    write_results(latlab / "results.json", twin)
     merged = tmp_path / "merged"
     run_cli("report", str(run), str(latlab), "--out", str(merged), *slos)
     page = (merged / "report.html").read_text()

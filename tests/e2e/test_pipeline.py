@@ -15,6 +15,7 @@ import pytest
 import requests
 
 from latlab.common import procs
+from latlab.loadtest.results import read_results
 
 from ..report.test_report_browser import first_screen_problems, probe
 
@@ -100,19 +101,19 @@ def test_locust_sweep_against_the_real_server(server, tmp_path, encoding):
         timeout=120,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    doc = json.loads((out / "results.json").read_text())
-    assert doc["payload"]["encoding"] == encoding  # every request below was answered 200 in it
-    (deployment,) = doc["deployments"]
-    assert deployment["name"] == "tiny" and deployment["batcher"]["max_batch_size"] == 8
-    assert [s["target_rps"] for s in deployment["steps"]] == [40, 120]
-    for step in deployment["steps"]:
-        assert step["errors"] == 0 and step["ok"] > 0
+    (doc,) = read_results(out / "results.json")
+    assert doc.payload["encoding"] == encoding  # every request below was answered 200 in it
+    (deployment,) = doc.deployments
+    assert deployment.name == "tiny" and deployment.batcher["max_batch_size"] == 8
+    assert [s.target_rps for s in deployment.steps] == [40, 120]
+    for step in deployment.steps:
+        assert step.errors == 0 and step.ok > 0
         # Offered counts requests by their intended time, so it holds the generator to its schedule; achieved
         # counts completions in the window, which after a stall of this VM include the warm-up's backlog.
-        assert 0.6 * step["target_rps"] < step["offered_rps"] < 1.4 * step["target_rps"]
-        assert step["achieved_rps"] > 0.6 * step["target_rps"]
-        assert 0 < step["p50_s"] <= step["p90_s"] <= step["p99_s"] <= step["max_s"] < step["window_seconds"]
-        assert step["avg_batch_size"] >= 1.0
+        assert 0.6 * step.target_rps < step.offered_rps < 1.4 * step.target_rps
+        assert step.achieved_rps > 0.6 * step.target_rps
+        assert 0 < step.p50_s <= step.p90_s <= step.p99_s <= step.max_s < step.window_seconds
+        assert step.avg_batch_size >= 1.0
     assert "offered" in result.stdout and "p99" in result.stdout  # the live progress lines
 
 
@@ -137,15 +138,15 @@ def test_lab_runs_end_to_end_and_stops_everything(tmp_path):
     assert report.is_file() and "data:image/png;base64," in report.read_text()
     assert "(not saturated)" in report.read_text()  # the verdict's maxima are lower bounds, and say so
     for model in ("mlp", "ffn"):
-        doc = json.loads((report.parent / model / "results.json").read_text())
-        assert doc["run_id"] == report.parent.name  # one run label across the models' sweeps
-        assert [d["name"] for d in doc["deployments"]] == [f"{model}-b1", f"{model}-batch"]
-        assert all(len(d["steps"]) == 2 and not any(s["errors"] for s in d["steps"]) for d in doc["deployments"])
+        (doc,) = read_results(report.parent / model / "results.json")
+        assert doc.run_id == report.parent.name  # one run label across the models' sweeps
+        assert [d.name for d in doc.deployments] == [f"{model}-b1", f"{model}-batch"]
+        assert all(len(d.steps) == 2 and not any(s.errors for s in d.steps) for d in doc.deployments)
         # the brackets are recorded for every SLO even with no step to spend on them (slo_steps 0)
-        assert all(len(d["slo_brackets"]) == 4 and d["slo_steps"] == 0 for d in doc["deployments"])
+        assert all(len(d.slo_brackets) == 4 and d.slo_steps == 0 for d in doc.deployments)
         # no raising past the listed rates here (raise_cap 1): 150 req/s is far below capacity, and says so
-        assert all(d["saturated"] is False and d["rate_cap_rps"] == 150 for d in doc["deployments"])
-        assert doc["payload"]["encoding"] == ("binary" if model == "ffn" else "json")
+        assert all(d.saturated is False and d.rate_cap_rps == 150 for d in doc.deployments)
+        assert doc.payload["encoding"] == ("binary" if model == "ffn" else "json")
     left = {p.pid for p in psutil.Process().children(recursive=True)} - before
     assert not left, f"lab left processes running: {left}"
     # The lab's own report answers on its first screen in a real browser, every picture loaded.
@@ -284,12 +285,12 @@ def test_curves_rebuilt_from_prometheus_match_the_json(server, tmp_path):
         assert prometheus.query(url, 'latlab_batcher_batch_size_count{deployment="tiny"}')
     finally:
         procs.stop(prom)
-    measured = json.loads((run / "results.json").read_text())["deployments"][0]["steps"]
-    rebuilt = json.loads((rebuilt_dir / "results-prometheus.json").read_text())["deployments"][0]["steps"]
+    measured = read_results(run / "results.json")[0].deployments[0].steps
+    rebuilt = read_results(rebuilt_dir / "results-prometheus.json")[0].deployments[0].steps
     assert len(rebuilt) == len(measured) == 2
     for want, got in zip(measured, rebuilt):
         for key in ("achieved_rps", "offered_rps", "p50_s", "p99_s"):
-            assert got[key] == pytest.approx(want[key], rel=0.05), (key, got[key], want[key])
+            assert getattr(got, key) == pytest.approx(getattr(want, key), rel=0.05), (key, got, want)
     assert (rebuilt_dir / "report.html").is_file()
 
 

@@ -4,7 +4,6 @@ deployment that takes token ids, in one line, before any load is sent."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 import requests
 
 from latlab.common import procs
+from latlab.loadtest.results import read_results
 from tests.conftest import build_tiny_model
 from tests.text_models import TOKENIZER, token_model
 
@@ -93,12 +93,12 @@ def test_text_load_reaches_the_tokenizer(host: str, tmp_path: Path, encoding: st
         timeout=180,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    doc = json.loads((out / "results.json").read_text())
-    assert doc["payload"]["text"] is True and doc["payload"]["encoding"] == encoding
-    assert doc["payload"]["seq_len"] == 12 and doc["payload"]["seq_len_max"] == 40
-    (step,) = doc["deployments"][0]["steps"]
-    assert step["ok"] > 0 and not step["errors"], step
-    assert preprocess(host, "count") - before >= step["ok"]  # every answered request was tokenized
+    (doc,) = read_results(out / "results.json")
+    assert doc.payload["text"] is True and doc.payload["encoding"] == encoding
+    assert doc.payload["seq_len"] == 12 and doc.payload["seq_len_max"] == 40
+    (step,) = doc.deployments[0].steps
+    assert step.ok > 0 and not step.errors, step
+    assert preprocess(host, "count") - before >= step.ok  # every answered request was tokenized
 
 
 def test_text_against_a_token_deployment_is_one_readable_line(host: str, tmp_path: Path) -> None:

@@ -3,7 +3,7 @@ a server that is down or restarting, and how the report shows them."""
 
 from __future__ import annotations
 
-import json
+from dataclasses import replace
 
 import pytest
 import requests
@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from latlab.common import procs
 from latlab.loadtest.recorder import Recorder
 from latlab.report.write import event_line, write_report
-from latlab.loadtest.results import write_results
+from latlab.loadtest.results import Deployment, Run, Step, read_results, write_results
 from latlab.loadtest.scrape import describe, fetch, queue_gauges, scrape_batches, scrape_queue
 from latlab.server.metrics import ServerMetrics
 
@@ -133,43 +133,44 @@ def test_event_line_names_the_worker_the_reason_and_the_load() -> None:
 
 
 def test_report_shows_lost_workers_interrupted_steps_and_overload(tmp_path) -> None:
-    step = {
-        "target": 50,
-        "offered_rps": 50,
-        "achieved_rps": 30,
-        "p50_s": 0.002,
-        "p90_s": 0.003,
-        "p99_s": 0.004,
-        "max_s": 0.005,
-        "errors": 20,
-        "dropped": 0,
-        "avg_batch_size": None,
-        "generator_cpu_percent": 10.0,
-        "generator_bound": False,
-        "stable": True,
-    }
-    interrupted = {
-        **step,
-        "server_interrupted": True,
-        "interruption": "20 requests got no HTTP answer",
-        "workers_lost": ["box_abc"],
-    }
-    doc = {
-        "run_id": "r1",
-        "machine": {"hostname": "h"},
-        "events": [LOST],
-        "deployments": [
-            {
-                "name": "m",
-                "steps": [{**step, "errors": 0}, interrupted],
-                "stop_reason": "all loads done",
-                "overload": {"summary": "overload 3x (450 req/s offered vs capacity 150, 60 s): ..."},
-            }
+    step = Step(
+        target=50,
+        offered_rps=50,
+        achieved_rps=30,
+        p50_s=0.002,
+        p90_s=0.003,
+        p99_s=0.004,
+        max_s=0.005,
+        errors=20,
+        dropped=0,
+        avg_batch_size=None,
+        generator_cpu_percent=10.0,
+        generator_bound=False,
+        stable=True,
+    )
+    interrupted = replace(
+        step,
+        server_interrupted=True,
+        interruption="20 requests got no HTTP answer",
+        workers_lost=["box_abc"],
+    )
+    run = Run(
+        run_id="r1",
+        machine={"hostname": "h"},
+        events=[LOST],
+        deployments=[
+            Deployment(
+                name="m",
+                steps=[replace(step, errors=0), interrupted],
+                stop_reason="all loads done",
+                overload={"summary": "overload 3x (450 req/s offered vs capacity 150, 60 s): ..."},
+            )
         ],
-    }
-    write_results(tmp_path / "results.json", doc)
+    )
+    write_results(tmp_path / "results.json", run)
     page = write_report(tmp_path, [0.025]).read_text()
     assert "Load generator events" in page and "Locust worker box_abc (pid 4242) lost during step 1" in page
     assert "(server interrupted: 20 requests got no HTTP answer)" in page and "(workers lost: box_abc)" in page
     assert "overload 3x (450 req/s offered vs capacity 150, 60 s)" in page
-    assert json.loads((tmp_path / "results.json").read_text())["events"][0]["worker"] == "box_abc"
+    (back,) = read_results(tmp_path / "results.json")
+    assert back.events[0]["worker"] == "box_abc"

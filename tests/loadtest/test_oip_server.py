@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from latlab.report import breakdown, pictures
+from latlab.loadtest.results import Deployment
 from latlab.loadtest.scrape import (
     MetricsSource,
     average_batch,
@@ -18,6 +19,7 @@ from latlab.loadtest.scrape import (
     triton_batcher,
 )
 
+from tests.loadtest.steps import simulated
 from tests.loadtest.stub_server import TRITON_METRICS, StubModel, advance, stub_server
 
 CAPTURED = TRITON_METRICS.read_text()
@@ -171,19 +173,18 @@ def test_triton_metrics_at_a_given_url_are_found_and_said() -> None:
 
 
 def test_the_report_says_client_side_only_where_the_server_has_no_figures() -> None:
-    curve = {
-        "name": "m",
-        "steps": [
-            {
-                "target": 50,
-                "achieved_rps": 50,
-                "offered_rps": 50,
-                "p99_s": 0.002,
-                "server": {"seconds": 1.0, "busy_s": None, "process_cpu_cores": None},
-            }
-        ],
-        "server_metrics": {"url": None, "kind": None, "note": "GET http://h/metrics answered 404"},
-    }
+    step = simulated(
+        target=50,
+        achieved_rps=50,
+        offered_rps=50,
+        p99_s=0.002,
+        server={"seconds": 1.0, "busy_s": None, "process_cpu_cores": None},
+    )
+    curve = Deployment(
+        "m",
+        steps=[step],
+        server_metrics={"url": None, "kind": None, "note": "GET http://h/metrics answered 404"},
+    )
     text, png = pictures.time_section("m", [curve], [0.01])
     assert png is None and "the report shows the client side only" in text
     assert "GET http://h/metrics answered 404" in text and "--server-metrics" in text

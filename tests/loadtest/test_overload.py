@@ -1,4 +1,4 @@
-"""latlab.loadtest.overload: the figures of a burst and the time to recover, from step dicts alone."""
+"""latlab.loadtest.overload: the figures of a burst and the time to recover, from simulated steps alone."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from latlab.loadtest.overload import (
     run_overload,
 )
 from latlab.loadtest.recorder import Recorder, recovery_spans
+from latlab.loadtest.results import Step
+from tests.loadtest.steps import simulated
 
 
 def window(
@@ -43,15 +45,15 @@ def pooled(p99_s: float | None = 0.02, samples: int = 120, **fields) -> dict:
     return window(0.0, p99_s=p99_s, samples=samples, **fields)
 
 
-def recovery(spans: list[tuple[dict, dict]], width: float = 0.5) -> dict:
+def recovery(spans: list[tuple[dict, dict]], width: float = 0.5) -> Step:
     """A recovery step: (run, rest) pooled figures from each window on."""
-    return {
-        "window_seconds": width,
-        "duration_s": width * len(spans),
-        "windows": len(spans),
-        "start_time": 100.2,
-        "recovery_spans": [{"t_s": k * width, "run": run, "rest": rest} for k, (run, rest) in enumerate(spans)],
-    }
+    return simulated(
+        window_seconds=width,
+        duration_s=width * len(spans),
+        windows=len(spans),
+        start_time=100.2,
+        recovery_spans=[{"t_s": k * width, "run": run, "rest": rest} for k, (run, rest) in enumerate(spans)],
+    )
 
 
 def test_recovery_starts_at_the_first_window_from_which_requests_were_served_normally() -> None:
@@ -90,9 +92,9 @@ def served(recorder: Recorder, latency_at: Callable[[float], float], rate: float
         recorder.end(key, t + latency_at(t), True)
 
 
-def spans_of(recorder: Recorder, windows: int, width: float) -> dict:
+def spans_of(recorder: Recorder, windows: int, width: float) -> Step:
     samples = [recorder.window(k * width, (k + 1) * width, 1e9).samples for k in range(windows)]
-    return {"window_seconds": width, "recovery_spans": recovery_spans(recorder, samples, 0.0, width, 1e9)}
+    return simulated(window_seconds=width, recovery_spans=recovery_spans(recorder, samples, 0.0, width, 1e9))
 
 
 def test_a_few_slow_requests_after_the_drain_cannot_flip_the_recovery() -> None:
@@ -139,25 +141,25 @@ def test_figures_of_a_burst() -> None:
         "0": {"count": 1},
         "500": {"count": 4},
     }
-    burst = {
-        "by_status": by_status,
-        "offered_rps": 450.0,
-        "achieved_rps": 148.0,
-        "duration_s": 60.0,
-        "incomplete": 5,
-        "queue_depth_max": 32.0,
-        "queue_capacity": 32.0,
-        "end_time": 100.0,
-        "generator_bound": False,
-        "generator_cpu_percent": 30.0,
-        "dropped": 0,
-        "late": 12,
-    }
+    burst = simulated(
+        by_status=by_status,
+        offered_rps=450.0,
+        achieved_rps=148.0,
+        duration_s=60.0,
+        incomplete=5,
+        queue_depth_max=32.0,
+        queue_capacity=32.0,
+        end_time=100.0,
+        generator_bound=False,
+        generator_cpu_percent=30.0,
+        dropped=0,
+        late=12,
+    )
     figures = overload_figures(
         150.0,
         3.0,
         {"batcher": {"timeout_ms": 1000}},
-        {"p99_s": 0.02},
+        simulated(p99_s=0.02),
         burst,
         recovery([(pooled(), pooled())]),
         hanging=0,
@@ -186,34 +188,35 @@ def test_the_phases_measure_capacity_then_baseline_burst_and_recovery() -> None:
         warmup: float = 0.0,
         drain: bool = True,
         spans: bool = False,
-    ) -> dict:
+    ) -> Step:
         calls.append((name, load, seconds, windows, drain, spans))
         served = min(load, capacity)
         by_status = {"200": {"count": int(served * seconds), "p50_s": 0.01, "p99_s": 0.02, "max_s": 0.03}}
-        return {
-            "achieved_rps": served,
-            "offered_rps": load,
-            "p99_s": 0.02,
-            "by_status": by_status,
-            "duration_s": seconds,
-            "incomplete": 0,
-            "queue_depth_max": 32.0,
-            "queue_capacity": 32.0,
-            "end_time": 10.0,
-            "start_time": 10.1,
-            "generator_bound": False,
-            "generator_cpu_percent": 20.0,
-            "dropped": 0,
-            "late": 0,
-            "window_seconds": seconds / windows,
-            "windows": windows,
-            "timeline": [window(i * seconds / windows) for i in range(windows)],
-            "recovery_spans": [
-                {"t_s": i * seconds / windows, "run": pooled(), "rest": pooled()} for i in range(windows)
-            ]
+        return simulated(
+            target=load,
+            target_rps=load,
+            achieved_rps=served,
+            offered_rps=load,
+            p99_s=0.02,
+            by_status=by_status,
+            duration_s=seconds,
+            incomplete=0,
+            queue_depth_max=32.0,
+            queue_capacity=32.0,
+            end_time=10.0,
+            start_time=10.1,
+            generator_bound=False,
+            generator_cpu_percent=20.0,
+            dropped=0,
+            late=0,
+            window_seconds=seconds / windows,
+            windows=windows,
+            timeline=[window(i * seconds / windows) for i in range(windows)],
+            recovery_spans=[{"t_s": i * seconds / windows, "run": pooled(), "rest": pooled()} for i in range(windows)]
             if spans
             else None,
-        }
+            phase=name,
+        )
 
     figures = run_overload(
         phase,
@@ -246,7 +249,7 @@ def test_the_phases_measure_capacity_then_baseline_burst_and_recovery() -> None:
 def test_a_given_capacity_skips_the_probes() -> None:
     names: list[str] = []
 
-    def phase(name: str, *args, **kwargs) -> dict:
+    def phase(name: str, *args, **kwargs) -> Step:
         names.append(name)
         raise StopIteration  # enough: the first phase run is what matters
 

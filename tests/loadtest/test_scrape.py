@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import requests
 from prometheus_client import CollectorRegistry, generate_latest
 
-from latlab.loadtest.scrape import average_batch, batch_totals, fetch, observer, server_step, snapshot
+from latlab.loadtest.results import Deployment
+from latlab.loadtest.scrape import average_batch, batch_totals, describe, fetch, observer, server_step, snapshot
 from latlab.server.metrics import DeploymentMetrics, ServerMetrics
 
 from tests.loadtest.stub_server import StubModel, stub_server
@@ -144,3 +146,14 @@ def test_a_server_without_an_observer_is_read_where_it_is() -> None:
     with stub_server(StubModel()) as host:
         assert observer(host) == host.rstrip("/")
         assert fetch(host, "/v2/models/m/config").status_code == 200
+
+
+def test_every_setting_latlab_describes_is_a_field_of_the_results(tmp_path: Path, tiny_model: Path) -> None:
+    """The sweep keeps the deployment fields of the server's /config and leaves out the rest: a setting latlab's
+    server adds to its /config must also become a field of the results, or results files would lose it."""
+    with running_server(tmp_path, [{"name": "tiny", "model_path": str(tiny_model)}]) as server:
+        described = describe(server.url, "tiny")
+    fields = {f.name for f in dataclasses.fields(Deployment)}
+    assert {"name", "batcher", "cpu", "environment", "frontends"} <= set(described)
+    assert set(described) <= fields, set(described) - fields
+    assert {"cuda", "tensorrt", "tokenizer"} <= fields  # what a GPU or a text deployment adds

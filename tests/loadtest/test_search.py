@@ -2,30 +2,36 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from latlab.loadtest.results import Step
 from latlab.loadtest.search import MIN_REQUESTS, meets, slo_search
 from latlab.loadtest.search import is_stable
+from tests.loadtest.steps import simulated as step
 
 
 def simulated(capacity: float, slo_break: float, **extra):
     """A server meeting any SLO below `slo_break` req/s and saturating at `capacity`."""
 
-    def measure(rate: float) -> dict:
+    def measure(rate: float) -> Step:
         achieved = min(rate, capacity)
         p99 = 0.010 if rate <= slo_break else 0.500
-        return {
-            "target": rate,
-            "offered_rps": rate,
-            "achieved_rps": achieved,
-            "p99_s": p99,
-            "errors": 0,
-            "dropped": 0,
-            "sent": 5000,
-            "stable": True,
-            "generator_bound": False,
-            **extra,
-        }
+        return step(
+            **{
+                "target": rate,
+                "offered_rps": rate,
+                "achieved_rps": achieved,
+                "p99_s": p99,
+                "errors": 0,
+                "dropped": 0,
+                "sent": 5000,
+                "stable": True,
+                "generator_bound": False,
+                **extra,
+            }
+        )
 
     return measure
 
@@ -35,7 +41,7 @@ def test_search_finds_the_break_point_within_the_resolution(start):
     result = slo_search(simulated(capacity=2000, slo_break=730), 0.050, start=start, resolution=0.02, max_probes=30)
     assert result.valid and not result.reasons
     assert 730 * 0.98 <= result.rate <= 730
-    assert all(p["target"] <= 730 for p in result.probes if p["target"] == result.rate)
+    assert all(p.target <= 730 for p in result.probes if p.target == result.rate)
 
 
 def test_saturation_counts_as_a_failure_even_when_latency_looks_fine():
@@ -66,13 +72,13 @@ def test_no_passing_rate_and_no_upper_bound_are_reported():
 
 
 def test_meets_requires_bound_no_errors_no_drops_and_no_saturation():
-    good = {"p99_s": 0.01, "errors": 0, "dropped": 0, "achieved_rps": 95, "offered_rps": 100}
+    good = step(p99_s=0.01, errors=0, dropped=0, achieved_rps=95, offered_rps=100)
     assert meets(good, 0.05)
-    assert not meets({**good, "p99_s": 0.06}, 0.05)
-    assert not meets({**good, "errors": 1}, 0.05)
-    assert not meets({**good, "dropped": 1}, 0.05)
-    assert not meets({**good, "achieved_rps": 80}, 0.05)
-    assert not meets({**good, "p99_s": float("nan")}, 0.05)
+    assert not meets(replace(good, p99_s=0.06), 0.05)
+    assert not meets(replace(good, errors=1), 0.05)
+    assert not meets(replace(good, dropped=1), 0.05)
+    assert not meets(replace(good, achieved_rps=80), 0.05)
+    assert not meets(replace(good, p99_s=float("nan")), 0.05)
 
 
 def test_stability_flags_windows_that_disagree_beyond_their_noise():

@@ -5,10 +5,13 @@ one-at-a-time evidence, and the step budget held."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
+from latlab.loadtest.results import Deployment, Step
 from latlab.loadtest.search import NEVER, bracket_slos, slo_bracket, slo_met
+from tests.loadtest.steps import simulated
 
 
 class Curve:
@@ -30,21 +33,21 @@ class Curve:
         k = slo_s / self.service_s - 1
         return max(0.0, self.capacity * k / (10 + k))
 
-    def step(self, rate: float) -> dict:
+    def step(self, rate: float) -> Step:
         self.asked.append(rate)
         p99 = self.p99(rate)
         achieved = min(rate, self.capacity)
-        return {
-            "target": rate,
-            "target_rps": rate,
-            "offered_rps": rate,
-            "achieved_rps": achieved,
-            "p99_s": p99 if p99 < math.inf else 60.0,
-            "errors": 0,
-            "dropped": 0,
-            "sent": self.samples,
-            "too_few_samples": False,
-        }
+        return simulated(
+            target=rate,
+            target_rps=rate,
+            offered_rps=rate,
+            achieved_rps=achieved,
+            p99_s=p99 if p99 < math.inf else 60.0,
+            errors=0,
+            dropped=0,
+            sent=self.samples,
+            too_few_samples=False,
+        )
 
     def single(self) -> dict:
         self.single_calls += 1
@@ -66,10 +69,10 @@ def run(
     floor: float = 1.0,
     budget: int = 40,
     time_left=lambda: True,
-) -> tuple[list[dict], dict]:
+) -> tuple[list[Step], dict]:
     steps = [curve.step(rate) for rate in listed]
 
-    def measure(rate: float) -> dict:
+    def measure(rate: float) -> Step:
         steps.append(curve.step(rate))
         return steps[-1]
 
@@ -109,7 +112,7 @@ def test_never_only_with_the_single_request_evidence():
     assert never["meaning"] == NEVER and never["met_rps"] is None
     assert found["single_request"]["p99_s"] > 0.025
     assert met["met_rps"] is not None  # the looser bound is still searched below the first rate
-    assert not any(s["target"] < 8 and slo_met(s, 0.025) for s in steps)
+    assert not any(s.target < 8 and slo_met(s, 0.025) for s in steps)
 
 
 def test_below_the_floor_is_said_not_called_never():
@@ -170,44 +173,44 @@ def test_met_at_every_rate_has_no_upper_end():
 
 
 def test_a_saturated_step_breaks_every_slo_even_with_a_short_p99():
-    step = {"target_rps": 100, "offered_rps": 100, "achieved_rps": 70, "p99_s": 0.001, "errors": 0, "dropped": 0}
-    assert not slo_met(step, 0.1) and slo_met({**step, "achieved_rps": 95}, 0.1)
-    assert not slo_met({**step, "achieved_rps": 95, "too_few_samples": True}, 0.1)
+    step = simulated(target_rps=100, offered_rps=100, achieved_rps=70, p99_s=0.001, errors=0, dropped=0)
+    assert not slo_met(step, 0.1) and slo_met(replace(step, achieved_rps=95), 0.1)
+    assert not slo_met(replace(step, achieved_rps=95, too_few_samples=True), 0.1)
 
 
 def test_a_step_with_decisions_is_judged_by_them_not_by_its_sample_p99():
     """Since percentile confidence, a step meets an SLO only when its count over the bound says so."""
     from latlab.loadtest.search import bracket_record, slo_verdict
 
-    def step(rate: float, verdict: str, needed: int = 0) -> dict:
+    def step(rate: float, verdict: str, needed: int = 0) -> Step:
         decision = {"slo_p99_s": 0.05, "verdict": verdict, "over": 2, "needed": needed}
-        return {
-            "target_rps": rate,
-            "offered_rps": rate,
-            "achieved_rps": rate,
-            "p99_s": 0.049,
-            "errors": 0,
-            "dropped": 0,
-            "confidence": {"level": 0.95, "samples": 300, "slos": [decision]},
-        }
+        return simulated(
+            target_rps=rate,
+            offered_rps=rate,
+            achieved_rps=rate,
+            p99_s=0.049,
+            errors=0,
+            dropped=0,
+            confidence={"level": 0.95, "samples": 300, "slos": [decision]},
+        )
 
     assert slo_verdict(step(100, "undecided", 473), 0.05) == "undecided"  # sample p99 within, yet not "met"
     assert slo_verdict(step(100, "met"), 0.05) == "met"
-    assert slo_verdict({**step(100, "met"), "errors": 1}, 0.05) == "broken"
-    assert slo_verdict({**step(100, "met"), "achieved_rps": 50}, 0.05) == "broken"  # saturated
+    assert slo_verdict(replace(step(100, "met"), errors=1), 0.05) == "broken"
+    assert slo_verdict(replace(step(100, "met"), achieved_rps=50), 0.05) == "broken"  # saturated
     steps = [step(100, "met"), step(120, "undecided", 900), step(400, "broken")]
     bracket = slo_bracket(steps, 0.05)
     assert bracket.low == 100 and bracket.high == 120  # an undecided rate is not claimed
     record = bracket_record(bracket, None, 0.3, 5.0)
     assert record["broke_verdict"] == "undecided" and record["needed"] == 900
-    assert slo_verdict({"p99_s": 0.04, "errors": 0}, 0.05) == "met"  # older results: the sample p99
-    assert slo_verdict({"p99_s": 0.04, "errors": 0, "too_few_samples": True}, 0.05) == "undecided"
+    assert slo_verdict(simulated(p99_s=0.04, errors=0), 0.05) == "met"  # older results: the sample p99
+    assert slo_verdict(simulated(p99_s=0.04, errors=0, too_few_samples=True), 0.05) == "undecided"
 
 
 def test_tables_show_a_wide_bracket_and_an_undecided_upper_end():
     from latlab.report.verdict import rate_text
 
-    step = {"target_rps": 100, "offered_rps": 100, "achieved_rps": 101, "p99_s": 0.005, "errors": 0}
+    step = simulated(target_rps=100, offered_rps=100, achieved_rps=101, p99_s=0.005, errors=0)
     bracket = {
         "slo_p99_s": 0.01,
         "met_rps": 100,
@@ -217,37 +220,37 @@ def test_tables_show_a_wide_bracket_and_an_undecided_upper_end():
         "meaning": "wider than the resolution (the step or time budget ran out)",
         "broke_verdict": "broken",
     }
-    curve = {"steps": [step], "slo_brackets": [bracket]}
+    curve = Deployment("m", steps=[step], slo_brackets=[bracket], saturated=True)
     assert rate_text(curve, step, 0.01) == "101–500"
     narrow = {**bracket, "broke_rps": 108, "width": 0.08, "broke_verdict": "undecided", "needed": 900}
     assert (
-        rate_text({**curve, "slo_brackets": [narrow]}, step, 0.01)
+        rate_text(replace(curve, slo_brackets=[narrow]), step, 0.01)
         == "101 (undecided at 108: 900 requests would decide)"
     )
-    assert rate_text({**curve, "slo_brackets": [{**narrow, "broke_verdict": "broken"}]}, step, 0.01) == "101"
+    assert rate_text(replace(curve, slo_brackets=[{**narrow, "broke_verdict": "broken"}]), step, 0.01) == "101"
 
 
 def test_the_search_below_stops_where_the_p99_stops_falling():
     """A machine whose tail, not its load, sets the p99 at low rates: halving the rate does not help, so the
     search stops after the step that shows it and says so (never 'never': one request at a time meets it)."""
 
-    def measure(rate: float) -> dict:
+    def measure(rate: float) -> Step:
         asked.append(rate)
         steps.append(
-            {
-                "target": rate,
-                "target_rps": rate,
-                "offered_rps": rate,
-                "achieved_rps": rate,
-                "p99_s": 0.015 if rate < 200 else 0.030,
-                "errors": 0,
-                "dropped": 0,
-            }
+            simulated(
+                target=rate,
+                target_rps=rate,
+                offered_rps=rate,
+                achieved_rps=rate,
+                p99_s=0.015 if rate < 200 else 0.030,
+                errors=0,
+                dropped=0,
+            )
         )
         return steps[-1]
 
     asked: list[float] = []
-    steps: list[dict] = []
+    steps: list[Step] = []
     for rate in (100, 500):
         measure(rate)
     single = {"requests": 300, "errors": 0, "p50_s": 0.002, "p99_s": 0.004, "too_few_samples": False}
@@ -256,4 +259,4 @@ def test_the_search_below_stops_where_the_p99_stops_falling():
     assert asked == [100, 500, 50] and record["meaning"].startswith("not met down to 50 req/s")
     from latlab.report.verdict import rate_text
 
-    assert rate_text({"steps": steps, "slo_brackets": [record]}, None, 0.010).startswith("not met down to 50")
+    assert rate_text(Deployment("m", steps=steps, slo_brackets=[record]), None, 0.010).startswith("not met down to 50")

@@ -3,7 +3,6 @@ a server that is not there. The run never hangs, says what happened, and its res
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,6 +15,7 @@ import psutil
 import pytest
 
 from latlab.common import procs
+from latlab.loadtest.results import Deployment, read_results
 from tests.loadtest.stub_server import StubModel, stub_process, stub_server
 
 pytestmark = pytest.mark.e2e
@@ -79,16 +79,16 @@ def test_a_sigkilled_worker_is_reported_and_its_rate_goes_to_the_others(tmp_path
             if run.poll() is None:
                 procs.stop(run)
     assert run.returncode == 0, stderr[-3000:]
-    doc = json.loads((out / "results.json").read_text())
-    (event,) = [e for e in doc["events"] if e["event"] == "worker_lost"]
+    (doc,) = read_results(out / "results.json")
+    (event,) = [e for e in doc.events if e["event"] == "worker_lost"]
     assert event["pid"] == victim.pid and event["reason"] == "its process exited (killed by SIGKILL)"
     assert event["step"] == 1 and event["workers_left"] == 1 and "1 worker(s): 60 each" in event["load"]
     assert f"worker {event['worker']} (pid {victim.pid}) LOST during step 1" in stdout  # the progress names it
-    steps = doc["deployments"][0]["steps"]
-    assert len(steps) == 3, doc["deployments"][0]["stop_reason"]
-    assert steps[1]["workers_lost"] == [event["worker"]] and not steps[2]["workers_lost"]
-    assert len(steps[2]["sent_by_worker"]) == 1, "only the survivor sends after the loss"
-    assert 0.8 * 60 < steps[2]["achieved_rps"] < 1.2 * 60, "the lost worker's rate went to the survivor"
+    steps = doc.deployments[0].steps
+    assert len(steps) == 3, doc.deployments[0].stop_reason
+    assert steps[1].workers_lost == [event["worker"]] and not steps[2].workers_lost
+    assert len(steps[2].sent_by_worker) == 1, "only the survivor sends after the loss"
+    assert 0.8 * 60 < steps[2].achieved_rps < 1.2 * 60, "the lost worker's rate went to the survivor"
     assert not psutil.wait_procs([survivor], timeout=10)[1], "the surviving worker was stopped at the end"
 
     report = subprocess.run([*CLI, "report", str(out)], capture_output=True, text=True, timeout=120)
@@ -98,7 +98,7 @@ def test_a_sigkilled_worker_is_reported_and_its_rate_goes_to_the_others(tmp_path
     assert f"workers lost: {event['worker']}" in html
 
 
-def sweep_through_an_outage(tmp_path: Path, restart: bool) -> tuple[str, dict]:
+def sweep_through_an_outage(tmp_path: Path, restart: bool) -> tuple[str, Deployment]:
     """Three 50 req/s steps against the stub, which stops inside step 1's windows (and, with
     `restart`, comes back a second later); returns the sweep's stdout and its deployment results."""
     out = tmp_path / "run"
@@ -118,27 +118,27 @@ def sweep_through_an_outage(tmp_path: Path, restart: bool) -> tuple[str, dict]:
                 procs.stop(run)
     assert run.returncode == 0, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
-    return stdout, json.loads((out / "results.json").read_text())["deployments"][0]
+    return stdout, read_results(out / "results.json")[0].deployments[0]
 
 
 def test_a_server_restart_mid_step_is_counted_marked_and_the_sweep_goes_on(tmp_path):
     stdout, deployment = sweep_through_an_outage(tmp_path, restart=True)
-    steps = deployment["steps"]
-    assert len(steps) == 3 and deployment["stop_reason"].startswith("all loads done")
+    steps = deployment.steps
+    assert len(steps) == 3 and deployment.stop_reason.startswith("all loads done")
     interrupted = steps[1]
-    assert interrupted["server_interrupted"] and interrupted["errors"] > 0
-    assert interrupted["by_status"]["0"]["count"] > 0  # no HTTP answer: refused or reset
-    unanswered = interrupted["by_status"]["0"]["count"]
-    assert interrupted["interruption"].startswith(f"{unanswered} requests got no HTTP answer (Connection")
-    assert not steps[0]["server_interrupted"] and not steps[2]["server_interrupted"]
-    assert steps[2]["errors"] == 0 and steps[2]["ok"] > 0, "the load test reconnected after the restart"
+    assert interrupted.server_interrupted and interrupted.errors > 0
+    assert interrupted.by_status["0"]["count"] > 0  # no HTTP answer: refused or reset
+    unanswered = interrupted.by_status["0"]["count"]
+    assert interrupted.interruption.startswith(f"{unanswered} requests got no HTTP answer (Connection")
+    assert not steps[0].server_interrupted and not steps[2].server_interrupted
+    assert steps[2].errors == 0 and steps[2].ok > 0, "the load test reconnected after the restart"
     assert "[server interrupted:" in stdout and "the server answers again, going on" in stdout
 
 
 def test_a_server_that_does_not_come_back_stops_the_sweep_with_its_reason(tmp_path):
     stdout, deployment = sweep_through_an_outage(tmp_path, restart=False)
-    assert len(deployment["steps"]) == 2 and deployment["steps"][1]["server_interrupted"]
-    reason = deployment["stop_reason"]
+    assert len(deployment.steps) == 2 and deployment.steps[1].server_interrupted
+    reason = deployment.stop_reason
     assert reason.startswith("stopped at 50: the server stopped answering (") and "was not back within 10 s" in reason
     assert "connection refused" in reason
     assert f"m: {reason}" in stdout
@@ -198,11 +198,11 @@ def test_a_silent_worker_is_missing_after_3_s_of_no_heartbeat_and_welcomed_back(
             if run.poll() is None:
                 procs.stop(run)
     assert run.returncode == 0, stderr[-3000:]
-    doc = json.loads((out / "results.json").read_text())
-    lost, back = doc["events"]
+    (doc,) = read_results(out / "results.json")
+    lost, back = doc.events
     assert (lost["event"], lost["reason"], lost["pid"]) == ("worker_lost", "no heartbeat for 3 s", silent.pid)
     assert (back["event"], back["worker"], back["workers_left"]) == ("worker_back", lost["worker"], 2)
     assert f"worker {lost['worker']} is back (heartbeat resumed); 2 workers share the load" in stdout
-    last = doc["deployments"][0]["steps"][-1]
-    assert len(last["sent_by_worker"]) == 2, last
-    assert last["achieved_rps"] == pytest.approx(60, rel=0.15), json.dumps(doc, indent=1)[-6000:]
+    last = doc.deployments[0].steps[-1]
+    assert len(last.sent_by_worker) == 2, last
+    assert last.achieved_rps == pytest.approx(60, rel=0.15), (out / "results.json").read_text()[-6000:]

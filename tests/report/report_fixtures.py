@@ -1,11 +1,11 @@
 """Synthetic, clearly labelled result files for report tests: a 16-core CPU box and an H100 box serving the
-same model, with the per-step server figures sweep.py records."""
+same model, with the per-step server figures sweep.py records; and bare steps for tests of one rule."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from latlab.loadtest.results import write_results
+from latlab.loadtest.results import Deployment, Run, Step, write_results
 
 CPU_NAME = "SYNTHETIC 16-core CPU box"
 GPU_NAME = "SYNTHETIC NVIDIA H100 80GB HBM3"
@@ -36,7 +36,8 @@ def server(
     return figures
 
 
-def step(rate: float, p99_ms: float, achieved: float | None = None, samples: int = 5000, **extra: object) -> dict:
+def step(rate: float, p99_ms: float, achieved: float | None = None, samples: int = 5000, **extra: object) -> Step:
+    """A step as sweep.py records it: `extra` sets any other field (server=...)."""
     achieved = rate if achieved is None else achieved
     p99 = p99_ms / 1e3
     sent = int(achieved * 10)
@@ -66,21 +67,41 @@ def step(rate: float, p99_ms: float, achieved: float | None = None, samples: int
     }
     if extra.get("server"):  # the client sees the server's time plus the network and its own HTTP work
         figures["mean_s"] = extra["server"]["request_s"] + 0.0012
-    return figures
+    return Step(**figures)
 
 
-def curve(name: str, provider: str, batch: int, steps: list[dict], environment: dict, **extra: object) -> dict:
-    return {
-        "name": name,
-        "model": "minilm",
-        "provider": provider,
-        "batcher": {"max_batch_size": batch, "max_queue_delay_ms": 2.0 if batch > 1 else 0.0, "instances": 1},
-        "cpu": {"intra_op_threads": 16},
-        "environment": environment,
-        "steps": steps,
-        "stop_reason": "synthetic",
+def bare_step(achieved: float, p99_s: float | None = None, **extra: object) -> Step:
+    """A step with only what a rule looks at: asked for, offered and achieved `achieved`, no errors, its p99 (p50
+    a quarter of it); no target rate (as in a closed loop), so saturation never breaks an SLO. `extra` sets any
+    other field."""
+    figures = {
+        "target": achieved,
+        "offered_rps": achieved,
+        "achieved_rps": achieved,
+        "errors": 0,
+        "p50_s": None if p99_s is None else p99_s / 4,
+        "p90_s": None,
+        "p99_s": p99_s,
+        "max_s": None,
         **extra,
     }
+    return Step(**figures)
+
+
+def curve(name: str, provider: str, batch: int, steps: list[Step], environment: dict, **extra: object) -> Deployment:
+    return Deployment(
+        **{
+            "name": name,
+            "model": "minilm",
+            "provider": provider,
+            "batcher": {"max_batch_size": batch, "max_queue_delay_ms": 2.0 if batch > 1 else 0.0, "instances": 1},
+            "cpu": {"intra_op_threads": 16},
+            "environment": environment,
+            "steps": steps,
+            "stop_reason": "synthetic",
+            **extra,
+        }
+    )
 
 
 def cpu_run(tmp_path: Path) -> Path:
@@ -113,7 +134,7 @@ def cpu_run(tmp_path: Path) -> Path:
     run = tmp_path / "SYNTHETIC-cpu-run"
     write_results(
         run / "results-minilm.json",
-        {"run_id": "SYNTHETIC-cpu-run", "machine": {"hostname": "vm", **env}, "deployments": [b1, batch]},
+        Run(run_id="SYNTHETIC-cpu-run", machine={"hostname": "vm", **env}, deployments=[b1, batch]),
     )
     return run
 
@@ -130,7 +151,7 @@ def gpu_run(tmp_path: Path, saturated: bool = False) -> Path:
     run = tmp_path / "SYNTHETIC-h100-run"
     write_results(
         run / "results-minilm.json",
-        {"run_id": "SYNTHETIC-h100-run", "machine": {"hostname": "vm", **env}, "deployments": [gpu]},
+        Run(run_id="SYNTHETIC-h100-run", machine={"hostname": "vm", **env}, deployments=[gpu]),
     )
     return run
 

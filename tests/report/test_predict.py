@@ -5,8 +5,11 @@ from __future__ import annotations
 import math
 import random
 
+from dataclasses import replace
+
 import pytest
 
+from latlab.loadtest.results import Deployment
 from latlab.report.predict import (
     BatchTimeFit,
     FitError,
@@ -18,6 +21,8 @@ from latlab.report.predict import (
     predict_deployment,
     request_overheads,
 )
+
+from .report_fixtures import bare_step
 
 MS = 1e-3
 
@@ -162,18 +167,18 @@ def test_predict_deployment_uses_its_machine_model_and_provider() -> None:
         {"machine": {"hostname": "other"}, "model": "ffn", "backend": "ort-cpu", "fit": line(0.1 * MS, 0.0)},
         {"machine": {"hostname": "box"}, "model": "ffn", "backend": "ort-cpu", "fit": line(1 * MS, 0.0)},
     ]
-    curve = {
-        "name": "ffn-b1",
-        "model": "ffn",
-        "provider": "cpu",
-        "machine": {"hostname": "box"},
-        "batcher": {"max_batch_size": 1, "max_queue_delay_ms": 0.0, "instances": 1},
-    }
+    curve = Deployment(
+        name="ffn-b1",
+        model="ffn",
+        provider="cpu",
+        machine={"hostname": "box"},
+        batcher={"max_batch_size": 1, "max_queue_delay_ms": 0.0, "instances": 1},
+    )
     predicted = predict_deployment(curve, fits, 1 * MS + 1 * MS * math.log(50))
     assert predicted["rate"] == pytest.approx(500, rel=1e-3) and predicted["backend"] == "ort-cpu"
-    assert predict_deployment({**curve, "provider": "cuda"}, fits, 0.025) is None
-    assert predict_deployment({**curve, "machine": {"hostname": "elsewhere"}}, fits, 0.025) is None
-    assert predict_deployment({**curve, "model": "mlp"}, fits, 0.025) is None
+    assert predict_deployment(replace(curve, provider="cuda"), fits, 0.025) is None
+    assert predict_deployment(replace(curve, machine={"hostname": "elsewhere"}), fits, 0.025) is None
+    assert predict_deployment(replace(curve, model="mlp"), fits, 0.025) is None
 
 
 def test_a_bench_from_another_machine_of_the_same_hostname_is_not_its_fit() -> None:
@@ -186,17 +191,18 @@ def test_a_bench_from_another_machine_of_the_same_hostname_is_not_its_fit() -> N
             "fit": line(1 * MS, 0.0),
         }
     ]
-    curve = {
-        "name": "ffn-b1",
-        "model": "ffn",
-        "provider": "cpu",
-        "batcher": {"max_batch_size": 1, "max_queue_delay_ms": 0.0, "instances": 1},
-    }
-    assert (
-        predict_deployment({**curve, "machine": {"hostname": "vm", "cpu": "AMD EPYC", "cores": 2}}, fits, 0.025) is None
+    curve = Deployment(
+        name="ffn-b1",
+        model="ffn",
+        provider="cpu",
+        batcher={"max_batch_size": 1, "max_queue_delay_ms": 0.0, "instances": 1},
     )
     assert (
-        predict_deployment({**curve, "machine": {"hostname": "vm", "cpu": "Intel Xeon", "cores": 16}}, fits, 0.025)
+        predict_deployment(replace(curve, machine={"hostname": "vm", "cpu": "AMD EPYC", "cores": 2}), fits, 0.025)
+        is None
+    )
+    assert (
+        predict_deployment(replace(curve, machine={"hostname": "vm", "cpu": "Intel Xeon", "cores": 16}), fits, 0.025)
         is not None
     )
 
@@ -207,15 +213,15 @@ def test_serving_overhead_is_calibrated_on_the_cheapest_batching_off_deployment(
         {"machine": {"hostname": "box"}, "model": "ffn", "backend": "ort-cpu", "fit": line(1 * MS, 0.0)},
     ]
 
-    def curve(model: str, max_batch: int, top: float) -> dict:
-        return {
-            "name": f"{model}-{max_batch}",
-            "model": model,
-            "provider": "cpu",
-            "machine": {"hostname": "box"},
-            "batcher": {"max_batch_size": max_batch},
-            "steps": [{"achieved_rps": top / 2}, {"achieved_rps": top}],
-        }
+    def curve(model: str, max_batch: int, top: float) -> Deployment:
+        return Deployment(
+            name=f"{model}-{max_batch}",
+            model=model,
+            provider="cpu",
+            machine={"hostname": "box"},
+            batcher={"max_batch_size": max_batch},
+            steps=[bare_step(top / 2), bare_step(top)],
+        )
 
     # mlp's model takes 10 us, so its 2000 req/s ceiling is the serving path: c = 0.5 ms - 0.01 ms.
     curves = [curve("mlp", 1, 2000), curve("ffn", 1, 600), curve("mlp", 64, 5000)]

@@ -6,6 +6,7 @@ import base64
 import json
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,35 +17,38 @@ from latlab.report import write as report_module
 from latlab.loadtest.search import NEVER
 from latlab.report.write import REPORT_FILE, write_report
 from latlab.report.verdict import max_rate_under, verdict
-from latlab.loadtest.results import RESULTS_FILE, SCHEMA, read_results, write_results
+from latlab.loadtest.results import RESULTS_FILE, SCHEMA, Deployment, Run, Step, read_results, write_results
+
+from .report_fixtures import bare_step
 
 PNG_HEADER = b"\x89PNG\r\n\x1a\n"
 
 
-def step(target: float, achieved: float, p99: float | None, errors: int = 0, avg_batch: float | None = None) -> dict:
-    """One step with every field sweep.py writes; p50/p90/max derived from p99 so curves stay ordered."""
+def step(target: float, achieved: float, p99: float | None, errors: int = 0, avg_batch: float | None = None) -> Step:
+    """One step with the fields sweep.py writes; p50/p90/max derived from p99 so curves stay ordered."""
     empty = p99 is None or (isinstance(p99, float) and math.isnan(p99))
     sent = 0 if empty else int(achieved * 10)
-    return {
-        "target_rps": target,
-        "offered_rps": target,
-        "achieved_rps": achieved,
-        "sent": sent,
-        "ok": sent - errors,
-        "errors": errors,
-        "dropped": 0,
-        "late": 0,
-        "incomplete": 0,
-        "p50_s": None if empty else p99 / 4,
-        "p90_s": None if empty else p99 / 2,
-        "p99_s": p99,
-        "max_s": None if empty else p99 * 1.5,
-        "mean_s": None if empty else p99 / 3,
-        "duration_s": 10.0,
-        "avg_batch_size": avg_batch,
-        "generator_cpu_percent": 12.5,
-        "generator_bound": False,
-    }
+    return Step(
+        target=target,
+        target_rps=target,
+        offered_rps=target,
+        achieved_rps=achieved,
+        sent=sent,
+        ok=sent - errors,
+        errors=errors,
+        dropped=0,
+        late=0,
+        incomplete=0,
+        p50_s=None if empty else p99 / 4,
+        p90_s=None if empty else p99 / 2,
+        p99_s=p99,
+        max_s=None if empty else p99 * 1.5,
+        mean_s=None if empty else p99 / 3,
+        duration_s=10.0,
+        avg_batch_size=avg_batch,
+        generator_cpu_percent=12.5,
+        generator_bound=False,
+    )
 
 
 B1_STEPS = [step(100, 99, 0.010), step(200, 198, 0.020), step(400, 300, 0.200)]
@@ -57,15 +61,15 @@ BATCH_STEPS = [
 ]  # an empty window
 
 
-def deployment(name: str, batch_size: int, delay_ms: float, steps: list[dict]) -> dict:
-    return {
-        "name": name,
-        "model": "ffn",
-        "provider": "cpu",
-        "batcher": {"max_batch_size": batch_size, "max_queue_delay_ms": delay_ms},
-        "steps": steps,
-        "stop_reason": "all rates done",
-    }
+def deployment(name: str, batch_size: int, delay_ms: float, steps: list[Step]) -> Deployment:
+    return Deployment(
+        name=name,
+        model="ffn",
+        provider="cpu",
+        batcher={"max_batch_size": batch_size, "max_queue_delay_ms": delay_ms},
+        steps=steps,
+        stop_reason="all rates done",
+    )
 
 
 B1 = deployment("ffn-b1", 1, 0.0, B1_STEPS)
@@ -78,19 +82,19 @@ def run_dir(tmp_path: Path) -> Path:
     run = tmp_path / "20250101-120000"
     write_results(
         run / RESULTS_FILE,
-        {
-            "run_id": run.name,
-            "created": "2025-01-01T12:00:00+0000",
-            "host": "http://127.0.0.1:8000",
-            "machine": {
+        Run(
+            run_id=run.name,
+            created="2025-01-01T12:00:00+0000",
+            host="http://127.0.0.1:8000",
+            machine={
                 "hostname": "labbox",
                 "name": "labbox",
                 "cpu": "Test CPU @ 3GHz",
                 "cores": 8,
                 "memory_gib": 31.3,
             },
-            "deployments": [B1, BATCHED],
-        },
+            deployments=[B1, BATCHED],
+        ),
     )
     return run
 
@@ -99,13 +103,13 @@ def run_dir(tmp_path: Path) -> Path:
 
 
 def test_max_rate_under_picks_highest_achieved_rate_meeting_slo() -> None:
-    assert max_rate_under(B1_STEPS, 0.025)["achieved_rps"] == 198
-    assert max_rate_under(BATCH_STEPS, 0.025)["achieved_rps"] == 398
-    assert max_rate_under(BATCH_STEPS, 0.010)["achieved_rps"] == 100
+    assert max_rate_under(B1_STEPS, 0.025).achieved_rps == 198
+    assert max_rate_under(BATCH_STEPS, 0.025).achieved_rps == 398
+    assert max_rate_under(BATCH_STEPS, 0.010).achieved_rps == 100
 
 
 def test_max_rate_under_ignores_steps_with_errors() -> None:
-    assert max_rate_under(BATCH_STEPS, 0.050)["achieved_rps"] == 398  # not the 790 step with 3 errors
+    assert max_rate_under(BATCH_STEPS, 0.050).achieved_rps == 398  # not the 790 step with 3 errors
 
 
 def test_max_rate_under_skips_empty_windows_and_none_when_nothing_meets() -> None:
@@ -138,7 +142,7 @@ def test_verdict_says_never_only_with_the_single_request_evidence() -> None:
         "floor_rps": 5.0,
         "meaning": NEVER,
     }
-    sentence = verdict("ffn", [{**B1, "single_request": single, "slo_brackets": [bracket]}, BATCHED], 0.009)
+    sentence = verdict("ffn", [replace(B1, single_request=single, slo_brackets=[bracket]), BATCHED], 0.009)
     assert "ffn-b1 (cpu, batching off) never meets it (p99 12 ms one request at a time)" in sentence
 
 
@@ -150,13 +154,13 @@ def test_verdict_when_no_deployment_meets_slo() -> None:
 
 
 def test_results_round_trip_writes_null_for_nan(run_dir: Path) -> None:
-    (doc,) = read_results(run_dir)
-    assert doc["schema"] == SCHEMA
-    assert doc["_path"] == str(run_dir / RESULTS_FILE)
-    empty_step = doc["deployments"][1]["steps"][-1]
-    assert empty_step["p99_s"] is None
+    (run,) = read_results(run_dir)
+    assert json.loads((run_dir / RESULTS_FILE).read_text())["schema"] == SCHEMA
+    assert run.path == str(run_dir / RESULTS_FILE)
+    empty_step = run.deployments[1].steps[-1]
+    assert empty_step.p99_s is None
     assert "NaN" not in (run_dir / RESULTS_FILE).read_text()
-    assert doc["deployments"][0]["steps"] == B1_STEPS
+    assert run.deployments[0].steps == B1_STEPS
 
 
 def test_read_results_rejects_wrong_schema(tmp_path: Path) -> None:
@@ -241,8 +245,8 @@ def test_parse_rates_errors(text: str) -> None:
 
 def test_verdict_survives_a_zero_throughput_step_that_meets_the_slo():
     curves = [
-        {"name": "a", "steps": [{"achieved_rps": 100.0, "p99_s": 0.01, "errors": 0}]},
-        {"name": "b", "steps": [{"achieved_rps": 0.0, "p99_s": 0.002, "errors": 0}]},
+        Deployment(name="a", steps=[bare_step(100.0, 0.01)]),
+        Deployment(name="b", steps=[bare_step(0.0, 0.002)]),
     ]
     sentence = verdict("m", curves, 0.025)
     # no provider recorded (another server's deployment, no --provider): said as such, never "?"
@@ -267,25 +271,25 @@ def test_parse_slos_refuses_empty_negative_or_unreadable(text):
 def gpu_run(tmp_path: Path) -> Path:
     """A second machine's run: the same model on CUDA, with a bench file holding batch sweeps and batch-1 sizes."""
     run = tmp_path / "gpu-run"
-    gpu = {
-        **deployment(
+    gpu = replace(
+        deployment(
             "ffn-gpu",
             64,
             2.0,
             [step(1000, 1000, 0.004), step(4000, 3990, 0.008), step(8000, 7900, 0.022), step(16000, 9000, 0.300)],
         ),
-        "provider": "cuda",
-        "environment": {"ort_version": "9.9.9", "gpu": "Test GPU 80GB"},
-    }
-    bound = {**step(100, 100, 0.002), "generator_bound": True}
-    gpu["steps"] = [bound, *gpu["steps"]]
+        provider="cuda",
+        environment={"ort_version": "9.9.9", "gpu": "Test GPU 80GB"},
+    )
+    bound = replace(step(100, 100, 0.002), generator_bound=True)
+    gpu.steps = [bound, *gpu.steps]
     write_results(
         run / "results.json",
-        {
-            "run_id": "gpu-run",
-            "machine": {"hostname": "gpubox", "name": "gpubox", "cpu": "Big CPU", "cores": 32},
-            "deployments": [gpu],
-        },
+        Run(
+            run_id="gpu-run",
+            machine={"hostname": "gpubox", "name": "gpubox", "cpu": "Big CPU", "cores": 32},
+            deployments=[gpu],
+        ),
     )
 
     def timing(median_ms: float) -> dict:  # plot_bench draws min-max bars
@@ -375,10 +379,10 @@ def test_report_prediction_error_is_relative_to_measurement(tmp_path: Path) -> N
 
 def test_prediction_flags_a_bench_with_other_cpu_threads_than_the_server(tmp_path: Path) -> None:
     run = tmp_path / "cpu-run"
-    served = {**deployment("ffn-b1", 1, 0.0, B1_STEPS), "cpu": {"intra_op_threads": 1}}
+    served = replace(deployment("ffn-b1", 1, 0.0, B1_STEPS), cpu={"intra_op_threads": 1})
     write_results(
         run / "results.json",
-        {"run_id": "cpu-run", "machine": {"hostname": "labbox", "name": "labbox"}, "deployments": [served]},
+        Run(run_id="cpu-run", machine={"hostname": "labbox", "name": "labbox"}, deployments=[served]),
     )
     points = [
         {"backend": "ort-cpu", "batch_size": n, "median_s": n * 1e-4, "min_s": n * 1e-4, "max_s": n * 1e-4}

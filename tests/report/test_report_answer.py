@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import copy
+import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from latlab.report import best, breakdown, costs
 from latlab.report.write import REPORT_FILE, write_report
-from latlab.loadtest.results import read_results, write_results
+from latlab.loadtest.results import Deployment, Run, Step, read_results, to_dict, write_results
 
 from .report_fixtures import CPU_NAME, GPU_NAME, cpu_run, curve, gpu_run, server, step
 
@@ -19,8 +21,9 @@ SLOS = [0.010, 0.025, 0.050, 0.100]
 PRICES = {"cpu": 0.80, "cuda": 2.50}
 
 
-def curves_of(*runs: Path) -> list[dict]:
-    return [{**d, "machine": doc["machine"]} for run in runs for doc in read_results(run) for d in doc["deployments"]]
+def curves_of(*runs: Path) -> list[Deployment]:
+    """Every deployment of the runs' results files, as the report reads them (each with its run's machine)."""
+    return [d for folder in runs for run in read_results(folder) for d in run.deployments]
 
 
 # --- the merged CPU+GPU report ---------------------------------------------------------------------
@@ -60,18 +63,35 @@ def test_cpu_only_report_says_what_is_missing_and_the_command_that_adds_it(tmp_p
 # --- ≥ N (not saturated) -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("saturated, shown", [(False, "≥ 1347 (not saturated)"), (True, "1347"), (None, "1347")])
+def older_results(run: Path, drop: str) -> Path:
+    """The run's results file rewritten as `latlab.results/1` without the deployments' `drop` field: results
+    from before it was recorded."""
+    path = run / "results-minilm.json"
+    doc = {"schema": "latlab.results/1", **to_dict(read_results(path)[0])}
+    for deployment in doc["deployments"]:
+        del deployment[drop]
+    path.write_text(json.dumps(doc))
+    return run
+
+
+@pytest.mark.parametrize(
+    "saturated, shown",
+    [
+        (False, "≥ 1347 (not saturated)"),
+        (True, "1347"),
+        (None, "1347"),  # a /1 file from before `saturated` was recorded: unknown counts as saturated
+    ],
+)
 def test_a_maximum_at_the_last_rate_of_an_unsaturated_sweep_is_a_lower_bound(
     tmp_path: Path, saturated: bool | None, shown: str
 ) -> None:
-    (gpu,) = curves_of(gpu_run(tmp_path))
     if saturated is None:
-        del gpu["saturated"]  # older results: unknown counts as saturated
+        (gpu,) = curves_of(older_results(gpu_run(tmp_path), "saturated"))  # unknown counts as saturated
     else:
-        gpu["saturated"] = saturated
+        (gpu,) = curves_of(gpu_run(tmp_path, saturated=saturated))
     (row,) = best.best_per_provider([gpu], 0.025, PRICES)
     assert best.best_rate_text(row) == shown
-    closed = {**gpu, "steps": [{**s, "target_rps": None} for s in gpu["steps"]]}  # closed loop: no target rate
+    closed = replace(gpu, steps=[replace(s, target_rps=None) for s in gpu.steps])  # closed loop: no target rate
     assert best.best_rate_text(best.best_per_provider([closed], 0.025, PRICES)[0]) == shown
     # Below the last rate the maximum is a measured one even when the sweep never saturated.
     (tight,) = best.best_per_provider([gpu], 0.010, PRICES)
@@ -83,7 +103,7 @@ def test_a_maximum_at_the_last_rate_of_an_unsaturated_sweep_is_a_lower_bound(
 
 def test_a_step_with_too_few_samples_is_marked_and_never_decides_an_slo(tmp_path: Path) -> None:
     run = cpu_run(tmp_path)
-    batch = [c for c in curves_of(run) if c["name"] == "minilm-cpu-batch"]
+    batch = [c for c in curves_of(run) if c.name == "minilm-cpu-batch"]
     # Its only step within 10 ms is the 5 req/s one, from 50 requests: so it does not meet 10 ms at all.
     (row,) = best.best_per_provider(batch, 0.010, PRICES)
     assert row.rate == 0 and best.best_rate_text(row) == "not met at ≥ 5"  # never said without the evidence
@@ -124,11 +144,11 @@ def test_core_hour_prices_are_charged_for_the_cpu_deployments_cores(tmp_path: Pa
 
 
 def test_cpu_threads_fall_back_to_intra_op_threads_and_zero_means_every_core() -> None:
-    base = {"provider": "cpu", "environment": {"cores": 8}}
-    assert costs.cpu_threads({**base, "environment": {"cores": 8, "cpu_threads": 6}}) == 6
-    assert costs.cpu_threads({**base, "cpu": {"intra_op_threads": 2}}) == 2
-    assert costs.cpu_threads({**base, "cpu": {"intra_op_threads": 0}}) == 8
-    assert costs.cpu_threads({"provider": "cpu"}) is None
+    base = Deployment("c", provider="cpu", environment={"cores": 8})
+    assert costs.cpu_threads(replace(base, environment={"cores": 8, "cpu_threads": 6})) == 6
+    assert costs.cpu_threads(replace(base, cpu={"intra_op_threads": 2})) == 2
+    assert costs.cpu_threads(replace(base, cpu={"intra_op_threads": 0})) == 8
+    assert costs.cpu_threads(Deployment("c", provider="cpu")) is None
 
 
 # --- where the time goes and the server-bound rule --------------------------------------------------------
@@ -156,7 +176,7 @@ def test_breakdown_takes_transfers_out_of_compute_and_the_rest_makes_up_the_requ
     assert breakdown.parts({}) is None
 
 
-def gpu_step(cpu_cores: float | None, busy_s: float) -> tuple[dict, dict]:
+def gpu_step(cpu_cores: float | None, busy_s: float) -> tuple[Step, Deployment]:
     figures = server(10, 3, 4, cpu_cores or 0.0, busy_s)
     if cpu_cores is None:
         figures["process_cpu_cores"] = None
@@ -188,17 +208,17 @@ def test_server_bound_rule_on_a_gpu_deployment(cpu_cores: float | None, busy_s: 
 )
 def test_server_bound_counts_every_front_end_and_the_engine(frontends: int, cpu_cores: float, bound: bool) -> None:
     the_step, gpu = gpu_step(cpu_cores, busy_s=2.0)
-    assert breakdown.server_bound(the_step, {**gpu, "frontends": frontends}) is bound
+    assert breakdown.server_bound(the_step, replace(gpu, frontends=frontends)) is bound
 
 
 def test_the_breakdown_table_names_the_processes_of_a_server_bound_deployment() -> None:
     the_step, gpu = gpu_step(4.6, busy_s=2.0)
-    curve = {**gpu, "frontends": 4}
+    curve = replace(gpu, frontends=4)
     bar = {
         "curve": curve,
         "slo_s": 0.05,
         "step": the_step,
-        "parts": breakdown.parts(the_step["server"]),
+        "parts": breakdown.parts(the_step.server),
         "client_mean_s": None,
         "server_bound": breakdown.server_bound(the_step, curve),
     }
@@ -228,11 +248,11 @@ def test_report_flags_the_server_bound_step_and_shows_where_the_time_goes(tmp_pa
 
 def test_results_without_server_figures_say_so(tmp_path: Path) -> None:
     run = tmp_path / "old"
-    (cpu,) = [c for c in curves_of(cpu_run(tmp_path)) if c["name"] == "minilm-cpu-b1"]
+    (cpu,) = [c for c in curves_of(cpu_run(tmp_path)) if c.name == "minilm-cpu-b1"]
     old = copy.deepcopy(cpu)
-    for s in old["steps"]:
-        s.pop("server", None)
-    write_results(run / "results.json", {"run_id": "old", "machine": {"cpu": "Old CPU"}, "deployments": [old]})
+    for s in old.steps:
+        s.server = None
+    write_results(run / "results.json", Run(run_id="old", machine={"cpu": "Old CPU"}, deployments=[old]))
     page = (write_report(run, SLOS).parent / REPORT_FILE).read_text()
     assert "No server figures in these results" in page and "Server-bound" not in page
 

@@ -3,7 +3,6 @@ report built from it shows where the time goes."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from latlab.common import procs
+from latlab.loadtest.results import read_results
 from latlab.report.write import write_report
 
 from .test_report_browser import first_screen_problems, probe
@@ -60,8 +60,9 @@ def test_a_real_sweep_records_server_figures_and_the_report_breaks_the_time_down
         timeout=120,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    (step,) = json.loads((out / "results.json").read_text())["deployments"][0]["steps"]
-    figures = step["server"]
+    (run,) = read_results(out)
+    (step,) = run.deployments[0].steps
+    figures = step.server
     assert figures["seconds"] > 0 and figures["request_count"] > 0
     assert 0 < figures["queue_s"] <= figures["request_s"] and 0 < figures["compute_s"] < figures["request_s"]
     assert 0 < figures["busy_share"] < 1

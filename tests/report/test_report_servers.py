@@ -7,14 +7,15 @@ from __future__ import annotations
 import copy
 import html
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from latlab.report import best
 from latlab.report.best import provider_verdict
 from latlab.report.write import write_report
-from latlab.loadtest.results import read_results, write_results
+from latlab.loadtest.results import Deployment, Run, Step, read_results, write_results
 from latlab.loadtest.scrape import triton_provider
-from latlab.report.verdict import BY_SERVER, by_server, label, server_name, tag_servers, verdict
+from latlab.report.verdict import by_server, label, server_name, tag_servers, verdict
 
 from .report_fixtures import CPU_NAME, cpu_run, curve, gpu_run, step
 
@@ -23,37 +24,36 @@ ENV = {"name": CPU_NAME, "cpu": "SYNTHETIC CPU", "cores": 16}
 
 
 def other_server(
-    name: str, version: str, steps: list[dict], provider: str | None = None, triton_batch: int | None = None
-) -> dict:
+    name: str, version: str, steps: list[Step], provider: str | None = None, triton_batch: int | None = None
+) -> Deployment:
     """A deployment 'minilm' as `latlab loadtest` records it on another OIP server: no provider unless given,
     batcher settings from a Triton model config or unknown."""
     record = curve("minilm", provider or "cpu", triton_batch or 1, steps, ENV, saturated=True)
-    record.update(server={"name": name, "version": version})
-    record.pop("cpu")
-    if provider is None:
-        record.pop("provider")
+    record.server = {"name": name, "version": version}
+    record.cpu = None
+    record.provider = provider
     if triton_batch is None:
-        record.pop("batcher")
-        record["settings_unknown"] = "GET /v2/models/minilm/config answered 404"
+        record.batcher = None
+        record.settings_unknown = "GET /v2/models/minilm/config answered 404"
     else:
-        record["server_config"] = {"max_batch_size": triton_batch, "dynamic_batching": {}}
+        record.server_config = {"max_batch_size": triton_batch, "dynamic_batching": {}}
     return record
 
 
-def others_run(tmp_path: Path, *deployments: dict, run_id: str = "SYNTHETIC-others-run") -> Path:
+def others_run(tmp_path: Path, *deployments: Deployment, run_id: str = "SYNTHETIC-others-run") -> Path:
     run = tmp_path / run_id
     write_results(
         run / "results-minilm.json",
-        {"run_id": run_id, "machine": {"hostname": "vm", **ENV}, "deployments": list(deployments)},
+        Run(run_id=run_id, machine={"hostname": "vm", **ENV}, deployments=list(deployments)),
     )
     return run
 
 
-def mlserver(provider: str | None = None) -> dict:
+def mlserver(provider: str | None = None) -> Deployment:
     return other_server("mlserver", "1.7.1", [step(50, 9), step(100, 30), step(200, 80, achieved=150)], provider)
 
 
-def triton(provider: str | None = None) -> dict:
+def triton(provider: str | None = None) -> Deployment:
     return other_server(
         "triton", "2.59.0", [step(50, 5), step(200, 12), step(400, 40, achieved=380)], provider, triton_batch=32
     )
@@ -65,7 +65,7 @@ def text_of(page: str) -> str:
 
 def test_a_latlab_only_report_has_no_server_dimension(tmp_path: Path) -> None:
     curves = [
-        d for run in (cpu_run(tmp_path), gpu_run(tmp_path)) for doc in read_results(run) for d in doc["deployments"]
+        d for folder in (cpu_run(tmp_path), gpu_run(tmp_path)) for run in read_results(folder) for d in run.deployments
     ]
     assert tag_servers(curves) is curves and not by_server(curves)  # left exactly as they were
     page = write_report([cpu_run(tmp_path), gpu_run(tmp_path)], SLOS, out=tmp_path / "out").read_text()
@@ -136,7 +136,7 @@ def test_a_provider_given_with_the_run_counts_it_as_a_cpu_deployment() -> None:
     assert provider_verdict("minilm", [known], 0.05, {"cpu": 0.1}).startswith(
         "minilm, p99 ≤ 50 ms: the CPU sustains up to 100 req/s (minilm (cpu, batcher settings unknown)"
     )
-    mixed = provider_verdict("minilm", tag_servers([known, {**triton(), "name": "tri"}]), 0.05, {"cpu": 0.1})
+    mixed = provider_verdict("minilm", tag_servers([known, replace(triton(), name="tri")]), 0.05, {"cpu": 0.1})
     assert mixed.startswith("minilm, p99 ≤ 50 ms: the CPU sustains up to 100 req/s")
     assert "Provider unknown: tri (Triton, provider unknown, dynamic batcher ≤ 32, wait ≤ 2 ms) on " in mixed
     assert "sustains up to 380 req/s; whether on a CPU or a GPU is not recorded" in mixed
@@ -144,12 +144,12 @@ def test_a_provider_given_with_the_run_counts_it_as_a_cpu_deployment() -> None:
 
 
 def test_server_names_and_tags() -> None:
-    assert server_name({"server": {"name": "triton"}}) == "Triton"
-    assert server_name({"server": {"name": "mlserver"}}) == "MLServer"
-    assert server_name({}) == "latlab"  # results from before the server was recorded
-    assert server_name({"server": {"name": "my-oip"}}) == "my-oip"
-    tagged = tag_servers([mlserver(), {**triton()}])
-    assert all(c[BY_SERVER] for c in tagged) and by_server(tagged)
+    assert server_name(Deployment("d", server={"name": "triton"})) == "Triton"
+    assert server_name(Deployment("d", server={"name": "mlserver"})) == "MLServer"
+    assert server_name(Deployment("d")) == "latlab"  # results from before the server was recorded
+    assert server_name(Deployment("d", server={"name": "my-oip"})) == "my-oip"
+    tagged = tag_servers([mlserver(), triton()])
+    assert all(c.by_server for c in tagged) and by_server(tagged)
     assert verdict("minilm", tagged, 0.05).startswith(
         "minilm at p99 ≤ 50 ms: minilm (Triton, provider unknown, dynamic batcher ≤ 32, wait ≤ 2 ms) sustains 380 req/s"
     )
@@ -182,7 +182,7 @@ def test_unmerged_records_keep_their_fields(tmp_path: Path) -> None:
 
 
 def test_only_a_model_served_by_more_than_one_server_is_compared_by_server(tmp_path: Path) -> None:
-    ffn = {**curve("ffn-cpu", "cpu", 1, [step(100, 5), step(200, 9)], ENV, saturated=True), "model": "ffn"}
+    ffn = replace(curve("ffn-cpu", "cpu", 1, [step(100, 5), step(200, 9)], ENV, saturated=True), model="ffn")
     latlab_ffn = others_run(tmp_path, ffn, run_id="SYNTHETIC-latlab-ffn-run")
     page = write_report(
         [cpu_run(tmp_path), latlab_ffn, others_run(tmp_path, mlserver())], SLOS, out=tmp_path / "out"

@@ -2,32 +2,34 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from latlab.loadtest.results import Deployment, Step
 from latlab.report import costs
 from latlab.report.best import Best, best_per_provider, provider_verdict
 from latlab.report.verdict import DEFAULT_PRICES, PriceError, human, parse_prices, size_crossover, verdict
 
+from .report_fixtures import bare_step
+
 PRICES = {"cpu": 0.10, "cuda": 2.50}
 
 
-def steps(*points: tuple[float, float]) -> list[dict]:
+def steps(*points: tuple[float, float]) -> list[Step]:
     """(achieved req/s, p99 ms) pairs as result steps."""
-    return [
-        {"offered_rps": rps, "achieved_rps": rps, "p99_s": p99_ms / 1e3, "p50_s": p99_ms / 4e3, "errors": 0}
-        for rps, p99_ms in points
-    ]
+    return [bare_step(rps, p99_ms / 1e3) for rps, p99_ms in points]
 
 
-def curve(name: str, provider: str, batch: int, points: list[dict], host: str = "cpubox") -> dict:
-    return {
-        "name": name,
-        "model": "ffn",
-        "provider": provider,
-        "machine": {"hostname": host, "name": host},
-        "batcher": {"max_batch_size": batch, "max_queue_delay_ms": 2.0},
-        "steps": points,
-    }
+def curve(name: str, provider: str, batch: int, points: list[Step], host: str = "cpubox") -> Deployment:
+    return Deployment(
+        name=name,
+        model="ffn",
+        provider=provider,
+        machine={"hostname": host, "name": host},
+        batcher={"max_batch_size": batch, "max_queue_delay_ms": 2.0},
+        steps=points,
+    )
 
 
 CPU_B1 = curve("ffn-b1", "cpu", 1, steps((100, 5), (400, 12), (800, 40)))
@@ -41,8 +43,8 @@ GPU_BATCH = curve("ffn-gpu", "cuda", 64, steps((1000, 4), (4000, 8), (8000, 22),
 def test_cost_per_million_arithmetic() -> None:
     # $0.36/h at 100 req/s: 360 000 inferences per hour -> $1 per million
     def cost(per_hour, rate):
-        step = {"achieved_rps": rate} if rate else None
-        return Best("cpu", {}, step, costs.Price(per_hour, "") if per_hour is not None else None).cost
+        step = bare_step(rate) if rate else None
+        return Best("cpu", Deployment("c"), step, costs.Price(per_hour, "") if per_hour is not None else None).cost
 
     assert cost(0.36, 100) == pytest.approx(1.0)
     assert cost(2.50, 8000) == pytest.approx(2.50 / (8000 * 3600) * 1e6)
@@ -61,10 +63,10 @@ def test_a_cpu_price_per_core_hour_is_charged_for_the_cores_a_deployment_compute
 
     prices = parse_prices("cpu=0.04/core,cuda=2.50/machine")
     assert prices == {"cpu": {"usd": 0.04, "per": "core-hour"}, "cuda": 2.50}
-    sixteen = {"provider": "cpu", "environment": {"cpu_threads": 16, "cores": 16}}
+    sixteen = Deployment("c", provider="cpu", environment={"cpu_threads": 16, "cores": 16})
     price = machine_price(prices, sixteen)
     assert price.per_hour == pytest.approx(0.64) and price.basis == "$0.04 per core-hour × 16 cores"
-    assert machine_price(prices, {"provider": "cuda", "environment": {"gpu": "H100"}}).per_hour == 2.50
+    assert machine_price(prices, Deployment("g", provider="cuda", environment={"gpu": "H100"})).per_hour == 2.50
     assert price_unit(prices) == "per core-hour and per machine-hour"
 
 
@@ -79,13 +81,13 @@ def test_parse_prices_refuses_unreadable_prices(text: str) -> None:
 
 def test_best_per_provider_picks_the_batcher_settings_with_the_highest_rate() -> None:
     rows = {r.provider: r for r in best_per_provider([CPU_B1, CPU_BATCH, GPU_BATCH], 0.025, PRICES)}
-    assert rows["cpu"].curve["name"] == "ffn-batch" and rows["cpu"].rate == 800
+    assert rows["cpu"].curve.name == "ffn-batch" and rows["cpu"].rate == 800
     assert rows["cpu"].cost == pytest.approx(0.10 / (800 * 3600) * 1e6)
     assert rows["cuda"].rate == 8000 and rows["cuda"].price.per_hour == 2.50
 
 
 def test_tensorrt_without_its_own_price_costs_what_the_cuda_machine_costs() -> None:
-    trt = {**GPU_BATCH, "provider": "tensorrt"}
+    trt = replace(GPU_BATCH, provider="tensorrt")
     (row,) = best_per_provider([trt], 0.025, PRICES)
     assert row.price.per_hour == 2.50 and row.cost == pytest.approx(2.50 / (8000 * 3600) * 1e6)
     assert best_per_provider([trt], 0.025, {**PRICES, "tensorrt": 3.0})[0].price.per_hour == 3.0
@@ -203,19 +205,19 @@ def test_an_unsaturated_maximum_shows_as_a_lower_bound_in_the_tables() -> None:
     from latlab.report.sections import slo_table
     from latlab.report.verdict import rate_text
 
-    steps = [{"target": t, "achieved_rps": t - 1, "p99_s": 0.005, "errors": 0} for t in (100, 200)]
-    curve = {
-        "name": "mlp-b1",
-        "run_id": "r",
-        "provider": "cpu",
-        "batcher": {"max_batch_size": 1},
-        "machine": {"cpu": "Test CPU"},
-        "steps": steps,
-        "saturated": False,
-    }
+    steps = [bare_step(t - 1, 0.005, target=t) for t in (100, 200)]
+    curve = Deployment(
+        name="mlp-b1",
+        run_id="r",
+        provider="cpu",
+        batcher={"max_batch_size": 1},
+        machine={"cpu": "Test CPU"},
+        steps=steps,
+        saturated=False,
+    )
     assert rate_text(curve, steps[1]) == "≥ 199 (not saturated)" and rate_text(curve, steps[0]) == "99"
     assert "<td>≥ 199 (not saturated)</td>" in slo_table([curve], [0.025])
-    assert "<td>199</td>" in slo_table([{**curve, "saturated": True}], [0.025])
+    assert "<td>199</td>" in slo_table([replace(curve, saturated=True)], [0.025])
     assert rate_text(curve, None) == "–"
 
 
@@ -227,13 +229,14 @@ def test_machines_are_named_by_what_they_are_never_by_hostname() -> None:
     here = machine.describe()
     assert "name" not in here and here["hostname"]
     assert machine.describe("h100-box")["name"] == "h100-box"
-    cpu = {
-        "provider": "cpu",
-        "machine": {"hostname": "vm", "cpu": "Intel Xeon", "cores": 16, "gpu": "NVIDIA H100"},
-        "environment": {"cpu": "Intel Xeon"},
-    }
-    gpu = {**cpu, "provider": "cuda", "environment": {"cpu": "Intel Xeon", "gpu": "NVIDIA H100 80GB HBM3"}}
+    cpu = Deployment(
+        "c",
+        provider="cpu",
+        machine={"hostname": "vm", "cpu": "Intel Xeon", "cores": 16, "gpu": "NVIDIA H100"},
+        environment={"cpu": "Intel Xeon"},
+    )
+    gpu = replace(cpu, provider="cuda", environment={"cpu": "Intel Xeon", "gpu": "NVIDIA H100 80GB HBM3"})
     assert machine_name(cpu) == "Intel Xeon" and machine_name(gpu) == "NVIDIA H100 80GB HBM3"
-    named = {**gpu, "machine": {**gpu["machine"], "name": "h100-box"}}
+    named = replace(gpu, machine={**gpu.machine, "name": "h100-box"})
     assert machine_name(named) == "h100-box"
     assert "vm" not in {machine_name(c) for c in (cpu, gpu, named)}
