@@ -24,7 +24,7 @@ from locust.runners import STATE_MISSING
 from latlab.common import procs
 from latlab.loadtest import users
 from latlab.loadtest.payloads import options_of
-from latlab.loadtest.prom import LoadGenMetrics
+from latlab.loadtest.loadgen_metrics import LoadGenMetrics
 
 if TYPE_CHECKING:
     from latlab.loadtest.sweep import SweepPlan

@@ -21,7 +21,7 @@ from latlab.common import machine
 from latlab.loadtest.confidence import DEFAULT_CONFIDENCE, decide, percentile_interval, step_confidence
 from latlab.loadtest.driver import WORKER_LAG_S, LoadDriver
 from latlab.loadtest.overload import OverloadPlan, run_overload
-from latlab.loadtest.prom import LoadGenMetrics, start_exporter
+from latlab.loadtest.loadgen_metrics import LoadGenMetrics, start_exporter
 from latlab.loadtest.recorder import MIN_SAMPLES_P99, Recorder, recovery_spans
 from latlab.loadtest.results import Deployment, Run, Step, write_results
 from latlab.loadtest.scrape import QueueWatch, average_batch, describe, fetch, scrape_batches

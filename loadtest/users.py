@@ -147,7 +147,7 @@ def _export_metrics(state: LoadState, port: int, run_id: str) -> None:
     (a master sees its workers'), keeping only the last minute of raw samples in memory."""
     from prometheus_client import CollectorRegistry
 
-    from latlab.loadtest.prom import LoadGenMetrics, start_exporter
+    from latlab.loadtest.loadgen_metrics import LoadGenMetrics, start_exporter
 
     registry = CollectorRegistry()
     metrics = LoadGenMetrics(registry, run_id)

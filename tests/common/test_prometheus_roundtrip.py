@@ -34,7 +34,7 @@ EXPORTER = textwrap.dedent("""
 
     from prometheus_client import CollectorRegistry
 
-    from latlab.loadtest.prom import LoadGenMetrics, start_exporter
+    from latlab.loadtest.loadgen_metrics import LoadGenMetrics, start_exporter
     from latlab.loadtest.results import Step
 
     port, known = int(sys.argv[1]), json.loads(open(sys.argv[2]).read())

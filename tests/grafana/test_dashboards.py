@@ -15,7 +15,7 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from latlab.loadtest.prom import LoadGenMetrics
+from latlab.loadtest.loadgen_metrics import LoadGenMetrics
 from latlab.server.config import parse_config
 from latlab.server.metrics import ServerMetrics
 from tests.grafana import shipped

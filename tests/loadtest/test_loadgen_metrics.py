@@ -1,4 +1,4 @@
-"""latlab.loadtest.prom: the generator's metrics on a fresh registry, bucket accuracy, the exporter
+"""latlab.loadtest.loadgen_metrics: the generator's metrics on a fresh registry, bucket accuracy, the exporter
 (also under gevent)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
 from latlab.common import procs
-from latlab.loadtest.prom import LATENCY_BUCKETS_S, LoadGenMetrics, start_exporter
+from latlab.loadtest.loadgen_metrics import LATENCY_BUCKETS_S, LoadGenMetrics, start_exporter
 from latlab.loadtest.results import Step
 from tests.loadtest.steps import simulated
 
@@ -189,7 +189,7 @@ GEVENT_EXPORTER = textwrap.dedent("""
     from gevent import monkey
     from prometheus_client import CollectorRegistry
 
-    from latlab.loadtest.prom import LoadGenMetrics, start_exporter
+    from latlab.loadtest.loadgen_metrics import LoadGenMetrics, start_exporter
 
     assert monkey.is_module_patched("socket") and monkey.is_module_patched("threading"), "not patched"
     registry = CollectorRegistry()
