@@ -58,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_lab(sub)
     _add_bench(sub)
     _add_doctor(sub)
+    from latlab.tune_cli import add_parser as add_tune  # light: no torch or server at parse time
+
+    add_tune(sub)
     return parser
 
 

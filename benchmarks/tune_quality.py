@@ -1,0 +1,81 @@
+"""The quick search against brute force, side by side in one run: for one model on the CPU, `latlab tune`'s quick
+search and a brute-force search measure the same space with the same probes (one server per round, an SLO search
+per configuration); prints the best rate each found, the quick search's share of the brute-force best, and how
+many configurations each measured.
+
+    .venv/bin/python benchmarks/tune_quality.py ffn --slo 25ms --models-dir models     # ~15 min on 2 cores
+
+Export the model's INT8 variant first (`latlab export ffn --d-model 128 --n-layers 128 --int8`) to search it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from latlab.cli_options import parse_slo_bound  # noqa: E402
+from latlab.lab import ensure_models  # noqa: E402
+from latlab.lab_plan import PLANS, available_cores, cpu_share  # noqa: E402
+from latlab.tune import brute_force, quick_search, share_of_best, space_for  # noqa: E402
+from latlab.tune_run import TuneJob, probe_round, variants_on_disk  # noqa: E402
+
+
+def job_for(args: argparse.Namespace, plan, share, work: Path) -> TuneJob:
+    model = plan.models[0]
+    paths = ensure_models(args.models_dir, plan)
+    variants, found = variants_on_disk(args.models_dir, model.name, paths[model.name], "cpu")
+    print(found, flush=True)
+    return TuneJob(plan, model, variants, "cpu", parse_slo_bound(args.slo), work)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("model", help="a zoo model: mlp, ffn, cnn, minilm")
+    parser.add_argument("--slo", default="25ms")
+    parser.add_argument("--models-dir", type=Path, default=Path("models"))
+    parser.add_argument("--out", type=Path, default=Path("runs") / f"tune-quality-{time.strftime('%Y%m%d-%H%M%S')}")
+    args = parser.parse_args(argv)
+    share = cpu_share(available_cores())
+    plan = replace(PLANS["quick"].only([args.model]), bench=False)
+    space = space_for("cpu", share.cpu_threads, ("fp32", "int8"))
+    quick_job = job_for(args, plan, share, args.out / "quick")
+    space = replace(space, variants=tuple(quick_job.paths))
+    print(f"{args.model} at p99 <= {args.slo}: {len(space.all())} configurations in the space", flush=True)
+    quick = quick_search(space, lambda c: probe_round(quick_job, c), budget_s=float("inf"))
+    print(f"quick: {len(quick.tried)} measured in {quick.seconds:.0f} s; best {quick.best()[0].rate:.0f} req/s "
+          f"({quick.best()[0].candidate.label()}); {quick.stopped}", flush=True)  # fmt: skip
+    full_job = job_for(args, plan, share, args.out / "brute")
+    full = brute_force(space, lambda c: probe_round(full_job, c))
+    print(f"brute force: {len(full.tried)} measured in {full.seconds:.0f} s; best {full.best()[0].rate:.0f} req/s "
+          f"({full.best()[0].candidate.label()})", flush=True)  # fmt: skip
+    quick_rank = sorted(full.tried, key=lambda t: -(t.rate or 0)).index(
+        next(t for t in full.tried if t.candidate == quick.best()[0].candidate)
+    )
+    summary = {
+        "model": args.model,
+        "slo": args.slo,
+        "space": len(space.all()),
+        "quick_measured": len(quick.tried),
+        "quick_share_of_space": len(quick.tried) / len(space.all()),
+        "quick_best_rps": quick.best()[0].rate,
+        "quick_best": quick.best()[0].candidate.label(),
+        "brute_best_rps": full.best()[0].rate,
+        "brute_best": full.best()[0].candidate.label(),
+        "quick_share_of_best": share_of_best(quick, full),
+        "quick_best_rank_in_brute_force": quick_rank + 1,
+        "quick_seconds": quick.seconds,
+        "brute_seconds": full.seconds,
+    }
+    (args.out / "quality.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+"""The configuration search behind `latlab tune`: which settings serve one model on one provider at the highest rate
+under an SLO. Pure logic over a `probe(candidates) -> rates` callable, so it is tested without a server.
+
+After Triton Model Analyzer: its brute-force search measures every configuration of a space; its quick search
+climbs from a default one notch along one setting at a time (a neighbour), keeps the best neighbour while it
+gains, and in most cases finds nearly the brute-force best while measuring a fraction of the space. Here each
+probe ranks configurations by the highest rate that meets the SLO (loadtest's SLO search, coarse); the best few
+are then measured in full by the caller. A budget in seconds stops the climb before a round it cannot afford.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterable
+
+BATCH_SIZES = (1, 4, 8, 16, 32, 64)
+DELAYS_MS = (0.0, 0.5, 2.0, 5.0)
+"""max_queue_delay_ms of a batching configuration: 0 batches what is already queued (batch size 1 waits for
+nothing)."""
+MIN_GAIN = 0.05
+"""A neighbour replaces the current configuration only when it holds this fraction more: below it, probes of
+a few seconds cannot tell the two apart and the climb would wander."""
+
+
+@dataclass(frozen=True, order=True)
+class Candidate:
+    """One serving configuration of one model on one provider: the settings that decide latency and throughput."""
+
+    variant: str = "fp32"
+    """The model's variant: "fp32" (the export), "int8" (CPU) or "fp16" (CUDA); see docs/variants.md."""
+    max_batch_size: int = 1
+    max_queue_delay_ms: float = 0.0
+    adaptive: bool = False
+    """Wait for a batch only while waiting is predicted to pay (server/latency_model.py)."""
+    instances: int = 1
+    threads: int = 1
+    """ORT intra-op threads of each instance (CPU); instances x threads is the cores the deployment takes."""
+    cuda_graphs: bool = False
+    """CUDA only: one captured graph per batch bucket."""
+
+    def label(self) -> str:
+        batching = (
+            "batching off"
+            if self.max_batch_size == 1
+            else f"batch ≤ {self.max_batch_size}, wait ≤ {self.max_queue_delay_ms:g} ms"
+            + (", adaptive" if self.adaptive else "")
+        )
+        layout = f"{self.instances} × {self.threads} thread{'s' if self.threads > 1 else ''}"
+        return f"{self.variant}, {batching}, {layout}" + (", CUDA graphs" if self.cuda_graphs else "")
+
+    def deployment(self, name: str, model_path: Path, provider: str, **extra: object) -> dict:
+        """The [[deployments]] entry serving this configuration (server.config.dumps_config writes it)."""
+        batcher = {
+            "max_batch_size": self.max_batch_size,
+            "max_queue_delay_ms": self.max_queue_delay_ms,
+            "adaptive": self.adaptive,
+            "instances": self.instances,
+        }
+        entry = {"name": name, "model_path": model_path, "provider": provider, "batcher": batcher, **extra}
+        if provider == "cpu":
+            entry["cpu"] = {"intra_op_threads": self.threads, "allow_spinning": False}
+        elif self.cuda_graphs:
+            entry["cuda"] = {"enable_cuda_graph": True}
+        return entry
+
+
+@dataclass(frozen=True)
+class Space:
+    """The values each setting may take, in order: a neighbour moves one setting one notch."""
+
+    variants: tuple[str, ...] = ("fp32",)
+    batch_sizes: tuple[int, ...] = BATCH_SIZES
+    delays_ms: tuple[float, ...] = DELAYS_MS
+    adaptive: tuple[bool, ...] = (False, True)
+    layouts: tuple[tuple[int, int], ...] = ((1, 1),)
+    """(instances, threads) pairs."""
+    cuda_graphs: tuple[bool, ...] = (False,)
+
+    def start(self) -> Candidate:
+        """Where the climb starts: the export, batching on at a middle size and wait, the first layout."""
+        size = self.batch_sizes[len(self.batch_sizes) // 2]
+        instances, threads = self.layouts[0]
+        return self.canonical(
+            Candidate(
+                self.variants[0], size, self.delays_ms[len(self.delays_ms) // 2], False, instances, threads, False
+            )
+        )
+
+    def canonical(self, c: Candidate) -> Candidate:
+        """Settings that change nothing take one value: batch size 1 has no wait, and without a wait there is
+        nothing to adapt."""
+        if c.max_batch_size == 1:
+            c = replace(c, max_queue_delay_ms=0.0)
+        return replace(c, adaptive=False) if c.max_queue_delay_ms == 0 else c
+
+    def neighbours(self, c: Candidate) -> list[Candidate]:
+        """Every configuration that changes one setting of `c`: one notch along an ordered one (batch size, wait),
+        any other value of a choice (variant, adaptive, core split, CUDA graphs). Canonical, without `c`."""
+        found = []
+        for axis, values, ordered in self._axes():
+            k = values.index(_value(c, axis))
+            others = [j for j in (k - 1, k + 1) if 0 <= j < len(values)] if ordered else range(len(values))
+            found += [self.canonical(_set(c, axis, values[j])) for j in others]
+        return sorted({n for n in found if n != c})
+
+    def all(self) -> list[Candidate]:
+        """Every configuration of the space once (what a brute-force search measures)."""
+        found = {self.start()}
+        frontier = [self.start()]
+        while frontier:
+            nxt = [n for c in frontier for n in self.neighbours(c) if n not in found]
+            found.update(nxt)
+            frontier = nxt
+        return sorted(found)
+
+    def _axes(self) -> list[tuple[str, tuple, bool]]:
+        """(setting, its values, whether they are ordered)."""
+        return [
+            ("variant", self.variants, False),
+            ("max_batch_size", self.batch_sizes, True),
+            ("max_queue_delay_ms", self.delays_ms, True),
+            ("adaptive", self.adaptive, False),
+            ("layout", self.layouts, False),
+            ("cuda_graphs", self.cuda_graphs, False),
+        ]
+
+
+def _value(c: Candidate, axis: str) -> object:
+    return (c.instances, c.threads) if axis == "layout" else getattr(c, axis)
+
+
+def _set(c: Candidate, axis: str, value: object) -> Candidate:
+    if axis == "layout":
+        instances, threads = value  # type: ignore[misc]
+        return replace(c, instances=instances, threads=threads)
+    return replace(c, **{axis: value})
+
+
+def layouts_for(cores: int) -> tuple[tuple[int, int], ...]:
+    """How `cores` split into instances x threads: one instance on all of them first, then more instances of
+    fewer threads (every split that uses all the cores)."""
+    return tuple((cores // t, t) for t in range(cores, 0, -1) if cores % t == 0)
+
+
+def space_for(provider: str, cores: int, variants: Iterable[str] = ("fp32",)) -> Space:
+    """The space `latlab tune` searches on a provider: variants it may serve, batching, the CPU's core splits
+    (cores = the ORT threads the CPU deployment may take), CUDA graphs on a GPU."""
+    variants = tuple(variants)
+    if provider == "cpu":
+        return Space(variants=variants, layouts=layouts_for(max(1, cores)))
+    return Space(variants=variants, layouts=((1, 1), (2, 1)), cuda_graphs=(False, True))
+
+
+@dataclass
+class Tried:
+    """One configuration as the search measured it."""
+
+    candidate: Candidate
+    rate: float | None
+    """The highest rate (req/s) that met the SLO in its probe; None where none did."""
+    how: str = "probe"
+    """"probe" (short, to rank) or "sweep" (measured in full by the caller)."""
+    round: int = 0
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "candidate": asdict(self.candidate), "label": self.candidate.label()}
+
+
+@dataclass
+class SearchLog:
+    """What a search tried, in order, and why it stopped."""
+
+    tried: list[Tried] = field(default_factory=list)
+    stopped: str = ""
+    seconds: float = 0.0
+
+    def best(self, n: int = 1) -> list[Tried]:
+        """The n highest rates, ties to the cheaper configuration (fewer cores, smaller batches)."""
+        ranked = sorted(self.tried, key=lambda t: (-(t.rate or 0.0), _cost(t.candidate)))
+        return ranked[:n]
+
+    def rate_of(self, c: Candidate) -> float | None:
+        return next((t.rate for t in self.tried if t.candidate == c), None)
+
+
+def _cost(c: Candidate) -> tuple:
+    return (c.instances * c.threads, c.max_batch_size, c.max_queue_delay_ms, c.adaptive, c.variant)
+
+
+Probe = Callable[[list[Candidate]], list[float | None]]
+"""Measures each candidate of a round (one server serving them all); the rates, in order."""
+
+
+def quick_search(
+    space: Space, probe: Probe, budget_s: float, clock: Callable[[], float] = time.monotonic, min_gain: float = MIN_GAIN
+) -> SearchLog:
+    """Climb from space.start(): probe every neighbour of the current configuration not measured yet, move to the
+    best configuration measured when it holds min_gain more than the current one, stop at a top (no neighbour
+    gains) or when the budget cannot pay for one more probe (a probe's cost: the mean so far). A round the budget
+    cannot pay for in full is cut short, and the log says so."""
+    log, began = SearchLog(), clock()
+    current, pending, round_ = space.start(), [space.start()], 0
+    while pending:
+        if log.tried and math.isfinite(budget_s):
+            spent = clock() - began
+            affordable = int(max(0.0, budget_s - spent) // max(spent / len(log.tried), 1e-9))
+            if affordable < len(pending):
+                log.stopped = f"the budget ({budget_s:g} s): {len(pending) - affordable} neighbours left unmeasured"
+                pending = pending[:affordable]
+                if not pending:
+                    break
+        log.tried += [Tried(c, r, round=round_) for c, r in zip(pending, probe(pending))]
+        if log.stopped:
+            break
+        best = log.best()[0]
+        if round_ > 0 and not (best.rate or 0.0) > (log.rate_of(current) or 0.0) * (1 + min_gain):
+            log.stopped = f"a top: no configuration measured holds {min_gain:.0%} more than {current.label()}"
+            break
+        current = best.candidate if round_ > 0 else current
+        round_ += 1
+        measured = {t.candidate for t in log.tried}
+        pending = [n for n in space.neighbours(current) if n not in measured]
+        if not pending:
+            log.stopped = f"a top: every neighbour of {current.label()} is measured"
+    log.seconds = clock() - began
+    return log
+
+
+def brute_force(space: Space, probe: Probe, per_round: int = 8) -> SearchLog:
+    """Every configuration of the space, `per_round` at a time (what the quick search is judged against)."""
+    log, began = SearchLog(), time.monotonic()
+    everything = space.all()
+    for k in range(0, len(everything), per_round):
+        chunk = everything[k : k + per_round]
+        log.tried += [Tried(c, r, round=k // per_round) for c, r in zip(chunk, probe(chunk))]
+    log.stopped = f"all {len(everything)} configurations"
+    log.seconds = time.monotonic() - began
+    return log
+
+
+def share_of_best(quick: SearchLog, full: SearchLog) -> float:
+    """The quick search's best rate as a fraction of the brute-force best (1.0 when both found none)."""
+    a, b = (quick.best()[0].rate or 0.0) if quick.tried else 0.0, (full.best()[0].rate or 0.0) if full.tried else 0.0
+    return 1.0 if b == 0 else a / b if math.isfinite(a / b) else 0.0

@@ -1,0 +1,116 @@
+"""`latlab tune`: the configuration search for one model on one provider under one SLO; prints every configuration
+it measured and the best as a [[deployments]] block to paste into a serving config."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from latlab.cli_options import UserError, parse_slo_bound
+
+DEFAULT_MINUTES = 5.0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    tune = sub.add_parser(
+        "tune",
+        help="search the serving settings of one model on one provider for the highest rate under an SLO",
+        description="Search the serving settings of one model on one provider (variant, batching, CPU core split) "
+        "for the highest rate that meets a p99 bound; print every configuration measured and the best as a "
+        "[[deployments]] block to paste into a serving config.",
+    )
+    tune.add_argument("zoo", nargs="?", metavar="MODEL", help="a zoo model (mlp, ffn, cnn, minilm), exported if needed")
+    tune.add_argument("--onnx", type=Path, metavar="FILE", help="your own ONNX file instead, served as it is")
+    tune.add_argument("--model", metavar="NAME", dest="exported", help="a model exported before: --models-dir/NAME")
+    tune.add_argument("--name", help="what to call your model (default: the file's name)")
+    tune.add_argument("--inputs", type=Path, metavar="FILE.npz", help="real inputs to send, as `latlab lab --inputs`")
+    tune.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE", help="as `latlab lab --dim`")
+    tune.add_argument("--provider", default="cpu", help="cpu (default) or cuda")
+    tune.add_argument("--slo", default="50ms", help="the p99 bound to rank by, e.g. 50ms (default)")
+    tune.add_argument(
+        "--search-minutes",
+        type=float,
+        default=DEFAULT_MINUTES,
+        help=f"stop the search before a probe this budget cannot pay for (default {DEFAULT_MINUTES:g})",
+    )
+    tune.add_argument(
+        "--cores",
+        type=int,
+        help="CPU: the ORT threads the deployment may take, split between instances and threads "
+        "(default: this machine's fair share, as the lab gives its CPU deployments)",
+    )
+    tune.add_argument("--models-dir", type=Path, default=Path("models"))
+    tune.add_argument("--out", type=Path, help="where the rounds and tune.json go (default: runs/tune-<time>)")
+    tune.set_defaults(func=cmd_tune)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from latlab.lab import ensure_models
+    from latlab.lab_plan import PLANS, available_cores, cpu_share
+    from latlab.tune import space_for
+    from latlab.tune_run import TuneJob, best_block, run_tune, variants_on_disk
+
+    slo_s = parse_slo_bound(args.slo)
+    if args.provider not in ("cpu", "cuda"):
+        raise UserError(f"--provider {args.provider!r}: tune searches cpu or cuda")
+    if not args.search_minutes > 0:
+        raise UserError(f"--search-minutes must be positive, got {args.search_minutes:g}")
+    share = cpu_share(available_cores(), args.cores)
+    plan = _plan(args, PLANS["quick"], share)
+    model = plan.models[0]
+    paths = ensure_models(args.models_dir, plan)
+    variants, found = variants_on_disk(args.models_dir, model.name, paths[model.name], args.provider)
+    space = space_for(args.provider, share.cpu_threads, variants)
+    out = args.out or Path("runs") / f"tune-{model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    job = TuneJob(plan, model, variants, args.provider, slo_s, out)
+    print(
+        f"tune {model.name} on {args.provider} at p99 <= {slo_s * 1e3:g} ms; {found}; "
+        f"{len(space.all())} configurations in the space, a budget of {args.search_minutes:g} min"
+        + (
+            f"; instances x threads over {share.cpu_threads} core{'s' * (share.cpu_threads > 1)}"
+            if args.provider == "cpu"
+            else ""
+        )
+    )
+    log = run_tune(job, space, args.search_minutes * 60)
+    print(f"\n{'rate under SLO':>15}  configuration (round)")
+    for tried in sorted(log.tried, key=lambda t: -(t.rate or 0.0)):
+        rate = f"{tried.rate:.0f} req/s" if tried.rate else "none"
+        print(f"{rate:>15}  {tried.candidate.label()} ({tried.round})")
+    print(f"\n{len(log.tried)} of {len(space.all())} configurations measured in {log.seconds:.0f} s; {log.stopped}")
+    (best,) = log.best()
+    if not best.rate:
+        print(f"no configuration met p99 <= {slo_s * 1e3:g} ms: nothing to recommend (rounds: {out})")
+        return 1
+    block = best_block(job, best.candidate)
+    (out / "best.toml").write_text(block)
+    print(f"best: {best.candidate.label()}, {best.rate:.0f} req/s (probe resolution 20%); paste into your config:\n")
+    print(block)
+    return 0
+
+
+def _plan(args: argparse.Namespace, quick, share):
+    """The quick plan of the one model: a zoo model by name, or the user's as `latlab lab --onnx` plans it."""
+    own = args.onnx is not None or args.exported is not None
+    if own == (args.zoo is not None):
+        raise UserError("name one model: a zoo model (latlab tune ffn), --onnx FILE or --model NAME")
+    if not own:
+        try:
+            return replace(quick.only([args.zoo]), providers=(args.provider,), bench=False)
+        except ValueError as exc:
+            raise UserError(str(exc).replace("--models", "MODEL")) from None
+    from latlab.lab_user import UserModel, plan_user_model
+
+    user = UserModel(
+        onnx=args.onnx,
+        module=None,
+        exported=args.exported,
+        name=args.name,
+        dims=tuple(args.dim),
+        inputs=args.inputs,
+        providers=args.provider,
+        rates=None,
+    )
+    return plan_user_model(quick, user, args.models_dir, share)

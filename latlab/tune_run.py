@@ -1,0 +1,181 @@
+"""`latlab tune` on a real server: each round of the search (latlab/tune.py) is one server serving every candidate
+of the round as its own deployment, and one `latlab loadtest --slo` whose SLO search finds, per deployment, the
+highest rate that meets the bound (coarse: the probes rank, they do not report). Deployments idle while another
+is measured cost no CPU, so candidates of a round do not disturb each other's figures."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from latlab.common import procs
+from latlab.lab import samples_path, write_samples
+from latlab.lab_plan import LabPlan, ModelPlan
+from latlab.loadtest.results import read_results
+from latlab.server.config import dumps_config, save_config
+from latlab.tune import Candidate, SearchLog, Space, quick_search
+
+PROBE_RESOLUTION = 0.2
+"""The SLO search of a probe stops once its bracket is this narrow: enough to rank, a few steps each."""
+VARIANT_SUFFIX = {"int8": "-int8", "fp16": "-fp16"}
+"""Where a variant of models/<name>/ lies: models/<name>-int8/ (docs/variants.md)."""
+
+
+@dataclass
+class TuneJob:
+    """One model on one provider under one SLO, and where the search writes its rounds."""
+
+    plan: LabPlan
+    """The lab plan of the one model (its step timing; the model's rates, request encoding and samples)."""
+    model: ModelPlan
+    paths: dict[str, Path]
+    """The model's file per variant ("fp32" always)."""
+    provider: str
+    slo_s: float
+    work: Path
+    rounds: list[dict] = field(default_factory=list)
+    start_rate: float = 0.0
+
+    def deployment_name(self, k: int) -> str:
+        return f"{self.model.name}-tune-{k}"
+
+
+def variants_on_disk(models_dir: Path, name: str, fp32: Path, provider: str) -> tuple[dict[str, Path], str]:
+    """The model's variants for this provider that were made from this very export: INT8 on the CPU, FP16 on
+    CUDA (`latlab export NAME --int8 / --fp16`, which refuses one that loses more accuracy than allowed); and a
+    line saying what was found or why a variant on disk is not used."""
+    from latlab.export.onnx_export import load_metadata
+
+    paths = {"fp32": fp32}
+    wanted = "int8" if provider == "cpu" else "fp16"
+    folder = models_dir / f"{name}{VARIANT_SUFFIX[wanted]}"
+    if not (folder / "model.onnx").is_file():
+        return paths, f"no {wanted} variant ({folder} is absent: `latlab export {name} --{wanted}` makes one)"
+    try:
+        made_from = {k: v for k, v in load_metadata(folder).get("config", {}).items() if k != wanted}
+        export = load_metadata(fp32.parent).get("config")
+    except FileNotFoundError:
+        made_from, export = None, None
+    if made_from is None or made_from != export:
+        return paths, f"the {wanted} variant in {folder} was not made from {fp32} (its metadata differs): not used"
+    paths[wanted] = (folder / "model.onnx").resolve()
+    return paths, f"{wanted} variant: {paths[wanted]}"
+
+
+def round_config(job: TuneJob, candidates: list[Candidate], port: int) -> dict:
+    """The server config of one round: every candidate as a deployment of its own."""
+    deployments = [
+        c.deployment(job.deployment_name(k), job.paths[c.variant], job.provider, model=job.model.name)
+        for k, c in enumerate(candidates)
+    ]
+    return {"server": {"host": "127.0.0.1", "port": port}, "deployments": deployments}
+
+
+def probe_round(job: TuneJob, candidates: list[Candidate]) -> list[float | None]:
+    """Serve the round's candidates and return each one's highest rate under the SLO (None: none met it)."""
+    k = len(job.rounds)
+    folder = job.work / f"round-{k}"
+    folder.mkdir(parents=True, exist_ok=True)
+    port, observer_port = procs.free_port(), procs.free_port()
+    config = save_config(round_config(job, candidates, port), folder / "server.toml")
+    host = f"http://127.0.0.1:{port}"
+    started = time.monotonic()
+    server = procs.start(
+        [sys.executable, "-m", "latlab.cli", "serve", "--config", str(config), "--metrics-port", str(observer_port)],
+        log_path=folder / "server.log",
+    )
+    try:
+        procs.wait_ready(f"{host}/v2/health/ready", server, timeout_s=300, log_path=folder / "server.log")
+        child = procs.start(probe_args(job, host, folder, len(candidates)), log_path=folder / "loadtest.log")
+        try:
+            if child.wait() != 0:
+                raise RuntimeError(f"the probes of round {k} failed: see {folder / 'loadtest.log'}")
+        finally:
+            procs.stop(child)
+    finally:
+        procs.stop(server)
+    (run,) = read_results(folder)
+    found = {d.name: (d.search or {}).get("rate") for d in run.deployments}
+    rates = [found.get(job.deployment_name(i)) for i in range(len(candidates))]
+    job.rounds.append(
+        {
+            "round": k,
+            "seconds": time.monotonic() - started,
+            "candidates": [c.label() for c in candidates],
+            "rates": rates,
+        }
+    )
+    held = [r for r in rates if r]
+    if held:
+        job.start_rate = max(held)  # the next round's probes start near the best so far
+    return rates
+
+
+def probe_args(job: TuneJob, host: str, folder: Path, count: int) -> list[str]:
+    """`latlab loadtest --slo` over the round's deployments: an SLO search each, from the best rate so far."""
+    plan, model = job.plan, job.model
+    start = job.start_rate or model.rates[0]
+    args = [
+        sys.executable,
+        "-m",
+        "latlab.cli",
+        "loadtest",
+        "--host",
+        host,
+        "--out",
+        str(folder),
+        "--rates",
+        f"{start:g}",
+        "--slo",
+        f"p99={job.slo_s * 1e3:g}ms",
+        "--resolution",
+        f"{PROBE_RESOLUTION:g}",
+        "--confidence",
+        f"{plan.confidence:g}",
+        "--step-seconds",
+        str(plan.step_seconds),
+        "--max-windows",
+        str(plan.max_windows),
+        "--warmup-seconds",
+        str(plan.warmup_seconds),
+        "--seq-len",
+        str(model.seq_len),
+        *(["--binary"] if model.binary else []),
+        *(["--inputs", str(samples_path(job.work, model))] if model.samples is not None else []),
+    ]
+    for k in range(count):
+        args += ["--deployment", job.deployment_name(k)]
+    return args
+
+
+def run_tune(job: TuneJob, space: Space, budget_s: float) -> SearchLog:
+    """The quick search over `space` with real probes; writes tune.json (every round, every configuration tried)."""
+    job.work.mkdir(parents=True, exist_ok=True)
+    write_samples(job.work, job.plan)
+    log = quick_search(space, lambda candidates: probe_round(job, candidates), budget_s)
+    (job.work / "tune.json").write_text(json.dumps(tune_record(job, log), indent=2) + "\n")
+    return log
+
+
+def tune_record(job: TuneJob, log: SearchLog) -> dict:
+    return {
+        "model": job.model.name,
+        "provider": job.provider,
+        "slo_p99_s": job.slo_s,
+        "variants": {k: str(v) for k, v in job.paths.items()},
+        "stopped": log.stopped,
+        "seconds": log.seconds,
+        "tried": [t.as_dict() for t in log.tried],
+        "rounds": job.rounds,
+    }
+
+
+def best_block(job: TuneJob, best: Candidate) -> str:
+    """The best configuration as a [[deployments]] TOML block to paste into a serving config."""
+    entry = best.deployment(
+        f"{job.model.name}-{job.provider}", job.paths[best.variant], job.provider, model=job.model.name
+    )
+    return dumps_config({"deployments": [entry]})

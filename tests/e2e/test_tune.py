@@ -1,0 +1,69 @@
+"""`latlab tune` end to end on the user's own ONNX file: real servers (one per round), real SLO searches, the best
+configuration printed as a block that loads as a serving config, every process stopped; and its bad input."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import psutil
+import pytest
+
+from latlab import cli
+from latlab.lab_plan import PLANS
+from latlab.server.config import load_config
+from tests.e2e.test_lab_user import scorer
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def short_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Probes of short steps: a test of the path, not a measurement."""
+    monkeypatch.setitem(PLANS, "quick", replace(PLANS["quick"], step_seconds=0.5, warmup_seconds=0.3, max_windows=3))
+
+
+def test_tune_an_onnx_file_prints_a_config_block_that_loads(tmp_path: Path, short_probes: None, capsys) -> None:
+    model = scorer(tmp_path / "scorer.onnx")
+    out = tmp_path / "tune"
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    status = cli.main(
+        ["tune", "--onnx", str(model), "--slo", "20ms", "--search-minutes", "0.75", "--cores", "1"]
+        + ["--models-dir", str(tmp_path / "models"), "--out", str(out)]
+    )
+    printed = capsys.readouterr().out
+    assert status == 0, printed
+    assert not {p.pid for p in psutil.Process().children(recursive=True)} - before, "tune left processes running"
+    record = json.loads((out / "tune.json").read_text())
+    assert record["model"] == "scorer" and record["provider"] == "cpu" and record["slo_p99_s"] == 0.02
+    tried = record["tried"]
+    assert tried and tried[0]["round"] == 0 and all(t["rate"] is None or t["rate"] > 0 for t in tried)
+    assert record["stopped"].startswith(("the budget", "a top"))
+    assert len(record["rounds"]) == len({t["round"] for t in tried})
+    best = max(tried, key=lambda t: t["rate"] or 0)
+    assert f"best: {best['label']}, {best['rate']:.0f} req/s" in printed
+    block = printed[printed.index("[[deployments]]") :]
+    assert block == (out / "best.toml").read_text() + "\n"
+    (served,) = load_config(out / "best.toml").deployments
+    assert served.name == "scorer-cpu" and served.model_path == model.resolve()
+    assert served.batcher.max_batch_size == best["candidate"]["max_batch_size"]
+    assert served.cpu.intra_op_threads * served.batcher.instances == 1  # --cores 1
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        ([], "name one model"),
+        (["ffn", "--onnx", "x.onnx"], "name one model"),
+        (["ffn", "--provider", "tpu"], "--provider 'tpu'"),
+        (["ffn", "--slo", "fast"], "--slo"),
+        (["ffn", "--search-minutes", "0"], "--search-minutes must be positive"),
+        (["resnet"], "MODEL: resnet not in this plan"),
+    ],
+)
+def test_tune_refuses_bad_input_in_one_line(tmp_path: Path, capsys, args: list[str], says: str) -> None:
+    status = cli.main(["tune", *args, "--models-dir", str(tmp_path / "models"), "--out", str(tmp_path / "t")])
+    err = capsys.readouterr().err
+    assert status == 2 and says in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "t").exists() and not (tmp_path / "models").exists()

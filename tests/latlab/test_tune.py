@@ -1,0 +1,120 @@
+"""latlab.tune: the configuration space, the quick search against configurations of known capacity, and its budget.
+The probe here returns each configuration's known rate; the real probe (a server per round) is tested end to end in
+tests/e2e/test_tune.py."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from latlab.server.config import dumps_config, load_config
+from latlab.tune import Candidate, Space, brute_force, layouts_for, quick_search, share_of_best, space_for
+
+
+def held(c: Candidate) -> float:
+    """A served rate under an SLO with the shape a real one has: batching pays until a batch's run and wait no
+    longer fit the bound, INT8 runs rows faster, more instances of fewer threads scale better than threads."""
+    per_row_ms = {"fp32": 1.0, "int8": 0.45}[c.variant] / c.threads**0.8
+    batch_ms = per_row_ms * (2 + c.max_batch_size)
+    capacity = c.instances * c.max_batch_size / batch_ms * 1e3
+    latency_ms = 2 * batch_ms + c.max_queue_delay_ms
+    return capacity * min(1.0, 20 / latency_ms) * (1.03 if c.adaptive else 1.0)
+
+
+class Clock:
+    """Probes cost `per_probe` seconds each on this clock: the budget is checked without sleeping."""
+
+    def __init__(self, per_probe: float) -> None:
+        self.now, self.per_probe, self.probes = 0.0, per_probe, 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def probe(self, candidates: list[Candidate]) -> list[float]:
+        self.now += self.per_probe * len(candidates)
+        self.probes += len(candidates)
+        return [held(c) for c in candidates]
+
+
+def test_settings_that_change_nothing_take_one_value():
+    space = space_for("cpu", 2, ("fp32", "int8"))
+    everything = space.all()
+    assert len(everything) == len(set(everything))
+    for c in everything:
+        if c.max_batch_size == 1:
+            assert c.max_queue_delay_ms == 0 and not c.adaptive
+        if c.max_queue_delay_ms == 0:
+            assert not c.adaptive
+    # per variant and core split: batch 1, and per larger size a wait of 0 (no adaptive) or one of 3 waits x adaptive
+    per_layout = 1 + (len(space.batch_sizes) - 1) * (1 + (len(space.delays_ms) - 1) * 2)
+    assert len(everything) == 2 * len(layouts_for(2)) * per_layout
+    assert layouts_for(4) == ((1, 4), (2, 2), (4, 1)) and layouts_for(1) == ((1, 1),)
+
+
+def test_a_neighbour_changes_one_setting_one_notch_or_one_choice():
+    space = space_for("cpu", 4, ("fp32", "int8"))
+    c = Candidate("fp32", 16, 2.0, True, 1, 4)
+    found = space.neighbours(c)
+    assert c not in found
+    assert replace(c, max_batch_size=8) in found and replace(c, max_batch_size=32) in found
+    assert replace(c, max_batch_size=64) not in found  # two notches away
+    assert replace(c, instances=4, threads=1) in found  # any other core split
+    assert replace(c, variant="int8") in found and replace(c, adaptive=False) in found
+    for n in found:
+        changed = [
+            k for k in ("variant", "max_batch_size", "max_queue_delay_ms", "adaptive") if getattr(n, k) != getattr(c, k)
+        ]
+        split = (n.instances, n.threads) != (c.instances, c.threads)
+        assert len(changed) + split == 1 or (
+            changed == ["max_queue_delay_ms", "adaptive"] and n.max_queue_delay_ms == 0
+        )
+
+
+@pytest.mark.parametrize("variants", [("fp32",), ("fp32", "int8")])
+def test_the_quick_search_finds_nearly_the_best_of_a_third_of_the_space(variants):
+    space = space_for("cpu", 2, variants)
+    clock = Clock(per_probe=10.0)
+    quick = quick_search(space, clock.probe, budget_s=float("inf"), clock=clock)
+    full = brute_force(space, lambda candidates: [held(c) for c in candidates])
+    assert len(full.tried) == len(space.all())
+    assert full.best()[0].rate == max(held(c) for c in space.all())  # brute force ranks by the known rates
+    assert share_of_best(quick, full) >= 0.9
+    assert len(quick.tried) <= len(space.all()) / 3, (len(quick.tried), len(space.all()))
+    assert quick.stopped.startswith("a top")
+    assert quick.best()[0].rate == max(t.rate for t in quick.tried)
+
+
+def test_the_best_is_the_cheaper_of_equal_rates():
+    space = Space(batch_sizes=(1, 8), delays_ms=(0.0, 2.0), layouts=((1, 2), (2, 1)))
+    flat = quick_search(space, lambda candidates: [100.0] * len(candidates), budget_s=1e9)
+    best = flat.best()[0].candidate
+    assert best.max_batch_size == 1 and best.instances * best.threads == 2
+
+
+def test_the_budget_is_held_and_said():
+    space = space_for("cpu", 2, ("fp32", "int8"))
+    clock = Clock(per_probe=10.0)
+    log = quick_search(space, clock.probe, budget_s=55.0, clock=clock)
+    assert clock.now <= 55.0 and clock.probes == len(log.tried) == 5  # the start, then 4 of its neighbours
+    assert log.stopped.startswith("the budget (55 s)")
+    assert log.best()[0].rate == max(held(t.candidate) for t in log.tried)
+    clock = Clock(per_probe=10.0)
+    tiny = quick_search(space, clock.probe, budget_s=1.0, clock=clock)
+    assert len(tiny.tried) == 1  # the start is always measured: a search that measured nothing says nothing
+
+
+def test_a_configuration_is_a_deployment_the_server_reads(tmp_path, tiny_model):
+    c = Candidate("fp32", 16, 2.0, True, 2, 1)
+    path = tmp_path / "serving.toml"
+    path.write_text(dumps_config({"deployments": [c.deployment("m-cpu", tiny_model, "cpu", model="m")]}))
+    (deployment,) = load_config(path).deployments
+    assert (deployment.name, deployment.provider, deployment.model_path) == ("m-cpu", "cpu", tiny_model)
+    batcher = deployment.batcher
+    assert (batcher.max_batch_size, batcher.max_queue_delay_ms, batcher.adaptive, batcher.instances) == (
+        16,
+        2.0,
+        True,
+        2,
+    )
+    assert deployment.cpu.intra_op_threads == 1 and not deployment.cpu.allow_spinning
