@@ -49,8 +49,9 @@ def main(argv: list[str] | None = None) -> None:
     space = replace(space, variants=tuple(quick_job.paths))
     print(f"{args.model} at p99 <= {args.slo}: {len(space.all())} configurations in the space", flush=True)
     quick = quick_search(space, lambda c: probe_round(quick_job, c), budget_s=float("inf"))
-    print(f"quick: {len(quick.tried)} measured in {quick.seconds:.0f} s; best {quick.best()[0].rate:.0f} req/s "
-          f"({quick.best()[0].candidate.label()}); {quick.stopped}", flush=True)  # fmt: skip
+    (chosen,) = quick.best()
+    print(f"quick: {len(quick.configurations())} measured in {quick.seconds:.0f} s; best {chosen.rate:.0f} req/s "
+          f"({chosen.candidate.label()}); {quick.stopped}", flush=True)  # fmt: skip
     full_job = job_for(args, plan, share, args.out / "brute")
     full = brute_force(space, lambda c: probe_round(full_job, c))
     print(f"brute force: {len(full.tried)} measured in {full.seconds:.0f} s; best {full.best()[0].rate:.0f} req/s "
@@ -62,12 +63,14 @@ def main(argv: list[str] | None = None) -> None:
         "model": args.model,
         "slo": args.slo,
         "space": len(space.all()),
-        "quick_measured": len(quick.tried),
-        "quick_share_of_space": len(quick.tried) / len(space.all()),
+        "quick_measured": len(quick.configurations()),
+        "quick_probes": len(quick.tried),
+        "quick_share_of_space": len(quick.configurations()) / len(space.all()),
         "quick_best_rps": quick.best()[0].rate,
         "quick_best": quick.best()[0].candidate.label(),
         "brute_best_rps": full.best()[0].rate,
         "brute_best": full.best()[0].candidate.label(),
+        "quick_best_rps_in_brute_force": full.rate_of(quick.best()[0].candidate),
         "quick_share_of_best": share_of_best(quick, full),
         "quick_best_rank_in_brute_force": quick_rank + 1,
         "quick_seconds": quick.seconds,

@@ -51,19 +51,22 @@ class Candidate:
         layout = f"{self.instances} × {self.threads} thread{'s' if self.threads > 1 else ''}"
         return f"{self.variant}, {batching}, {layout}" + (", CUDA graphs" if self.cuda_graphs else "")
 
-    def deployment(self, name: str, model_path: Path, provider: str, **extra: object) -> dict:
-        """The [[deployments]] entry serving this configuration (server.config.dumps_config writes it)."""
+    def deployment(self, name: str, model_path: Path, provider: str, base: dict | None = None) -> dict:
+        """The [[deployments]] entry serving this configuration (server.config.dumps_config writes it): `base`
+        (a deployment table of the user's config, say) with the searched settings over it."""
+        base = base or {}
         batcher = {
+            **base.get("batcher", {}),
             "max_batch_size": self.max_batch_size,
             "max_queue_delay_ms": self.max_queue_delay_ms,
             "adaptive": self.adaptive,
             "instances": self.instances,
         }
-        entry = {"name": name, "model_path": model_path, "provider": provider, "batcher": batcher, **extra}
+        entry = {**base, "name": name, "model_path": model_path, "provider": provider, "batcher": batcher}
         if provider == "cpu":
-            entry["cpu"] = {"intra_op_threads": self.threads, "allow_spinning": False}
-        elif self.cuda_graphs:
-            entry["cuda"] = {"enable_cuda_graph": True}
+            entry["cpu"] = {"allow_spinning": False, **base.get("cpu", {}), "intra_op_threads": self.threads}
+        else:
+            entry["cuda"] = {**base.get("cuda", {}), "enable_cuda_graph": self.cuda_graphs}
         return entry
 
 
@@ -78,9 +81,26 @@ class Space:
     layouts: tuple[tuple[int, int], ...] = ((1, 1),)
     """(instances, threads) pairs."""
     cuda_graphs: tuple[bool, ...] = (False,)
+    begin: Candidate | None = None
+    """Where the climb starts (a config's current settings), instead of the middle of the space."""
+
+    def starting_at(self, c: Candidate) -> Space:
+        """The space with `c` as its start, each of c's values added to its setting's values."""
+        return replace(
+            self,
+            variants=_with(self.variants, c.variant, ordered=False),
+            batch_sizes=_with(self.batch_sizes, c.max_batch_size),
+            delays_ms=_with(self.delays_ms, c.max_queue_delay_ms),
+            layouts=_with(self.layouts, (c.instances, c.threads), ordered=False),
+            cuda_graphs=_with(self.cuda_graphs, c.cuda_graphs, ordered=False),
+            begin=self.canonical(c),
+        )
 
     def start(self) -> Candidate:
-        """Where the climb starts: the export, batching on at a middle size and wait, the first layout."""
+        """Where the climb starts: `begin`, else the export, batching on at a middle size and wait, the first
+        layout."""
+        if self.begin is not None:
+            return self.begin
         size = self.batch_sizes[len(self.batch_sizes) // 2]
         instances, threads = self.layouts[0]
         return self.canonical(
@@ -126,6 +146,12 @@ class Space:
             ("layout", self.layouts, False),
             ("cuda_graphs", self.cuda_graphs, False),
         ]
+
+
+def _with(values: tuple, value: object, ordered: bool = True) -> tuple:
+    if value in values:
+        return values
+    return tuple(sorted((*values, value))) if ordered else (*values, value)
 
 
 def _value(c: Candidate, axis: str) -> object:
@@ -179,12 +205,23 @@ class SearchLog:
     seconds: float = 0.0
 
     def best(self, n: int = 1) -> list[Tried]:
-        """The n highest rates, ties to the cheaper configuration (fewer cores, smaller batches)."""
-        ranked = sorted(self.tried, key=lambda t: (-(t.rate or 0.0), _cost(t.candidate)))
-        return ranked[:n]
+        """The n configurations of the highest rates, each the mean of its probes; ties to the cheaper one
+        (fewer cores, smaller batches, shorter waits)."""
+        return sorted(self.configurations(), key=lambda t: (-(t.rate or 0.0), _cost(t.candidate)))[:n]
+
+    def configurations(self) -> list[Tried]:
+        """Each configuration measured, once: its mean rate over its probes (a configuration the climb stood on is
+        probed again beside its neighbours), its last round, and how many probes in `note`."""
+        found: dict[Candidate, list[Tried]] = {}
+        for t in self.tried:
+            found.setdefault(t.candidate, []).append(t)
+        return [
+            Tried(c, sum(t.rate or 0.0 for t in ts) / len(ts) or None, ts[-1].how, ts[-1].round, f"{len(ts)} probes")
+            for c, ts in found.items()
+        ]
 
     def rate_of(self, c: Candidate) -> float | None:
-        return next((t.rate for t in self.tried if t.candidate == c), None)
+        return next((t.rate for t in self.configurations() if t.candidate == c), None)
 
 
 def _cost(c: Candidate) -> tuple:
@@ -198,10 +235,11 @@ Probe = Callable[[list[Candidate]], list[float | None]]
 def quick_search(
     space: Space, probe: Probe, budget_s: float, clock: Callable[[], float] = time.monotonic, min_gain: float = MIN_GAIN
 ) -> SearchLog:
-    """Climb from space.start(): probe every neighbour of the current configuration not measured yet, move to the
-    best configuration measured when it holds min_gain more than the current one, stop at a top (no neighbour
-    gains) or when the budget cannot pay for one more probe (a probe's cost: the mean so far). A round the budget
-    cannot pay for in full is cut short, and the log says so."""
+    """Climb from space.start(): measure it, then in each round the current configuration again beside every
+    neighbour not measured yet, and move to the round's best when it held min_gain more than the current one did
+    in the same round (side by side: a lucky earlier probe of the current one cannot stop the climb). Stop at a
+    top, or when the budget cannot pay for the round (a probe's cost: the mean so far); a round the budget pays
+    for only in part is cut short, and the log says so."""
     log, began = SearchLog(), clock()
     current, pending, round_ = space.start(), [space.start()], 0
     while pending:
@@ -209,23 +247,27 @@ def quick_search(
             spent = clock() - began
             affordable = int(max(0.0, budget_s - spent) // max(spent / len(log.tried), 1e-9))
             if affordable < len(pending):
-                log.stopped = f"the budget ({budget_s:g} s): {len(pending) - affordable} neighbours left unmeasured"
+                log.stopped = f"the budget ({budget_s:g} s): {len(pending) - affordable} of a round left unmeasured"
                 pending = pending[:affordable]
-                if not pending:
+                if len(pending) < 2:  # the current one alone: nothing new to compare
                     break
-        log.tried += [Tried(c, r, round=round_) for c, r in zip(pending, probe(pending))]
+        rates = probe(pending)
+        log.tried += [Tried(c, r, round=round_) for c, r in zip(pending, rates)]
         if log.stopped:
             break
-        best = log.best()[0]
-        if round_ > 0 and not (best.rate or 0.0) > (log.rate_of(current) or 0.0) * (1 + min_gain):
-            log.stopped = f"a top: no configuration measured holds {min_gain:.0%} more than {current.label()}"
-            break
-        current = best.candidate if round_ > 0 else current
+        if round_ > 0:
+            here = {c: r or 0.0 for c, r in zip(pending, rates)}
+            best = min(pending, key=lambda c: (-here[c], _cost(c)))
+            if best == current or not here[best] > here[current] * (1 + min_gain):
+                log.stopped = f"a top: no neighbour held {min_gain:.0%} more than {current.label()} beside it"
+                break
+            current = best
         round_ += 1
         measured = {t.candidate for t in log.tried}
-        pending = [n for n in space.neighbours(current) if n not in measured]
-        if not pending:
+        pending = [current] + [n for n in space.neighbours(current) if n not in measured]
+        if len(pending) == 1:
             log.stopped = f"a top: every neighbour of {current.label()} is measured"
+            pending = []
     log.seconds = clock() - began
     return log
 
@@ -243,6 +285,10 @@ def brute_force(space: Space, probe: Probe, per_round: int = 8) -> SearchLog:
 
 
 def share_of_best(quick: SearchLog, full: SearchLog) -> float:
-    """The quick search's best rate as a fraction of the brute-force best (1.0 when both found none)."""
-    a, b = (quick.best()[0].rate or 0.0) if quick.tried else 0.0, (full.best()[0].rate or 0.0) if full.tried else 0.0
-    return 1.0 if b == 0 else a / b if math.isfinite(a / b) else 0.0
+    """The brute-force rate of the configuration the quick search chose, as a fraction of the brute-force best:
+    both judged by the same measurements (1.0 when neither found a rate)."""
+    if not quick.tried or not full.tried:
+        return 0.0
+    best = full.best()[0].rate or 0.0
+    chosen = full.rate_of(quick.best()[0].candidate) or 0.0
+    return 1.0 if best == 0 else chosen / best

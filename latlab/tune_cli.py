@@ -24,6 +24,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     tune.add_argument("zoo", nargs="?", metavar="MODEL", help="a zoo model (mlp, ffn, cnn, minilm), exported if needed")
     tune.add_argument("--onnx", type=Path, metavar="FILE", help="your own ONNX file instead, served as it is")
     tune.add_argument("--model", metavar="NAME", dest="exported", help="a model exported before: --models-dir/NAME")
+    tune.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="tune a deployment of this serving config (with --deployment): its model and provider, starting from "
+        "its settings; the block printed keeps its other settings",
+    )
+    tune.add_argument("--deployment", help="with --config: the deployment to tune")
     tune.add_argument("--name", help="what to call your model (default: the file's name)")
     tune.add_argument("--inputs", type=Path, metavar="FILE.npz", help="real inputs to send, as `latlab lab --inputs`")
     tune.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE", help="as `latlab lab --dim`")
@@ -53,6 +61,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from latlab.tune_run import TuneJob, best_block, run_tune, variants_on_disk
 
     slo_s = parse_slo_bound(args.slo)
+    base, begin = _from_config(args) if args.config or args.deployment else ({}, None)
     if args.provider not in ("cpu", "cuda"):
         raise UserError(f"--provider {args.provider!r}: tune searches cpu or cuda")
     if not args.search_minutes > 0:
@@ -63,8 +72,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     paths = ensure_models(args.models_dir, plan)
     variants, found = variants_on_disk(args.models_dir, model.name, paths[model.name], args.provider)
     space = space_for(args.provider, share.cpu_threads, variants)
+    space = space.starting_at(begin) if begin else space
     out = args.out or Path("runs") / f"tune-{model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    job = TuneJob(plan, model, variants, args.provider, slo_s, out)
+    job = TuneJob(plan, model, variants, args.provider, slo_s, out, base=base or {"model": model.name})
     print(
         f"tune {model.name} on {args.provider} at p99 <= {slo_s * 1e3:g} ms; {found}; "
         f"{len(space.all())} configurations in the space, a budget of {args.search_minutes:g} min"
@@ -75,11 +85,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
         )
     )
     log = run_tune(job, space, args.search_minutes * 60)
-    print(f"\n{'rate under SLO':>15}  configuration (round)")
-    for tried in sorted(log.tried, key=lambda t: -(t.rate or 0.0)):
+    print(f"\n{'rate under SLO':>15}  configuration (last round; probes)")
+    for tried in log.best(len(log.tried)):
         rate = f"{tried.rate:.0f} req/s" if tried.rate else "none"
-        print(f"{rate:>15}  {tried.candidate.label()} ({tried.round})")
-    print(f"\n{len(log.tried)} of {len(space.all())} configurations measured in {log.seconds:.0f} s; {log.stopped}")
+        print(f"{rate:>15}  {tried.candidate.label()} ({tried.round}; {tried.note})")
+    measured = len(log.configurations())
+    print(f"\n{measured} of {len(space.all())} configurations measured in {log.seconds:.0f} s; {log.stopped}")
     (best,) = log.best()
     if not best.rate:
         print(f"no configuration met p99 <= {slo_s * 1e3:g} ms: nothing to recommend (rounds: {out})")
@@ -91,11 +102,47 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _from_config(args: argparse.Namespace):
+    """The tuned deployment's table of the user's config (its model file resolved, its tokenizer left out: tune
+    sends the model's own inputs), and its settings as the search's start; args.onnx and args.provider set."""
+    import tomllib
+
+    from latlab.server.config import load_config
+    from latlab.tune import Candidate
+
+    if not (args.config and args.deployment):
+        raise UserError("--config and --deployment go together: the config file and the deployment to tune")
+    served = {d.name: d for d in load_config(args.config).deployments}  # checked as the server would
+    if args.deployment not in served:
+        raise UserError(f"--deployment {args.deployment!r} is not in {args.config}; it has {', '.join(served)}")
+    if args.zoo or args.onnx or args.exported:
+        raise UserError("name one model: --config/--deployment gives it, so no MODEL, --onnx or --model")
+    deployment = served[args.deployment]
+    (table,) = [t for t in tomllib.loads(args.config.read_text())["deployments"] if t.get("name") == args.deployment]
+    table = {k: v for k, v in table.items() if k not in ("model_path", "provider", "tokenizer")}
+    args.onnx, args.provider = Path(deployment.model_path), deployment.provider
+    args.name = args.name or deployment.model or None
+    batcher, cpu = deployment.batcher, deployment.cpu
+    begin = Candidate(
+        "fp32",
+        batcher.max_batch_size,
+        batcher.max_queue_delay_ms,
+        batcher.adaptive,
+        batcher.instances,
+        max(1, cpu.intra_op_threads) if deployment.provider == "cpu" else 1,
+        deployment.cuda.enable_cuda_graph if deployment.provider != "cpu" else False,
+    )
+    return table, begin
+
+
 def _plan(args: argparse.Namespace, quick, share):
     """The quick plan of the one model: a zoo model by name, or the user's as `latlab lab --onnx` plans it."""
     own = args.onnx is not None or args.exported is not None
     if own == (args.zoo is not None):
-        raise UserError("name one model: a zoo model (latlab tune ffn), --onnx FILE or --model NAME")
+        raise UserError(
+            "name one model: a zoo model (latlab tune ffn), --onnx FILE, --model NAME, "
+            "or --config FILE --deployment NAME"
+        )
     if not own:
         try:
             return replace(quick.only([args.zoo]), providers=(args.provider,), bench=False)

@@ -36,6 +36,8 @@ class TuneJob:
     provider: str
     slo_s: float
     work: Path
+    base: dict = field(default_factory=dict)
+    """Settings every candidate keeps (the tuned deployment's table of the user's config, or {"model": name})."""
     rounds: list[dict] = field(default_factory=list)
     start_rate: float = 0.0
 
@@ -68,7 +70,7 @@ def variants_on_disk(models_dir: Path, name: str, fp32: Path, provider: str) -> 
 def round_config(job: TuneJob, candidates: list[Candidate], port: int) -> dict:
     """The server config of one round: every candidate as a deployment of its own."""
     deployments = [
-        c.deployment(job.deployment_name(k), job.paths[c.variant], job.provider, model=job.model.name)
+        c.deployment(job.deployment_name(k), job.paths[c.variant], job.provider, job.base)
         for k, c in enumerate(candidates)
     ]
     return {"server": {"host": "127.0.0.1", "port": port}, "deployments": deployments}
@@ -169,13 +171,13 @@ def tune_record(job: TuneJob, log: SearchLog) -> dict:
         "stopped": log.stopped,
         "seconds": log.seconds,
         "tried": [t.as_dict() for t in log.tried],
+        "configurations": [t.as_dict() for t in log.best(len(log.tried))],
         "rounds": job.rounds,
     }
 
 
 def best_block(job: TuneJob, best: Candidate) -> str:
     """The best configuration as a [[deployments]] TOML block to paste into a serving config."""
-    entry = best.deployment(
-        f"{job.model.name}-{job.provider}", job.paths[best.variant], job.provider, model=job.model.name
-    )
+    entry = best.deployment(job.base.get("name") or f"{job.model.name}-{job.provider}", job.paths[best.variant],
+                            job.provider, job.base)  # fmt: skip
     return dumps_config({"deployments": [entry]})

@@ -41,7 +41,10 @@ def test_tune_an_onnx_file_prints_a_config_block_that_loads(tmp_path: Path, shor
     assert tried and tried[0]["round"] == 0 and all(t["rate"] is None or t["rate"] > 0 for t in tried)
     assert record["stopped"].startswith(("the budget", "a top"))
     assert len(record["rounds"]) == len({t["round"] for t in tried})
-    best = max(tried, key=lambda t: t["rate"] or 0)
+    configurations = record["configurations"]  # each once, best first: the mean of its probes
+    assert len(configurations) == len({json.dumps(t["candidate"], sort_keys=True) for t in tried})
+    best = configurations[0]
+    assert best["rate"] == max(c["rate"] or 0 for c in configurations)
     assert f"best: {best['label']}, {best['rate']:.0f} req/s" in printed
     block = printed[printed.index("[[deployments]]") :]
     assert block == (out / "best.toml").read_text() + "\n"
@@ -67,3 +70,28 @@ def test_tune_refuses_bad_input_in_one_line(tmp_path: Path, capsys, args: list[s
     err = capsys.readouterr().err
     assert status == 2 and says in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "t").exists() and not (tmp_path / "models").exists()
+
+
+def test_tune_a_deployment_of_a_config_starts_at_its_settings_and_keeps_the_rest(
+    tmp_path: Path, short_probes: None, capsys
+) -> None:
+    model = scorer(tmp_path / "scorer.onnx")
+    config = tmp_path / "serving.toml"
+    config.write_text(
+        '[[deployments]]\nname = "scoring"\nmodel_path = "scorer.onnx"\nprovider = "cpu"\n'
+        "[deployments.batcher]\nmax_batch_size = 24\nmax_queue_delay_ms = 1.0\nmax_queue_size = 100\n"
+        "[deployments.cpu]\nintra_op_threads = 1\n"
+    )
+    out = tmp_path / "tune"
+    status = cli.main(
+        ["tune", "--config", str(config), "--deployment", "scoring", "--slo", "20ms", "--search-minutes", "0.2"]
+        + ["--cores", "1", "--models-dir", str(tmp_path / "models"), "--out", str(out)]
+    )
+    printed = capsys.readouterr().out
+    assert status == 0, printed
+    first = json.loads((out / "tune.json").read_text())["tried"][0]
+    assert first["round"] == 0 and first["candidate"]["max_batch_size"] == 24
+    assert first["candidate"]["max_queue_delay_ms"] == 1.0
+    (served,) = load_config(out / "best.toml").deployments
+    assert served.name == "scoring" and served.model_path == model.resolve()
+    assert served.batcher.max_queue_size == 100  # a setting it does not search is kept

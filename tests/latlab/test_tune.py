@@ -107,7 +107,7 @@ def test_the_budget_is_held_and_said():
 def test_a_configuration_is_a_deployment_the_server_reads(tmp_path, tiny_model):
     c = Candidate("fp32", 16, 2.0, True, 2, 1)
     path = tmp_path / "serving.toml"
-    path.write_text(dumps_config({"deployments": [c.deployment("m-cpu", tiny_model, "cpu", model="m")]}))
+    path.write_text(dumps_config({"deployments": [c.deployment("m-cpu", tiny_model, "cpu", {"model": "m"})]}))
     (deployment,) = load_config(path).deployments
     assert (deployment.name, deployment.provider, deployment.model_path) == ("m-cpu", "cpu", tiny_model)
     batcher = deployment.batcher
@@ -118,3 +118,23 @@ def test_a_configuration_is_a_deployment_the_server_reads(tmp_path, tiny_model):
         2,
     )
     assert deployment.cpu.intra_op_threads == 1 and not deployment.cpu.allow_spinning
+
+
+def test_a_search_can_start_at_a_configs_settings():
+    space = space_for("cpu", 2, ("fp32",)).starting_at(Candidate("fp32", 24, 1.0, True, 1, 2))
+    assert space.start() == Candidate("fp32", 24, 1.0, True, 1, 2)
+    assert 24 in space.batch_sizes and space.batch_sizes == tuple(sorted(space.batch_sizes))
+    assert 1.0 in space.delays_ms
+    found = space.neighbours(space.start())
+    assert replace(space.start(), max_batch_size=16) in found and replace(space.start(), max_batch_size=32) in found
+    clock = Clock(per_probe=10.0)
+    log = quick_search(space, clock.probe, budget_s=float("inf"), clock=clock)
+    assert log.tried[0].candidate == space.start() and log.tried[0].round == 0
+
+
+def test_a_configuration_keeps_the_settings_it_does_not_search(tmp_path, tiny_model):
+    base = {"name": "mine", "model": "m", "batcher": {"max_queue_size": 100, "timeout_ms": 500.0}}
+    entry = Candidate("fp32", 8, 0.5, False, 1, 1).deployment("m-tune-0", tiny_model, "cpu", base)
+    assert entry["name"] == "m-tune-0" and entry["batcher"]["max_queue_size"] == 100
+    assert entry["batcher"]["max_batch_size"] == 8 and entry["cpu"]["intra_op_threads"] == 1
+    assert base["batcher"] == {"max_queue_size": 100, "timeout_ms": 500.0}  # the base is not changed
