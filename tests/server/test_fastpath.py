@@ -301,21 +301,24 @@ def test_over_http_a_refused_body_does_not_break_the_connection(tmp_path: Path, 
         {
             "name": "tiny",
             "model_path": str(tiny_model),
-            "batcher": {"max_batch_size": 4, "max_queue_delay_ms": 1500.0, "max_queue_size": 1},
+            # the holder waits this long for its batch to fill: the window in which the queue is full (a busy
+            # machine once took longer than 1.5 s to send the next request, and it was served)
+            "batcher": {"max_batch_size": 4, "max_queue_delay_ms": 4000.0, "max_queue_size": 1},
         }
     ]
     with running_server(tmp_path, deployments) as server:
-        holder = threading.Thread(target=lambda: requests.post(server.url + INFER, data=body(), timeout=10))
+        holder = threading.Thread(target=lambda: requests.post(server.url + INFER, data=body(), timeout=30))
         holder.start()
         deadline = time.monotonic() + 5.0
         while server.metric("latlab_batcher_queue_depth", **LABELS) != 1 and time.monotonic() < deadline:
             time.sleep(0.01)
+        assert server.metric("latlab_batcher_queue_depth", **LABELS) == 1, "the holder never queued"
         session = requests.Session()
         padded = body(1, pad="x" * 300_000)
         refused = session.post(
             server.url + INFER, data=padded, headers={"Content-Type": "application/json"}, timeout=10
         )
-        holder.join(10)
+        holder.join(30)
         after = session.post(server.url + INFER, data=body(), headers={"Content-Type": "application/json"}, timeout=10)
         assert refused.status_code == 503 and refused.headers["Retry-After"] == "1"
         assert after.status_code == 200, after.text
