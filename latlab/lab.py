@@ -182,15 +182,10 @@ def run_lab(
     config = write_config(run_dir, models, port, plan, share)
     host = f"http://127.0.0.1:{port}"
     _say(f"step 3/5: starting the server on {host} (log: {run_dir / 'server.log'})")
-    observer_port = procs.free_port()  # /metrics on threads of their own: scrapes never wait behind the load
-    server = procs.start(
-        [sys.executable, "-m", "latlab.cli", "serve", "--config", str(config), "--metrics-port", str(observer_port)],
-        log_path=run_dir / "server.log",
-    )
+    server, observer_port = start_server(config, port, run_dir / "server.log")
     prometheus_process = None
     metrics_port = procs.free_port()
     try:
-        procs.wait_ready(f"{host}/v2/health/ready", server, timeout_s=300, log_path=run_dir / "server.log")
         prometheus_process = start_prometheus(
             run_dir, {"latlab-server": [f"127.0.0.1:{observer_port}"], "latlab-loadgen": [f"127.0.0.1:{metrics_port}"]}
         )
@@ -206,6 +201,41 @@ def run_lab(
     _say(f"done in {time.perf_counter() - started:.0f} s")
     print(f"report: {report.resolve()}")
     return report
+
+
+def start_server(config: Path, port: int, log_path: Path) -> tuple[subprocess.Popen, int]:
+    """`latlab serve` of a config on `port`, ready (stopped again if it never is); the process and its observer
+    port (/metrics on threads of their own: scrapes never wait behind the load)."""
+    observer_port = procs.free_port()
+    server = procs.start(
+        [sys.executable, "-m", "latlab.cli", "serve", "--config", str(config), "--metrics-port", str(observer_port)],
+        log_path=log_path,
+    )
+    try:
+        procs.wait_ready(f"http://127.0.0.1:{port}/v2/health/ready", server, timeout_s=300, log_path=log_path)
+    except BaseException:
+        procs.stop(server)
+        raise
+    return server, observer_port
+
+
+def step_args(plan: LabPlan, model: ModelPlan, run_dir: Path) -> list[str]:
+    """The `latlab loadtest` options every measurement of a model shares: the plan's step timing and confidence,
+    and the model's request encoding and samples."""
+    return [
+        "--confidence",
+        f"{plan.confidence:g}",
+        "--step-seconds",
+        str(plan.step_seconds),
+        "--max-windows",
+        str(plan.max_windows),
+        "--warmup-seconds",
+        str(plan.warmup_seconds),
+        "--seq-len",
+        str(model.seq_len),
+        *(["--binary"] if model.binary else []),
+        *(["--inputs", str(samples_path(run_dir, model))] if model.samples is not None else []),
+    ]
 
 
 def samples_path(run_dir: Path, model: ModelPlan) -> Path:
@@ -301,8 +331,6 @@ def sweep_args(
         plan.slos,
         "--resolution",
         f"{plan.resolution:g}",
-        "--confidence",
-        f"{plan.confidence:g}",
         "--decide-windows",
         str(plan.decide_windows),
         "--slo-steps",
@@ -311,18 +339,9 @@ def sweep_args(
         f"{plan.slo_seconds:g}",
         "--refine-within",
         f"{plan.refine_within:g}",
-        "--step-seconds",
-        str(plan.step_seconds),
-        "--max-windows",
-        str(plan.max_windows),
-        "--warmup-seconds",
-        str(plan.warmup_seconds),
+        *step_args(plan, model, run_dir),
         "--metrics-port",
         str(metrics_port),
-        "--seq-len",
-        str(model.seq_len),
-        *(["--binary"] if model.binary else []),
-        *(["--inputs", str(samples_path(run_dir, model))] if model.samples is not None else []),
         *(["--workers", str(load_workers)] if load_workers else []),
         *(["--machine-name", machine_name] if machine_name else []),
     ]

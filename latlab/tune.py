@@ -4,8 +4,8 @@ under an SLO. Pure logic over a `probe(candidates) -> rates` callable, so it is 
 After Triton Model Analyzer: its brute-force search measures every configuration of a space; its quick search
 climbs from a default one notch along one setting at a time (a neighbour), keeps the best neighbour while it
 gains, and in most cases finds nearly the brute-force best while measuring a fraction of the space. Here each
-probe ranks configurations by the highest rate that meets the SLO (loadtest's SLO search, coarse); the best few
-are then measured in full by the caller. A budget in seconds stops the climb before a round it cannot afford.
+probe ranks configurations by the highest rate that meets the SLO (loadtest's SLO search, coarse). A budget in
+seconds stops the climb before a round it cannot afford.
 """
 
 from __future__ import annotations
@@ -187,8 +187,6 @@ class Tried:
     candidate: Candidate
     rate: float | None
     """The highest rate (req/s) that met the SLO in its probe; None where none did."""
-    how: str = "probe"
-    """"probe" (short, to rank) or "sweep" (measured in full by the caller)."""
     round: int = 0
     note: str = ""
 
@@ -216,7 +214,7 @@ class SearchLog:
         for t in self.tried:
             found.setdefault(t.candidate, []).append(t)
         return [
-            Tried(c, sum(t.rate or 0.0 for t in ts) / len(ts) or None, ts[-1].how, ts[-1].round, f"{len(ts)} probes")
+            Tried(c, sum(t.rate or 0.0 for t in ts) / len(ts) or None, ts[-1].round, f"{len(ts)} probes")
             for c, ts in found.items()
         ]
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from latlab.common import procs
-from latlab.lab import samples_path, write_samples
+from latlab.lab import start_server, step_args, write_samples
 from latlab.lab_plan import LabPlan, ModelPlan
 from latlab.loadtest.results import read_results
 from latlab.server.config import dumps_config, save_config
@@ -81,16 +81,12 @@ def probe_round(job: TuneJob, candidates: list[Candidate]) -> list[float | None]
     k = len(job.rounds)
     folder = job.work / f"round-{k}"
     folder.mkdir(parents=True, exist_ok=True)
-    port, observer_port = procs.free_port(), procs.free_port()
+    port = procs.free_port()
     config = save_config(round_config(job, candidates, port), folder / "server.toml")
     host = f"http://127.0.0.1:{port}"
     started = time.monotonic()
-    server = procs.start(
-        [sys.executable, "-m", "latlab.cli", "serve", "--config", str(config), "--metrics-port", str(observer_port)],
-        log_path=folder / "server.log",
-    )
+    server, _ = start_server(config, port, folder / "server.log")
     try:
-        procs.wait_ready(f"{host}/v2/health/ready", server, timeout_s=300, log_path=folder / "server.log")
         child = procs.start(probe_args(job, host, folder, len(candidates)), log_path=folder / "loadtest.log")
         try:
             if child.wait() != 0:
@@ -135,18 +131,7 @@ def probe_args(job: TuneJob, host: str, folder: Path, count: int) -> list[str]:
         f"p99={job.slo_s * 1e3:g}ms",
         "--resolution",
         f"{PROBE_RESOLUTION:g}",
-        "--confidence",
-        f"{plan.confidence:g}",
-        "--step-seconds",
-        str(plan.step_seconds),
-        "--max-windows",
-        str(plan.max_windows),
-        "--warmup-seconds",
-        str(plan.warmup_seconds),
-        "--seq-len",
-        str(model.seq_len),
-        *(["--binary"] if model.binary else []),
-        *(["--inputs", str(samples_path(job.work, model))] if model.samples is not None else []),
+        *step_args(plan, model, job.work),
     ]
     for k in range(count):
         args += ["--deployment", job.deployment_name(k)]

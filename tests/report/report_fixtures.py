@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from latlab.loadtest.results import Deployment, Run, Step, write_results
+from tests.loadtest.steps import simulated
 
 CPU_NAME = "SYNTHETIC 16-core CPU box"
 GPU_NAME = "SYNTHETIC NVIDIA H100 80GB HBM3"
@@ -74,18 +75,8 @@ def bare_step(achieved: float, p99_s: float | None = None, **extra: object) -> S
     """A step with only what a rule looks at: asked for, offered and achieved `achieved`, no errors, its p99 (p50
     a quarter of it); no target rate (as in a closed loop), so saturation never breaks an SLO. `extra` sets any
     other field."""
-    figures = {
-        "target": achieved,
-        "offered_rps": achieved,
-        "achieved_rps": achieved,
-        "errors": 0,
-        "p50_s": None if p99_s is None else p99_s / 4,
-        "p90_s": None,
-        "p99_s": p99_s,
-        "max_s": None,
-        **extra,
-    }
-    return Step(**figures)
+    figures = {"offered_rps": achieved, "p99_s": p99_s, "p50_s": None if p99_s is None else p99_s / 4, **extra}
+    return simulated(**figures)
 
 
 def curve(name: str, provider: str, batch: int, steps: list[Step], environment: dict, **extra: object) -> Deployment:
