@@ -320,7 +320,10 @@ def test_a_known_tail_is_decided_once_enough_requests_arrive(tmp_path, slow_ever
     (step,) = doc.deployments[0].steps
     (decision,) = step.confidence["slos"]
     assert decision["verdict"] == verdict, (decision, step.samples, step.extended_windows)
-    assert decision["over"] >= 1 and step.samples == step.confidence["samples"]
+    assert step.samples == step.confidence["samples"]
+    # a "met" step may have seen no slow answer at all (fewer than slow_every requests measured, the slow one in
+    # the warm-up: a fresh-clone CI run decided "met" with 0 over); the others count at least one
+    assert decision["over"] <= step.samples / 100 if verdict == "met" else decision["over"] >= 1, decision
     if verdict == "undecided":
         assert step.extended_windows == 0 and decision["needed"] > step.samples
     else:
