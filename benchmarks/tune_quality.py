@@ -1,7 +1,9 @@
 """The quick search against brute force, side by side in one run: for one model on the CPU, `latlab tune`'s quick
 search and a brute-force search measure the same space with the same probes (one server per round, an SLO search
-per configuration); prints the best rate each found, the quick search's share of the brute-force best, and how
-many configurations each measured.
+per configuration), each then measures its best few again side by side (tune.confirm), and a referee measures the
+two choices side by side, REFEREE_ROUNDS times in alternating order at the finalists' resolution: the quick
+search's share of the brute-force best is the ratio of their mean rates there. Prints how many configurations
+each measured, and writes quality.json.
 
     .venv/bin/python benchmarks/tune_quality.py ffn --slo 25ms --models-dir models     # ~15 min on 2 cores
 
@@ -23,8 +25,12 @@ sys.path.insert(0, str(ROOT))
 from latlab.cli_options import parse_slo_bound  # noqa: E402
 from latlab.lab import ensure_models  # noqa: E402
 from latlab.lab_plan import PLANS, available_cores, cpu_share  # noqa: E402
-from latlab.tune import brute_force, quick_search, share_of_best, space_for  # noqa: E402
-from latlab.tune_run import TuneJob, probe_round, variants_on_disk  # noqa: E402
+from latlab.tune import brute_force, confirm, quick_search, share_of_best, space_for  # noqa: E402
+from latlab.lab_variants import variants_on_disk  # noqa: E402
+from latlab.tune_run import TuneJob, fine_probe, probe_round  # noqa: E402
+
+REFEREE_ROUNDS = 4
+"""How many times the referee measures the two choices side by side."""
 
 
 def job_for(args: argparse.Namespace, plan, share, work: Path) -> TuneJob:
@@ -49,15 +55,32 @@ def main(argv: list[str] | None = None) -> None:
     space = replace(space, variants=tuple(quick_job.paths))
     print(f"{args.model} at p99 <= {args.slo}: {len(space.all())} configurations in the space", flush=True)
     quick = quick_search(space, lambda c: probe_round(quick_job, c), budget_s=float("inf"))
+    confirm(quick, fine_probe(quick_job))
     (chosen,) = quick.best()
-    print(f"quick: {len(quick.configurations())} measured in {quick.seconds:.0f} s; best {chosen.rate:.0f} req/s "
-          f"({chosen.candidate.label()}); {quick.stopped}", flush=True)  # fmt: skip
+    print(f"quick: {len(quick.configurations())} measured in {quick.seconds:.0f} s; best {chosen.confirmed:.0f} req/s "
+          f"side by side ({chosen.candidate.label()}); {quick.stopped}", flush=True)  # fmt: skip
     full_job = job_for(args, plan, share, args.out / "brute")
     full = brute_force(space, lambda c: probe_round(full_job, c))
-    print(f"brute force: {len(full.tried)} measured in {full.seconds:.0f} s; best {full.best()[0].rate:.0f} req/s "
-          f"({full.best()[0].candidate.label()})", flush=True)  # fmt: skip
+    screened = full.best()[0]  # before its finalists are measured again: what one probe each would have chosen
+    confirm(full, fine_probe(full_job))
+    (found,) = full.best()
+    print(f"brute force: {len(full.tried)} measured in {full.seconds:.0f} s; best {found.confirmed:.0f} req/s "
+          f"side by side ({found.candidate.label()})", flush=True)  # fmt: skip
+    both = [chosen.candidate, found.candidate]
+    referee = {c: [] for c in both}
+    if chosen.candidate != found.candidate:
+        referee_job = job_for(args, plan, share, args.out / "referee")
+        referee_job.start_rate = max(chosen.confirmed, found.confirmed)
+        for k in range(REFEREE_ROUNDS):
+            order = both if k % 2 == 0 else both[::-1]
+            for c, r in zip(order, fine_probe(referee_job)(order)):
+                referee[c].append(r or 0.0)
+        share_refereed = sum(referee[both[0]]) / max(sum(referee[both[1]]), 1e-9)
+    else:
+        share_refereed = 1.0
+    print(f"referee: quick's choice {referee[both[0]]}, brute force's {referee[both[1]]}: share {share_refereed:.2f}")
     quick_rank = sorted(full.tried, key=lambda t: -(t.rate or 0)).index(
-        next(t for t in full.tried if t.candidate == quick.best()[0].candidate)
+        next(t for t in full.tried if t.candidate == chosen.candidate)
     )
     summary = {
         "model": args.model,
@@ -66,13 +89,15 @@ def main(argv: list[str] | None = None) -> None:
         "quick_measured": len(quick.configurations()),
         "quick_probes": len(quick.tried),
         "quick_share_of_space": len(quick.configurations()) / len(space.all()),
-        "quick_best_rps": quick.best()[0].rate,
-        "quick_best": quick.best()[0].candidate.label(),
-        "brute_best_rps": full.best()[0].rate,
-        "brute_best": full.best()[0].candidate.label(),
-        "quick_best_rps_in_brute_force": full.rate_of(quick.best()[0].candidate),
-        "quick_share_of_best": share_of_best(quick, full),
-        "quick_best_rank_in_brute_force": quick_rank + 1,
+        "quick_best": chosen.candidate.label(),
+        "quick_best_rps_side_by_side": chosen.confirmed,
+        "brute_best": found.candidate.label(),
+        "brute_best_rps_side_by_side": found.confirmed,
+        "brute_best_by_one_probe_each": screened.candidate.label(),
+        "referee_rps": {"quick": referee[both[0]], "brute": referee[both[1]]},
+        "quick_share_of_best_refereed": share_refereed,
+        "quick_share_of_best_by_brute_force_screening": share_of_best(quick, full),
+        "quick_best_rank_in_brute_force_screening": quick_rank + 1,
         "quick_seconds": quick.seconds,
         "brute_seconds": full.seconds,
     }

@@ -399,6 +399,13 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
         help="level of every step's p50/p99 intervals and SLO decisions (default: the plan's, 0.95)",
     )
     lab.add_argument(
+        "--search-minutes",
+        type=float,
+        help="search each model's configurations per provider (variant: INT8 on the CPU, FP16 on CUDA; "
+        "batching; core split; CUDA graphs) for this many minutes in all before the sweep, and sweep the "
+        "best of each in full beside the plan's two (default: the plan's, 0: no search; docs/tuning.md)",
+    )
+    lab.add_argument(
         "--price",
         metavar="PROVIDER=USD",
         help="hourly price per provider, e.g. cpu=0.10,cuda=2.50 or "
@@ -675,6 +682,10 @@ def cmd_lab(args: argparse.Namespace) -> None:
         if not 0.5 <= args.confidence < 1:
             raise UserError(f"--confidence must be at least 0.5 and below 1, e.g. 0.95, got {args.confidence:g}")
         plan = replace(plan, confidence=args.confidence)
+    if args.search_minutes is not None:
+        if not 0 <= args.search_minutes < float("inf"):
+            raise UserError(f"--search-minutes must be >= 0 (0: no search), got {args.search_minutes:g}")
+        plan = replace(plan, search_minutes=args.search_minutes)
     if args.resolution is not None:
         if not 0 < args.resolution < float("inf"):
             raise UserError(f"--resolution must be a positive fraction, e.g. 0.1, got {args.resolution:g}")

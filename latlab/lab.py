@@ -83,6 +83,7 @@ def config_document(models: dict[str, Path], port: int, plan: LabPlan, share: Cp
                     "tokenizer": tokenizer_table(models[model.name]) if text else None,
                 }
             )
+        deployments += list(model.tuned)
     server = {"host": "127.0.0.1", "port": port}
     frontends = frontends_for(plan, share)
     if frontends > 1:
@@ -178,6 +179,11 @@ def run_lab(
         run_bench(run_dir, models_dir, plan, share.cpu_threads)
     else:
         _say("step 2/5: bench skipped by the plan")
+    if plan.search_minutes > 0:
+        from latlab.lab_search import search_plan
+
+        _say(f"step 2/5: searching configurations and variants ({plan.search_minutes:g} min for all models)")
+        plan = search_plan(run_dir, models_dir, plan, models, share, _say)
     port = procs.free_port()
     config = write_config(run_dir, models, port, plan, share)
     host = f"http://127.0.0.1:{port}"
@@ -345,7 +351,7 @@ def sweep_args(
         *(["--workers", str(load_workers)] if load_workers else []),
         *(["--machine-name", machine_name] if machine_name else []),
     ]
-    for name, _, _ in plan.deployments(model):
+    for name in plan.deployment_names(model):
         args += ["--deployment", name]
     return args
 

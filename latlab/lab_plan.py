@@ -92,6 +92,12 @@ class ModelPlan:
     named <model>-text-..., loaded with sentences of seq_len tokens, beside the token-id ones."""
     onnx: Path | None = None
     """The user's own model: this ONNX file is served as it is, instead of exporting a zoo model (see lab_user)."""
+    tune_slo: str | None = None
+    """The p99 bound the lab's search (--search-minutes) ranks this model's configurations by (default: the middle
+    of the plan's SLOs)."""
+    tuned: tuple[dict, ...] = ()
+    """Deployments the lab's search found (latlab/lab_search.py), each a [[deployments]] table: swept in full
+    beside the plan's two per provider."""
     samples: dict[str, np.ndarray] | None = field(default=None, compare=False, repr=False)
     """Request inputs sent instead of random ones, rows first, one request per row: the lab writes them to
     <run>/<model>/inputs.npz for `latlab loadtest --inputs` (a user model's declared shapes or sample file)."""
@@ -118,6 +124,9 @@ class LabPlan:
     it (the cost of confidence: docs/measurement.md): with 4, a 5 req/s step's 10 s windows can reach the 299
     requests a p99 "met" needs at 95%."""
     confidence: float = 0.95
+    search_minutes: float = 0.0
+    """The budget of the lab's configuration search (latlab/lab_search.py), shared by every model and provider;
+    0: no search, the plan's two deployments per provider only."""
     """The level of every step's p50/p99 intervals and SLO decisions (`latlab loadtest --confidence`)."""
     slo_steps: int = 10
     """At most this many extra steps per deployment for the SLO brackets, each spent on the widest bracket left (a
@@ -165,6 +174,15 @@ class LabPlan:
             for mode, settings in (("b1", off), ("batch", on))
         ]
 
+    def deployment_names(self, model: ModelPlan) -> list[str]:
+        """Every deployment of the model the lab serves and sweeps: the plan's, then the search's."""
+        return [name for name, _, _ in self.deployments(model)] + [t["name"] for t in model.tuned]
+
+    def tune_slo(self, model: ModelPlan) -> str:
+        """The bound the search ranks the model's configurations by: its own, else the middle of the plan's."""
+        slos = [s.strip() for s in self.slos.split(",") if s.strip()]
+        return model.tune_slo or slos[len(slos) // 2]
+
     @staticmethod
     def is_text(model: ModelPlan, deployment: str) -> bool:
         """Whether one of `model`'s deployments takes sentences (see ModelPlan.text)."""
@@ -173,8 +191,8 @@ class LabPlan:
 
 # Listed rates give the curve its shape below saturation; past them the sweep raises and bisects to find it.
 # Each SLO's bracket adds the steps that place its rate (LabPlan.resolution), so the lists stay short.
-MLP = ModelPlan("mlp", {}, rates=(100, 1000, 3000))
-FFN = ModelPlan("ffn", {"d_model": 128, "n_layers": 128}, rates=(100, 1000, 3000))
+MLP = ModelPlan("mlp", {}, rates=(100, 1000, 3000), tune_slo="25ms")
+FFN = ModelPlan("ffn", {"d_model": 128, "n_layers": 128}, rates=(100, 1000, 3000), tune_slo="25ms")
 # ResNet-18 at 224x224 takes tens of ms per image on one core: a few requests per second saturate it.
 CNN = ModelPlan("cnn", {}, rates=(8, 20, 40), binary=True, batching={"max_batch_size": 8, "max_queue_delay_ms": 5.0})
 MINILM = ModelPlan(

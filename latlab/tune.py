@@ -23,6 +23,11 @@ nothing)."""
 MIN_GAIN = 0.05
 """A neighbour replaces the current configuration only when it holds this fraction more: below it, probes of
 a few seconds cannot tell the two apart and the climb would wander."""
+FINALISTS = 3
+"""How many of the screening's best are measured again side by side (Model Analyzer: full sweeps of the best
+few)."""
+CONFIRM_ROUNDS = 2
+"""How many times the finalists are measured again, in alternating order."""
 
 
 @dataclass(frozen=True, order=True)
@@ -189,6 +194,9 @@ class Tried:
     """The highest rate (req/s) that met the SLO in its probe; None where none did."""
     round: int = 0
     note: str = ""
+    confirmed: float | None = None
+    """A finalist's rate measured again beside the other finalists, finer (the mean of those probes); None for
+    a configuration only screened."""
 
     def as_dict(self) -> dict:
         return {**asdict(self), "candidate": asdict(self.candidate), "label": self.candidate.label()}
@@ -199,27 +207,50 @@ class SearchLog:
     """What a search tried, in order, and why it stopped."""
 
     tried: list[Tried] = field(default_factory=list)
+    """The screening probes: coarse, one or a few per configuration."""
+    confirmed: list[Tried] = field(default_factory=list)
+    """The finalists' probes side by side (confirm()); they, not the screening, decide the best."""
     stopped: str = ""
     seconds: float = 0.0
 
     def best(self, n: int = 1) -> list[Tried]:
-        """The n configurations of the highest rates, each the mean of its probes; ties to the cheaper one
-        (fewer cores, smaller batches, shorter waits)."""
-        return sorted(self.configurations(), key=lambda t: (-(t.rate or 0.0), _cost(t.candidate)))[:n]
+        """The n configurations of the highest rates: the finalists by their confirmed rate first, then the rest
+        by their screening (the mean of its probes); ties to the cheaper one (fewer cores, smaller batches,
+        shorter waits)."""
+        return sorted(
+            self.configurations(),
+            key=lambda t: (t.confirmed is None, -(t.confirmed or t.rate or 0.0), _cost(t.candidate)),
+        )[:n]
 
     def configurations(self) -> list[Tried]:
-        """Each configuration measured, once: its mean rate over its probes (a configuration the climb stood on is
-        probed again beside its neighbours), its last round, and how many probes in `note`."""
+        """Each configuration measured, once: its mean rate over its screening probes (a configuration the climb
+        stood on is probed again beside its neighbours), its confirmed rate if it was a finalist, its last round,
+        and how many probes in `note`."""
         found: dict[Candidate, list[Tried]] = {}
         for t in self.tried:
             found.setdefault(t.candidate, []).append(t)
+        final: dict[Candidate, list[float]] = {}
+        for t in self.confirmed:
+            final.setdefault(t.candidate, []).append(t.rate or 0.0)
         return [
-            Tried(c, sum(t.rate or 0.0 for t in ts) / len(ts) or None, ts[-1].round, f"{len(ts)} probes")
+            Tried(
+                c,
+                _mean(t.rate or 0.0 for t in ts) or None,
+                ts[-1].round,
+                f"{len(ts)} probes" + (f", {len(final[c])} side by side" if c in final else ""),
+                _mean(final[c]) or None if c in final else None,
+            )
             for c, ts in found.items()
         ]
 
     def rate_of(self, c: Candidate) -> float | None:
-        return next((t.rate for t in self.configurations() if t.candidate == c), None)
+        """A configuration's rate: confirmed when it was a finalist, else screened."""
+        return next((t.confirmed or t.rate for t in self.configurations() if t.candidate == c), None)
+
+
+def _mean(values: Iterable[float]) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
 
 
 def _cost(c: Candidate) -> tuple:
@@ -237,7 +268,7 @@ def quick_search(
     neighbour not measured yet, and move to the round's best when it held min_gain more than the current one did
     in the same round (side by side: a lucky earlier probe of the current one cannot stop the climb). Stop at a
     top, or when the budget cannot pay for the round (a probe's cost: the mean so far); a round the budget pays
-    for only in part is cut short, and the log says so."""
+    for only in part is cut short, and the log says so. confirm() then decides among the best few."""
     log, began = SearchLog(), clock()
     current, pending, round_ = space.start(), [space.start()], 0
     while pending:
@@ -282,11 +313,39 @@ def brute_force(space: Space, probe: Probe, per_round: int = 8) -> SearchLog:
     return log
 
 
+def confirm(
+    log: SearchLog,
+    probe: Probe,
+    budget_s: float = math.inf,
+    finalists: int = FINALISTS,
+    rounds: int = CONFIRM_ROUNDS,
+    clock: Callable[[], float] = time.monotonic,
+) -> SearchLog:
+    """Measure the screening's best few again side by side, `rounds` times in alternating order (`probe` is
+    the finer one), so that the best is decided by rates taken together rather than by coarse probes minutes
+    apart, the highest of which is more likely luck than the best (a brute force's top five of mlp lay within 6%
+    here, its best a maximum of noisy probes). A round the budget cannot pay for at the cost of the last is not
+    started; the first always runs."""
+    chosen = [t.candidate for t in log.best(finalists) if t.rate]
+    if len(chosen) < 2:
+        return log
+    began, done = clock(), 0
+    for k in range(rounds):
+        if done and (clock() - began) / done * (done + 1) > budget_s:
+            break
+        order = chosen if k % 2 == 0 else chosen[::-1]
+        log.confirmed += [Tried(c, r, round=k, note="side by side") for c, r in zip(order, probe(order))]
+        done += 1
+    log.stopped += f"; the best {len(chosen)} measured again side by side {done} time{'s' if done > 1 else ''}"
+    log.seconds += clock() - began
+    return log
+
+
 def share_of_best(quick: SearchLog, full: SearchLog) -> float:
-    """The brute-force rate of the configuration the quick search chose, as a fraction of the brute-force best:
-    both judged by the same measurements (1.0 when neither found a rate)."""
+    """The brute force's screening rate of the configuration the quick search chose, as a fraction of the highest
+    the brute force screened: both judged by the same measurements (1.0 when neither found a rate)."""
     if not quick.tried or not full.tried:
         return 0.0
-    best = full.best()[0].rate or 0.0
-    chosen = full.rate_of(quick.best()[0].candidate) or 0.0
-    return 1.0 if best == 0 else chosen / best
+    screened = {t.candidate: t.rate or 0.0 for t in full.configurations()}
+    best = max(screened.values())
+    return 1.0 if best == 0 else screened.get(quick.best()[0].candidate, 0.0) / best

@@ -58,7 +58,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from latlab.lab import ensure_models
     from latlab.lab_plan import PLANS, available_cores, cpu_share
     from latlab.tune import space_for
-    from latlab.tune_run import TuneJob, best_block, run_tune, variants_on_disk
+    from latlab.lab_variants import variants_on_disk
+    from latlab.tune_run import CONFIRM_RESOLUTION, PROBE_RESOLUTION, TuneJob, best_block, run_tune
 
     slo_s = parse_slo_bound(args.slo)
     base, begin = _from_config(args) if args.config or args.deployment else ({}, None)
@@ -85,10 +86,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         )
     )
     log = run_tune(job, space, args.search_minutes * 60)
-    print(f"\n{'rate under SLO':>15}  configuration (last round; probes)")
+    print(f"\n{'rate under SLO':>15}  {'side by side':>12}  configuration (last round; probes)")
     for tried in log.best(len(log.tried)):
         rate = f"{tried.rate:.0f} req/s" if tried.rate else "none"
-        print(f"{rate:>15}  {tried.candidate.label()} ({tried.round}; {tried.note})")
+        final = f"{tried.confirmed:.0f} req/s" if tried.confirmed else ""
+        print(f"{rate:>15}  {final:>12}  {tried.candidate.label()} ({tried.round}; {tried.note})")
     measured = len(log.configurations())
     print(f"\n{measured} of {len(space.all())} configurations measured in {log.seconds:.0f} s; {log.stopped}")
     (best,) = log.best()
@@ -97,7 +99,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return 1
     block = best_block(job, best.candidate)
     (out / "best.toml").write_text(block)
-    print(f"best: {best.candidate.label()}, {best.rate:.0f} req/s (probe resolution 20%); paste into your config:\n")
+    held = (
+        f"{best.confirmed:.0f} req/s side by side, to {CONFIRM_RESOLUTION:.0%}"
+        if best.confirmed
+        else f"{best.rate:.0f} req/s (to {PROBE_RESOLUTION:.0%})"
+    )
+    print(f"best: {best.candidate.label()}, {held}; paste into your config:\n")
     print(block)
     return 0
 

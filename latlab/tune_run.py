@@ -16,12 +16,15 @@ from latlab.lab import start_server, step_args, write_samples
 from latlab.lab_plan import LabPlan, ModelPlan
 from latlab.loadtest.results import read_results
 from latlab.server.config import dumps_config, save_config
-from latlab.tune import Candidate, SearchLog, Space, quick_search
+from latlab.tune import Candidate, SearchLog, Space, confirm, quick_search
 
 PROBE_RESOLUTION = 0.2
-"""The SLO search of a probe stops once its bracket is this narrow: enough to rank, a few steps each."""
-VARIANT_SUFFIX = {"int8": "-int8", "fp16": "-fp16"}
-"""Where a variant of models/<name>/ lies: models/<name>-int8/ (docs/variants.md)."""
+"""The SLO search of a screening probe stops once its bracket is this narrow: enough to rank, a few steps each."""
+CONFIRM_RESOLUTION = 0.05
+"""The finalists' SLO searches (tune.confirm) go this fine: two more steps each, and a 20% bracket no longer
+hides which of two close configurations holds more."""
+CONFIRM_SHARE = 0.3
+"""The part of the budget kept for measuring the finalists again side by side."""
 
 
 @dataclass
@@ -45,28 +48,6 @@ class TuneJob:
         return f"{self.model.name}-tune-{k}"
 
 
-def variants_on_disk(models_dir: Path, name: str, fp32: Path, provider: str) -> tuple[dict[str, Path], str]:
-    """The model's variants for this provider that were made from this very export: INT8 on the CPU, FP16 on
-    CUDA (`latlab export NAME --int8 / --fp16`, which refuses one that loses more accuracy than allowed); and a
-    line saying what was found or why a variant on disk is not used."""
-    from latlab.export.onnx_export import load_metadata
-
-    paths = {"fp32": fp32}
-    wanted = "int8" if provider == "cpu" else "fp16"
-    folder = models_dir / f"{name}{VARIANT_SUFFIX[wanted]}"
-    if not (folder / "model.onnx").is_file():
-        return paths, f"no {wanted} variant ({folder} is absent: `latlab export {name} --{wanted}` makes one)"
-    try:
-        made_from = {k: v for k, v in load_metadata(folder).get("config", {}).items() if k != wanted}
-        export = load_metadata(fp32.parent).get("config")
-    except FileNotFoundError:
-        made_from, export = None, None
-    if made_from is None or made_from != export:
-        return paths, f"the {wanted} variant in {folder} was not made from {fp32} (its metadata differs): not used"
-    paths[wanted] = (folder / "model.onnx").resolve()
-    return paths, f"{wanted} variant: {paths[wanted]}"
-
-
 def round_config(job: TuneJob, candidates: list[Candidate], port: int) -> dict:
     """The server config of one round: every candidate as a deployment of its own."""
     deployments = [
@@ -76,8 +57,9 @@ def round_config(job: TuneJob, candidates: list[Candidate], port: int) -> dict:
     return {"server": {"host": "127.0.0.1", "port": port}, "deployments": deployments}
 
 
-def probe_round(job: TuneJob, candidates: list[Candidate]) -> list[float | None]:
-    """Serve the round's candidates and return each one's highest rate under the SLO (None: none met it)."""
+def probe_round(job: TuneJob, candidates: list[Candidate], resolution: float = PROBE_RESOLUTION) -> list[float | None]:
+    """Serve the round's candidates and return each one's highest rate under the SLO, to `resolution` (None:
+    none met it)."""
     k = len(job.rounds)
     folder = job.work / f"round-{k}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -87,7 +69,8 @@ def probe_round(job: TuneJob, candidates: list[Candidate]) -> list[float | None]
     started = time.monotonic()
     server, _ = start_server(config, port, folder / "server.log")
     try:
-        child = procs.start(probe_args(job, host, folder, len(candidates)), log_path=folder / "loadtest.log")
+        args = probe_args(job, host, folder, len(candidates), resolution)
+        child = procs.start(args, log_path=folder / "loadtest.log")
         try:
             if child.wait() != 0:
                 raise RuntimeError(f"the probes of round {k} failed: see {folder / 'loadtest.log'}")
@@ -104,6 +87,7 @@ def probe_round(job: TuneJob, candidates: list[Candidate]) -> list[float | None]
             "seconds": time.monotonic() - started,
             "candidates": [c.label() for c in candidates],
             "rates": rates,
+            "resolution": resolution,
         }
     )
     held = [r for r in rates if r]
@@ -112,10 +96,10 @@ def probe_round(job: TuneJob, candidates: list[Candidate]) -> list[float | None]
     return rates
 
 
-def probe_args(job: TuneJob, host: str, folder: Path, count: int) -> list[str]:
+def probe_args(job: TuneJob, host: str, folder: Path, count: int, resolution: float = PROBE_RESOLUTION) -> list[str]:
     """`latlab loadtest --slo` over the round's deployments: an SLO search each, from the best rate so far."""
     plan, model = job.plan, job.model
-    start = job.start_rate or model.rates[0]
+    start = job.start_rate or max(model.rates)  # the listed rates reach towards saturation
     args = [
         sys.executable,
         "-m",
@@ -130,7 +114,7 @@ def probe_args(job: TuneJob, host: str, folder: Path, count: int) -> list[str]:
         "--slo",
         f"p99={job.slo_s * 1e3:g}ms",
         "--resolution",
-        f"{PROBE_RESOLUTION:g}",
+        f"{resolution:g}",
         *step_args(plan, model, job.work),
     ]
     for k in range(count):
@@ -139,12 +123,20 @@ def probe_args(job: TuneJob, host: str, folder: Path, count: int) -> list[str]:
 
 
 def run_tune(job: TuneJob, space: Space, budget_s: float) -> SearchLog:
-    """The quick search over `space` with real probes; writes tune.json (every round, every configuration tried)."""
+    """The quick search over `space` with real probes, then its best few measured again side by side, finer
+    (CONFIRM_SHARE of the budget); writes tune.json (every round, every configuration tried)."""
     job.work.mkdir(parents=True, exist_ok=True)
     write_samples(job.work, job.plan)
-    log = quick_search(space, lambda candidates: probe_round(job, candidates), budget_s)
+    began = time.monotonic()
+    log = quick_search(space, lambda candidates: probe_round(job, candidates), budget_s * (1 - CONFIRM_SHARE))
+    confirm(log, fine_probe(job), budget_s - (time.monotonic() - began))
     (job.work / "tune.json").write_text(json.dumps(tune_record(job, log), indent=2) + "\n")
     return log
+
+
+def fine_probe(job: TuneJob):
+    """The probe of the finalists: CONFIRM_RESOLUTION, from the best rate so far."""
+    return lambda candidates: probe_round(job, candidates, CONFIRM_RESOLUTION)
 
 
 def tune_record(job: TuneJob, log: SearchLog) -> dict:
@@ -156,6 +148,7 @@ def tune_record(job: TuneJob, log: SearchLog) -> dict:
         "stopped": log.stopped,
         "seconds": log.seconds,
         "tried": [t.as_dict() for t in log.tried],
+        "confirmed": [t.as_dict() for t in log.confirmed],
         "configurations": [t.as_dict() for t in log.best(len(log.tried))],
         "rounds": job.rounds,
     }

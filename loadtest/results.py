@@ -98,6 +98,9 @@ class Deployment:
     allow_non_finite: bool | None = None
     environment: Figures | None = None
     tokenizer: Figures | None = None
+    variant: Figures | None = None
+    """The model file's variant of its export (name "int8" or "fp16", precision, accuracy against FP32); None for
+    the FP32 export itself."""
     frontends: int | None = None
     platform: str | None = None
     """The model's platform, as a foreign server's metadata names it."""
@@ -163,10 +166,20 @@ def write_results(path: Path, run: Run) -> None:
     tmp.replace(path)  # a reader never sees half a file
 
 
+SEARCH_FOLDER = "search"
+"""A run folder's configuration search (latlab/lab_search.py) keeps its probe rounds under this folder: short SLO
+searches that rank configurations, not curves of the run, so reading the run leaves them out."""
+
+
 def read_results(run_dir: Path) -> list[Run]:
-    """Every results file under a run folder (runs from several machines can be merged in one folder)."""
+    """Every results file under a run folder (runs from several machines can be merged in one folder), but for
+    a search's probes (SEARCH_FOLDER below it)."""
     run_dir = Path(run_dir)
-    files = [run_dir] if run_dir.is_file() else sorted(run_dir.glob("**/results*.json"))
+    files = (
+        [run_dir]
+        if run_dir.is_file()
+        else [f for f in sorted(run_dir.glob("**/results*.json")) if SEARCH_FOLDER not in f.relative_to(run_dir).parts]
+    )
     if not files:
         raise FileNotFoundError(f"no results*.json under {run_dir}")
     runs = []

@@ -192,9 +192,19 @@ def batching_text(curve: Deployment, short: bool = True) -> str:
     delay = batcher.get("max_queue_delay_ms", 0)
     if curve.server_config is not None:  # Triton's model config: its dynamic batcher
         return "no dynamic batcher" if size == 1 else f"dynamic batcher ≤ {size}, wait ≤ {delay:g} ms"
-    if size == 1:
-        return "batching off"
-    return f"{'batch' if short else 'batching'} ≤ {size}, wait ≤ {delay:g} ms"
+    text = "batching off" if size == 1 else f"{'batch' if short else 'batching'} ≤ {size}, wait ≤ {delay:g} ms"
+    return f"{variant_text(curve)}, {text}" if curve.variant else text
+
+
+def variant_text(curve: Deployment) -> str:
+    """A variant's name and its accuracy against FP32 ("INT8 (min embedding cosine similarity to FP32 0.988)");
+    "FP32" for the export itself."""
+    if not curve.variant:
+        return "FP32"
+    accuracy = curve.variant.get("accuracy") or {}
+    figure = accuracy.get("figure")
+    kept = f" ({accuracy.get('label')} {figure:.3f})" if isinstance(figure, (int, float)) else ""
+    return f"{str(curve.variant.get('name', 'variant')).upper()}{kept}"
 
 
 def label(curve: Deployment) -> str:

@@ -10,7 +10,9 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from latlab.report import answer, pictures, sections
+from latlab.report import answer
+from latlab.report import pictures, sections
+from latlab.report.tried import tried_section
 from latlab.report.bench_plot import plot_bench
 from latlab.report.costs import price_amount_and_unit, price_unit
 from latlab.report.figures import curve_png
@@ -108,6 +110,8 @@ def write_report(
         for p in e.get("points", [])
     )
     body = [answer.answer_section(by_model, slos_s, prices, _prices_line(prices, example_prices), bench_gpu)]
+    searched = tried_section(run_dirs, curves, slos_s)
+    body += [searched] if searched else []
     body += _pictures(by_model, slos_s, prices, out)
     body.append(_gpu_notice([c for group in by_model.values() for c in group], bench, with_reference, reference_dir))
     for model, model_curves in by_model.items():

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 from prometheus_client import Gauge
@@ -145,6 +147,7 @@ class Deployment:
             "warmup": self.config.warmup,
             "allow_non_finite": self.config.allow_non_finite,
             "environment": self.environment,
+            **({"variant": variant} if (variant := variant_of(self.config.model_path)) else {}),
             **(
                 {"tokenizer": {"file": str(self.text.file), "max_length": self.text.max_length}}
                 if self.text is not None
@@ -162,6 +165,25 @@ class Deployment:
         if self._warmup.is_alive():
             self._warmup.join()
         self.batcher.close()
+
+
+def variant_of(model_path: Path) -> dict | None:
+    """What variant of an export the model file is, as `latlab export --int8 / --fp16` recorded it beside the file
+    (docs/variants.md): its precision and its accuracy against FP32; None for an export itself or a file with no
+    such record."""
+    try:
+        meta = json.loads((Path(model_path).parent / "metadata.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(meta, dict) or "precision" not in meta or "fp32_model" not in meta:
+        return None
+    accuracy = meta.get("accuracy") or {}
+    return {
+        "name": "int8" if str(meta["precision"]).startswith("int8") else "fp16",
+        "precision": meta["precision"],
+        "of": meta["fp32_model"],
+        "accuracy": {k: accuracy.get(k) for k in ("status", "label", "figure", "min_accuracy")},
+    }
 
 
 def environment(model: OnnxModel) -> dict:

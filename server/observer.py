@@ -52,8 +52,12 @@ class Observer:
     GIL back from the busy request threads: a general-purpose server (werkzeug's: a new thread per connection,
     line-by-line reads and writes) answered 2-4x slower than Granian's main port under overload."""
 
-    def __init__(self, app: WSGIApp, host: str, port: int) -> None:
+    def __init__(self, app: WSGIApp, host: str, port: int, main: tuple[str, int] | None = None) -> None:
+        """`main`: the server's main address; until it accepts a connection, /v2/health/ready here says not
+        ready (this port opens first, while Granian is still to bind the main one: a probe that trusted it
+        sent its first request to a closed port)."""
         self._app = read_only(app)
+        self._main, self._main_seen = main, main is None
         self._socket = _listening(host, port)
         self.host, self.port = host.strip("[]"), self._socket.getsockname()[1]
         self._threads = [
@@ -87,6 +91,9 @@ class Observer:
             environ = _environ(head, self.host, self.port, address)
         except ValueError as exc:
             return _response("400 BAD REQUEST", [("Content-Type", "application/json")], encode_error(str(exc)))
+        if environ["PATH_INFO"] == "/v2/health/ready" and not self._main_listening():
+            return _response("400 BAD REQUEST", [("Content-Type", "application/json")],
+                             encode_error("not ready: the main port does not accept connections yet"))  # fmt: skip
         found: list = []
         chunks = self._app(environ, lambda status, headers, exc_info=None: found.extend((status, headers)))
         try:
@@ -95,6 +102,18 @@ class Observer:
             if hasattr(chunks, "close"):
                 chunks.close()
         return _response(found[0], found[1], b"" if environ["REQUEST_METHOD"] == "HEAD" else body)
+
+    def _main_listening(self) -> bool:
+        """Whether the main port has accepted a connection (checked until it has once)."""
+        if not self._main_seen:
+            host, port = self._main  # type: ignore[misc]
+            host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host.strip("[]"), host.strip("[]"))
+            try:
+                socket.create_connection((host, port), timeout=0.5).close()
+                self._main_seen = True
+            except OSError:
+                return False
+        return True
 
 
 def _read_head(connection: socket.socket) -> bytes:

@@ -50,7 +50,7 @@ def app_from_env() -> Flask | WSGIApp:
         host, port = _observer_address(config)
         app = create_app(dataclasses.replace(config, metrics_port=port))
         try:
-            app.extensions["latlab.observer"] = Observer(app, host, port)
+            app.extensions["latlab.observer"] = Observer(app, host, port, main=(config.host, config.port))
         except OSError as exc:
             app.extensions["latlab"].close()
             raise ConfigError(f"cannot listen for /metrics and health on {host}:{port}: {exc.strerror}") from None

@@ -128,3 +128,34 @@ def test_lab_on_an_onnx_file_with_a_dynamic_sequence_axis_given_by_dim(tmp_path:
     check_results(run, "pooled-24", [24])
     verdict = verdict_of(run / "report.html", "pooled-24")
     assert "<table class='answer'>" in verdict and "pooled-24: at p99 ≤ 10 ms" in verdict
+
+
+def test_lab_searches_configurations_and_sweeps_the_best_beside_the_plans_two(
+    tmp_path: Path, short_quick_plan: None
+) -> None:
+    """--search-minutes: the search's best is served and swept in full as <model>-tuned, with the plan's two;
+    its probes stay out of the run's curves; the report lists every configuration tried, the best marked, and
+    why this model has no INT8 variant."""
+    import json
+
+    model = scorer(tmp_path / "scorer.onnx")
+    run = run_lab(tmp_path, "--onnx", str(model), "--slo", "20ms,80ms", "--search-minutes", "2", "--cpu-threads", "1")
+    (doc,) = read_results(run)  # the search's probe rounds are not curves of the run
+    assert [d.name for d in doc.deployments] == ["scorer-b1", "scorer-batch", "scorer-tuned"]
+    record = json.loads((run / "search" / "scorer-cpu" / "tune.json").read_text())
+    assert record["swept_as"] == "scorer-tuned" and record["slo_p99_s"] == 0.08  # the middle of the two SLOs
+    best = record["configurations"][0]["candidate"]
+    tuned = doc.deployments[2]
+    assert tuned.batcher["max_batch_size"] == best["max_batch_size"]
+    assert tuned.batcher["instances"] == best["instances"] and tuned.cpu["intra_op_threads"] == best["threads"]
+    assert tuned.steps and all(s.errors == 0 for s in tuned.steps) and tuned.slo_brackets
+    notes = json.loads((run / "search" / "variants.json").read_text())
+    assert notes["scorer"]["int8"]["status"] == "not made" and "PyTorch source" in notes["scorer"]["int8"]["why"]
+    page = (run / "report.html").read_text()
+    tried = page[page.index("<h2>Configurations tried</h2>") : page.index("<h3>scorer: latency against throughput")]
+    assert "scorer on cpu, ranked by p99 ≤ 80 ms" in tried
+    assert len(record["configurations"]) >= 2 and record["confirmed"]  # a climb, then its finalists side by side
+    table = tried[: tried.index("</table>")]
+    assert table.count("<tr>") - 1 == len(record["configurations"]) and table.count("★ ") == 1
+    assert "scorer-tuned, swept in full: p99 ≤ 20 ms:" in tried and "INT8 not made" in tried
+    assert page.index("<h2>Configurations tried</h2>") < page.index("<h3>scorer: latency against throughput</h3>")

@@ -40,12 +40,17 @@ def test_tune_an_onnx_file_prints_a_config_block_that_loads(tmp_path: Path, shor
     tried = record["tried"]
     assert tried and tried[0]["round"] == 0 and all(t["rate"] is None or t["rate"] > 0 for t in tried)
     assert record["stopped"].startswith(("the budget", "a top"))
-    assert len(record["rounds"]) == len({t["round"] for t in tried})
+    side_by_side = {t["round"] for t in record["confirmed"]}  # the finalists' rounds follow the climb's
+    assert len(record["rounds"]) == len({t["round"] for t in tried}) + len(side_by_side)
     configurations = record["configurations"]  # each once, best first: the mean of its probes
     assert len(configurations) == len({json.dumps(t["candidate"], sort_keys=True) for t in tried})
+    # the best few measured again side by side, finer, in the part of the budget kept for them; they decide
+    finalists = [c for c in configurations if c["confirmed"] is not None]
+    assert record["confirmed"] and len(finalists) >= 2 and configurations[: len(finalists)] == finalists
+    assert record["rounds"][-1]["resolution"] < record["rounds"][0]["resolution"]
     best = configurations[0]
-    assert best["rate"] == max(c["rate"] or 0 for c in configurations)
-    assert f"best: {best['label']}, {best['rate']:.0f} req/s" in printed
+    assert best["confirmed"] == max(c["confirmed"] for c in finalists)
+    assert f"best: {best['label']}, {best['confirmed']:.0f} req/s side by side" in printed
     block = printed[printed.index("[[deployments]]") :]
     assert block == (out / "best.toml").read_text() + "\n"
     (served,) = load_config(out / "best.toml").deployments

@@ -86,12 +86,19 @@ def cpu_only(tmp_path: Path) -> Path:
     return write_report([cpu_run(tmp_path)], SLOS, out=tmp_path / "report")
 
 
+def searched(tmp_path: Path) -> Path:
+    """A run whose lab searched configurations: the tried section follows the answer, never pushes it down."""
+    from .test_tried import searched_run
+
+    return write_report([searched_run(tmp_path)], SLOS, out=tmp_path / "report")
+
+
 @pytest.fixture
 def merged_report(tmp_path: Path) -> Path:
     return merged(tmp_path)
 
 
-@pytest.mark.parametrize("build, images", [(merged, 3), (cpu_only, 3)])
+@pytest.mark.parametrize("build, images", [(merged, 3), (cpu_only, 3), (searched, 2)])
 def test_verdict_table_is_in_the_first_viewport_and_every_image_loads(build, images: int, tmp_path: Path) -> None:
     facts = probe(build(tmp_path), tmp_path / "profile")
     # Headless chromium keeps room for a browser's toolbars out of the window: ~660 px of an 800 px window,

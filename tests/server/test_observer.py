@@ -164,3 +164,25 @@ def test_serve_refuses_a_taken_metrics_port_in_one_line(tmp_path: Path, tiny_mod
         result = subprocess.run([*CLI, "serve", "--config", str(config)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == f"latlab: error: metrics port {port} on 127.0.0.1 is in use"
+
+
+def test_it_says_ready_only_once_the_main_port_accepts_connections() -> None:
+    """The observer opens before Granian binds the main port: a readiness probe here must not send clients to a
+    port that refuses them. Its other routes answer meanwhile."""
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok"]
+
+    main_port = procs.free_port()
+    observer = Observer(app, "127.0.0.1", 0, main=("127.0.0.1", main_port))
+    url = f"http://127.0.0.1:{observer.port}"
+    try:
+        not_yet = requests.get(f"{url}/v2/health/ready", timeout=5)
+        assert not_yet.status_code == 400 and "main port" in not_yet.json()["error"]
+        assert requests.get(f"{url}/v2/health/live", timeout=5).status_code == 200
+        with listening(main_port):
+            assert requests.get(f"{url}/v2/health/ready", timeout=5).status_code == 200
+        assert requests.get(f"{url}/v2/health/ready", timeout=5).status_code == 200  # once seen, not probed again
+    finally:
+        observer.close()

@@ -1,0 +1,88 @@
+"""The lab's configuration search (`latlab lab --search-minutes M`): before the sweep, for each model and provider
+of the plan, `latlab tune`'s search (latlab/tune.py: a quick climb over variant, batching and core split, then
+its best few again side by side) within an equal share of the budget; the best it finds joins the plan as a
+deployment of its own, swept in full beside the plan's two, so the verdict picks among all of them and the
+report lists every configuration tried (report/tried.py reads what this writes).
+
+Written into the run folder: search/<model>-<provider>/ (each round's config, log and probes; tune.json) and
+search/variants.json (per model, each variant made, found, refused with its figure, or why none was made).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+from latlab.cli_options import parse_slo_bound
+from latlab.lab_plan import CpuShare, LabPlan, ModelPlan
+from latlab.lab_variants import ensure_variants
+from latlab.loadtest.results import SEARCH_FOLDER
+from latlab.tune import space_for
+from latlab.tune_run import TuneJob, run_tune
+
+TUNED = "tuned"
+"""The searched deployment's name ends so: <model>-tuned on a CPU plan, <model>-<provider>-tuned otherwise."""
+
+
+def tuned_name(plan: LabPlan, model: ModelPlan, provider: str) -> str:
+    return f"{model.name}-{TUNED}" if plan.providers == ("cpu",) else f"{model.name}-{provider}-{TUNED}"
+
+
+def search_plan(
+    run_dir: Path,
+    models_dir: Path,
+    plan: LabPlan,
+    paths: dict[str, Path],
+    share: CpuShare,
+    say: Callable[[str], None] = print,
+) -> LabPlan:
+    """Search every model on every provider of the plan; return the plan with each best as a tuned deployment
+    (ModelPlan.tuned). A search in which no configuration met the bound adds nothing, and says so."""
+    folder = run_dir / SEARCH_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    variants = ensure_variants(models_dir, plan, paths, say)
+    (folder / "variants.json").write_text(
+        json.dumps({name: v.notes for name, v in variants.items()}, indent=2, default=str) + "\n"
+    )
+    pairs = [(model, provider) for model in plan.models for provider in plan.providers]
+    each_s = plan.search_minutes * 60 / len(pairs)
+    models = []
+    for model in plan.models:
+        tuned = []
+        for provider in plan.providers:
+            slo = plan.tune_slo(model)
+            job = TuneJob(
+                plan,
+                model,
+                variants[model.name].for_provider(provider),
+                provider,
+                parse_slo_bound(slo),
+                folder / f"{model.name}-{provider}",
+                base={"model": model.name},
+            )
+            space = space_for(provider, share.cpu_threads, tuple(job.paths))
+            log = run_tune(job, space, each_s)
+            best = log.best()[0]
+            if not best.rate:
+                say(f"search {model.name} on {provider}: no configuration met p99 <= {slo}; nothing added")
+                continue
+            name = tuned_name(plan, model, provider)
+            entry = best.candidate.deployment(name, job.paths[best.candidate.variant], provider, job.base)
+            tuned.append(entry)
+            _mark(job.work / "tune.json", name)
+            held = best.confirmed or best.rate
+            say(
+                f"search {model.name} on {provider} (p99 <= {slo}): {len(log.configurations())} of "
+                f"{len(space.all())} configurations in {log.seconds:.0f} s; best {best.candidate.label()} "
+                f"({held:.0f} req/s), swept in full as {name}"
+            )
+        models.append(replace(model, tuned=tuple(tuned)))
+    return replace(plan, models=tuple(models))
+
+
+def _mark(tune_json: Path, deployment: str) -> None:
+    """Name, in the search's record, the deployment its best is swept as."""
+    record = json.loads(tune_json.read_text())
+    tune_json.write_text(json.dumps({**record, "swept_as": deployment}, indent=2) + "\n")
