@@ -7,7 +7,7 @@ each measured, and writes quality.json.
 
     .venv/bin/python benchmarks/tune_quality.py ffn --slo 25ms --models-dir models     # ~15 min on 2 cores
 
-Export the model's INT8 variant first (`latlab export ffn --d-model 128 --n-layers 128 --int8`) to search it too.
+The model and its INT8 variant are exported into --models-dir first unless they are there already.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from latlab.cli_options import parse_slo_bound  # noqa: E402
 from latlab.lab import ensure_models  # noqa: E402
 from latlab.lab_plan import PLANS, available_cores, cpu_share  # noqa: E402
 from latlab.tune import brute_force, confirm, quick_search, share_of_best, space_for  # noqa: E402
-from latlab.lab_variants import variants_on_disk  # noqa: E402
+from latlab.lab_variants import ensure_variants  # noqa: E402
 from latlab.tune_run import TuneJob, fine_probe, probe_round  # noqa: E402
 
 REFEREE_ROUNDS = 4
@@ -36,9 +36,9 @@ REFEREE_ROUNDS = 4
 def job_for(args: argparse.Namespace, plan, share, work: Path) -> TuneJob:
     model = plan.models[0]
     paths = ensure_models(args.models_dir, plan)
-    variants, found = variants_on_disk(args.models_dir, model.name, paths[model.name], "cpu")
-    print(found, flush=True)
-    return TuneJob(plan, model, variants, "cpu", parse_slo_bound(args.slo), work)
+    variants = ensure_variants(args.models_dir, plan, paths)[model.name]  # INT8 made now if missing
+    print(f"{model.name}: {variants.notes}", flush=True)
+    return TuneJob(plan, model, variants.for_provider("cpu"), "cpu", parse_slo_bound(args.slo), work)
 
 
 def main(argv: list[str] | None = None) -> None:
