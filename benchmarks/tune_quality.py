@@ -2,7 +2,7 @@
 search and a brute-force search measure the same space with the same probes (one server per round, an SLO search
 per configuration), each then measures its best few again side by side (tune.confirm), and a referee measures the
 two choices side by side, REFEREE_ROUNDS times in alternating order at the finalists' resolution: the quick
-search's share of the brute-force best is the ratio of their mean rates there. Prints how many configurations
+search's share of the brute-force best is the ratio of their median rates there. Prints how many configurations
 each measured, and writes quality.json.
 
     .venv/bin/python benchmarks/tune_quality.py ffn --slo 25ms --models-dir models     # ~15 min on 2 cores
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from dataclasses import replace
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
             order = both if k % 2 == 0 else both[::-1]
             for c, r in zip(order, fine_probe(referee_job)(order)):
                 referee[c].append(r or 0.0)
-        share_refereed = sum(referee[both[0]]) / max(sum(referee[both[1]]), 1e-9)
+        share_refereed = statistics.median(referee[both[0]]) / max(statistics.median(referee[both[1]]), 1e-9)
     else:
         share_refereed = 1.0
     print(f"referee: quick's choice {referee[both[0]]}, brute force's {referee[both[1]]}: share {share_refereed:.2f}")
