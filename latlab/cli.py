@@ -254,6 +254,13 @@ def _add_loadtest(sub: argparse._SubParsersAction) -> None:
         default=0.1,
         help="--slo search and --slos: the bracket's width as a fraction of the rate met (0.1)",
     )
+    load.add_argument(
+        "--slo-floor",
+        type=float,
+        default=1.0,
+        help="--slo search: halve the rate no further than this (req/s); below it the deployment meets the bound "
+        "at no rate (1)",
+    )
     load.add_argument("--workers", type=int, default=0, help="Locust distributed: local worker processes")
     load.add_argument("--expect-workers", type=int, default=0, help="Locust distributed: wait for remote workers")
     load.add_argument("--master-bind-host", default="127.0.0.1", help="where remote workers connect")
@@ -527,6 +534,8 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
         raise UserError(
             f"--text: a sentence needs at least 3 tokens ([CLS], a word, [SEP]), got --seq-len {args.seq_len}"
         )
+    if not 0 < args.slo_floor < float("inf"):
+        raise UserError(f"--slo-floor must be a positive rate in req/s, got {args.slo_floor:g}")
     if args.seq_len_max and args.seq_len_max < args.seq_len:
         raise UserError(f"--seq-len-max ({args.seq_len_max}) must be at least --seq-len ({args.seq_len})")
     if args.inputs is not None and args.text:
@@ -590,6 +599,7 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
         machine_name=args.machine_name,
         search=bool(slo) and not args.sweep and args.mode == "open",
         search_resolution=args.resolution,
+        search_floor=args.slo_floor,
         workers=args.workers,
         expect_workers=args.expect_workers,
         master_bind_host=args.master_bind_host,

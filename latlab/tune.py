@@ -61,7 +61,8 @@ class Candidate:
         (a deployment table of the user's config, say) with the searched settings over it."""
         base = base or {}
         batcher = {
-            **base.get("batcher", {}),
+            # a config's buckets end at its own max_batch_size: the server derives them from the searched one
+            **{k: v for k, v in base.get("batcher", {}).items() if k != "batch_buckets"},
             "max_batch_size": self.max_batch_size,
             "max_queue_delay_ms": self.max_queue_delay_ms,
             "adaptive": self.adaptive,
@@ -179,7 +180,7 @@ def layouts_for(cores: int) -> tuple[tuple[int, int], ...]:
 def space_for(provider: str, cores: int, variants: Iterable[str] = ("fp32",)) -> Space:
     """The space `latlab tune` searches on a provider: variants it may serve, batching, the CPU's core splits
     (cores = the ORT threads the CPU deployment may take), CUDA graphs on a GPU."""
-    variants = tuple(variants)
+    variants = tuple(sorted(variants, key=lambda v: v == "fp32"))  # the provider's variant first: the climb's start
     if provider == "cpu":
         return Space(variants=variants, layouts=layouts_for(max(1, cores)))
     return Space(variants=variants, layouts=((1, 1), (2, 1)), cuda_graphs=(False, True))

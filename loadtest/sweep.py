@@ -94,6 +94,9 @@ class SweepPlan:
     slo_margin: float = 2.0
     search: bool = False
     search_resolution: float = 0.05
+    search_floor: float = 1.0
+    """The SLO search halves the rate no further than this (req/s): below it a deployment counts as meeting the
+    bound at no rate (a tuning probe ranks, and need not resolve what holds a tiny fraction of the best)."""
     users_per_process: int = 1
     workers: int = 0
     expect_workers: int = 0
@@ -335,7 +338,9 @@ def _search(plan: SweepPlan, driver: LoadDriver, measure: Callable[[float], Step
         return step
 
     try:
-        result = slo_search(probe, plan.slo_p99_s, start=plan.loads[0], resolution=plan.search_resolution)
+        result = slo_search(
+            probe, plan.slo_p99_s, start=plan.loads[0], resolution=plan.search_resolution, min_rate=plan.search_floor
+        )
     except ServerGone as exc:
         return None, f"search stopped: {exc}"
     return result.as_dict(), result.summary()

@@ -197,14 +197,30 @@ def test_the_finalists_round_the_budget_cannot_pay_for_is_not_started():
     assert "side by side 1 time" in log.stopped
 
 
-@pytest.mark.parametrize("seed", range(8))
-def test_with_noisy_probes_the_quick_search_and_its_finalists_find_nearly_the_best(seed):
+def test_with_noisy_probes_the_quick_search_and_its_finalists_find_nearly_the_best():
     """Screening probes off by up to 20% and rounded down to 20% brackets, the finalists' to 5% with 5% noise, on
-    the space the lab's CPU deployment has on 2 cores (one core: variant and batching): the configuration chosen
-    holds >= 90% of the best rate of the space, judged by the known rates, from under a third of it."""
+    the space the lab's CPU deployment has on 2 cores (one core: variant and batching), in 100 seeded draws: the
+    configuration chosen holds >= 90% of the best rate of the space (judged by the known rates) in at least 95,
+    never below 85%, each from under a third of the space. Without the finalists' stage 14 of 100 fall below 90%
+    (docs/tuning.md)."""
     space = space_for("cpu", 1, ("fp32", "int8"))
-    quick = quick_search(space, noisy(seed, 0.2, 0.2), budget_s=float("inf"))
-    confirm(quick, noisy(seed + 100, 0.05, 0.05))
     best = max(held(c) for c in space.all())
-    assert held(quick.best()[0].candidate) >= 0.9 * best, (quick.best()[0].candidate.label(), seed)
-    assert len(quick.configurations()) <= len(space.all()) / 3
+    shares = []
+    for seed in range(100):
+        quick = quick_search(space, noisy(seed, 0.2, 0.2), budget_s=float("inf"))
+        confirm(quick, noisy(seed + 100, 0.05, 0.05))
+        shares.append(held(quick.best()[0].candidate) / best)
+        assert len(quick.configurations()) <= len(space.all()) / 3
+    assert sum(s >= 0.9 for s in shares) >= 95 and min(shares) >= 0.85, sorted(shares)[:10]
+
+
+def test_a_configs_batch_buckets_give_way_to_the_searched_batch_size(tmp_path, tiny_model):
+    """A config's buckets end at its own max_batch_size; a candidate of another size takes the server's default
+    buckets for its size (on CUDA with graphs too), so every configuration the search serves loads."""
+    base = {"name": "mine", "batcher": {"max_batch_size": 24, "batch_buckets": [1, 8, 24], "max_queue_size": 50}}
+    for provider, c in (("cpu", Candidate("fp32", 16, 2.0)), ("cuda", Candidate("fp32", 32, 2.0, cuda_graphs=True))):
+        path = tmp_path / f"{provider}.toml"
+        path.write_text(dumps_config({"deployments": [c.deployment("m", tiny_model, provider, base)]}))
+        (deployment,) = load_config(path).deployments
+        buckets = deployment.batcher.batch_buckets  # none on the CPU by default
+        assert (not buckets or buckets[-1] == c.max_batch_size) and deployment.batcher.max_queue_size == 50

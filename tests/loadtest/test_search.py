@@ -90,3 +90,27 @@ def test_stability_flags_windows_that_disagree_beyond_their_noise():
     assert not is_stable([window, window, {**window, "ok": 390}])  # 90 more than 300: > 3 sigma of ~26
     assert is_stable([window, window, {**window, "p99_low_s": 0.019, "p99_high_s": None}])  # no upper bound
     assert not is_stable([window, window])
+
+
+def test_the_search_halves_no_further_than_its_floor():
+    """A tuning probe ranks: below a share of the best so far a configuration is out of the running, and the
+    low rates cost the slowest steps (`latlab loadtest --slo-floor`)."""
+    probed: list[float] = []
+    measure = simulated(capacity=2000, slo_break=3)
+
+    def counted(rate: float) -> Step:
+        probed.append(rate)
+        return measure(rate)
+
+    below = slo_search(counted, 0.050, start=400, min_rate=50)
+    assert below.rate is None and min(probed) >= 50 and "no probed rate" in below.reasons[0]
+    import subprocess
+    import sys
+
+    args = ["--host", "http://127.0.0.1:9", "--deployment", "d", "--slo", "p99=50ms", "--slo-floor", "0"]
+    refused = subprocess.run(
+        [sys.executable, "-m", "latlab.cli", "loadtest", *args], capture_output=True, text=True, timeout=120
+    )
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "latlab: error: --slo-floor must be a positive rate in req/s, got 0"
+    ]
