@@ -67,3 +67,20 @@ def test_your_own_onnx_file_gets_no_variant_and_the_note_says_why(tmp_path: Path
     variants = ensure_variants(tmp_path, plan, {"tiny": tiny_model})["tiny"]
     assert variants.paths == {"fp32": tiny_model}
     assert variants.notes["int8"]["status"] == "not made" and "PyTorch source" in variants.notes["int8"]["why"]
+
+
+def test_a_gpu_plan_gets_fp16_for_cuda_and_int8_for_the_cpu_from_one_export(tmp_path: Path) -> None:
+    """FP16's parity is checked against PyTorch, so the model is exported again with it, and the INT8 made from
+    that export; each provider is offered only its own (checked here on the CPU, where the FP16 check runs)."""
+    plan = replace(mlp_plan(), providers=("cpu", "cuda"))
+    paths = ensure_models(tmp_path, plan)
+    variants = ensure_variants(tmp_path, plan, paths, lambda line: None)["mlp"]
+    assert {v: n["status"] for v, n in variants.notes.items()} == {"fp16": "made", "int8": "made"}
+    assert set(variants.for_provider("cuda")) == {"fp32", "fp16"} and set(variants.for_provider("cpu")) == {
+        "fp32",
+        "int8",
+    }
+    for variant in ("int8", "fp16"):  # both from the export now on disk
+        found, _ = variants_on_disk(tmp_path, "mlp", paths["mlp"], "cpu" if variant == "int8" else "cuda")
+        assert found[variant] == variants.paths[variant]
+    assert variant_of(variants.paths["fp16"])["name"] == "fp16"
