@@ -263,19 +263,25 @@ Probe = Callable[[list[Candidate]], list[float | None]]
 
 
 def quick_search(
-    space: Space, probe: Probe, budget_s: float, clock: Callable[[], float] = time.monotonic, min_gain: float = MIN_GAIN
+    space: Space,
+    probe: Probe,
+    budget_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    min_gain: float = MIN_GAIN,
+    reserve_probes: int = 0,
 ) -> SearchLog:
     """Climb from space.start(): measure it, then in each round the current configuration again beside every
     neighbour not measured yet, and move to the round's best when it held min_gain more than the current one did
     in the same round (side by side: a lucky earlier probe of the current one cannot stop the climb). Stop at a
-    top, or when the budget cannot pay for the round (a probe's cost: the mean so far); a round the budget pays
-    for only in part is cut short, and the log says so. confirm() then decides among the best few."""
+    top, or when the budget cannot pay for the round (a probe's cost: the mean so far) and `reserve_probes` more
+    (what confirm() will need); a round the budget pays for only in part is cut short, and the log says so.
+    confirm() then decides among the best few."""
     log, began = SearchLog(), clock()
     current, pending, round_ = space.start(), [space.start()], 0
     while pending:
         if log.tried and math.isfinite(budget_s):
             spent = clock() - began
-            affordable = int(max(0.0, budget_s - spent) // max(spent / len(log.tried), 1e-9))
+            affordable = int(max(0.0, budget_s - spent) // max(spent / len(log.tried), 1e-9)) - reserve_probes
             if affordable < len(pending):
                 log.stopped = f"the budget ({budget_s:g} s): {len(pending) - affordable} of a round left unmeasured"
                 pending = pending[:affordable]
@@ -321,23 +327,29 @@ def confirm(
     finalists: int = FINALISTS,
     rounds: int = CONFIRM_ROUNDS,
     clock: Callable[[], float] = time.monotonic,
+    probe_cost_s: float = 0.0,
 ) -> SearchLog:
     """Measure the screening's best few again side by side, `rounds` times in alternating order (`probe` is
     the finer one), so that the best is decided by rates taken together rather than by coarse probes minutes
     apart, the highest of which is more likely luck than the best (a brute force's top five of mlp lay within 6%
-    here, its best a maximum of noisy probes). A round the budget cannot pay for at the cost of the last is not
-    started; the first always runs."""
+    here, its best a maximum of noisy probes). A round the budget cannot pay for is not started: the first at
+    `probe_cost_s` a configuration, the others at the cost of the last; the log says what was measured."""
     chosen = [t.candidate for t in log.best(finalists) if t.rate]
     if len(chosen) < 2:
         return log
     began, done = clock(), 0
     for k in range(rounds):
-        if done and (clock() - began) / done * (done + 1) > budget_s:
+        cost = (clock() - began) / done if done else probe_cost_s * len(chosen)
+        if clock() - began + cost > budget_s:
             break
         order = chosen if k % 2 == 0 else chosen[::-1]
         log.confirmed += [Tried(c, r, round=k, note="side by side") for c, r in zip(order, probe(order))]
         done += 1
-    log.stopped += f"; the best {len(chosen)} measured again side by side {done} time{'s' if done > 1 else ''}"
+    log.stopped += (
+        f"; the best {len(chosen)} measured again side by side {done} time{'s' if done > 1 else ''}"
+        if done
+        else f"; the budget left no time to measure the best {len(chosen)} again side by side"
+    )
     log.seconds += clock() - began
     return log
 

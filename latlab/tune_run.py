@@ -6,6 +6,7 @@ is measured cost no CPU, so candidates of a round do not disturb each other's fi
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -16,15 +17,16 @@ from latlab.lab import start_server, step_args, write_samples
 from latlab.lab_plan import LabPlan, ModelPlan
 from latlab.loadtest.results import read_results
 from latlab.server.config import dumps_config, save_config
-from latlab.tune import Candidate, SearchLog, Space, confirm, quick_search
+from latlab.tune import FINALISTS, Candidate, SearchLog, Space, confirm, quick_search
 
 PROBE_RESOLUTION = 0.2
 """The SLO search of a screening probe stops once its bracket is this narrow: enough to rank, a few steps each."""
 CONFIRM_RESOLUTION = 0.05
 """The finalists' SLO searches (tune.confirm) go this fine: two more steps each, and a 20% bracket no longer
 hides which of two close configurations holds more."""
-CONFIRM_SHARE = 0.3
-"""The part of the budget kept for measuring the finalists again side by side."""
+FINE_COST = 1.5
+"""What a finalist's probe (to CONFIRM_RESOLUTION) costs against a screening one (to PROBE_RESOLUTION): about two
+more steps of a few. The climb keeps FINALISTS x FINE_COST probes of its budget for them."""
 FLOOR_SHARE = 0.25
 """A probe stops halving the rate below this share of the best rate so far: a configuration that cannot hold a
 quarter of the best is out of the running, and resolving it costs the slowest steps (at a few req/s a step
@@ -131,12 +133,14 @@ def probe_args(job: TuneJob, host: str, folder: Path, count: int, resolution: fl
 
 def run_tune(job: TuneJob, space: Space, budget_s: float) -> SearchLog:
     """The quick search over `space` with real probes, then its best few measured again side by side, finer
-    (CONFIRM_SHARE of the budget); writes tune.json (every round, every configuration tried)."""
+    (the climb keeps their cost from its budget); writes tune.json (every round, every configuration tried)."""
     job.work.mkdir(parents=True, exist_ok=True)
     write_samples(job.work, job.plan)
     began = time.monotonic()
-    log = quick_search(space, lambda candidates: probe_round(job, candidates), budget_s * (1 - CONFIRM_SHARE))
-    confirm(log, fine_probe(job), budget_s - (time.monotonic() - began))
+    reserve = math.ceil(FINALISTS * FINE_COST)
+    log = quick_search(space, lambda candidates: probe_round(job, candidates), budget_s, reserve_probes=reserve)
+    per_probe = (time.monotonic() - began) / max(1, len(log.tried))
+    confirm(log, fine_probe(job), budget_s - (time.monotonic() - began), probe_cost_s=per_probe * FINE_COST)
     (job.work / "tune.json").write_text(json.dumps(tune_record(job, log), indent=2) + "\n")
     return log
 

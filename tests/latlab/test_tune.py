@@ -192,9 +192,21 @@ def test_the_finalists_round_the_budget_cannot_pay_for_is_not_started():
     space = space_for("cpu", 2, ("fp32",))
     log = brute_force(space, lambda cs: [held(c) for c in cs])
     clock = Clock(per_probe=10.0)
-    confirm(log, clock.probe, budget_s=50.0, finalists=3, rounds=3, clock=clock)
-    assert clock.probes == 3 and clock.now <= 50.0 + 30.0  # the first round always runs; a second would pass 50 s
+    confirm(log, clock.probe, budget_s=50.0, finalists=3, rounds=3, clock=clock, probe_cost_s=10.0)
+    assert clock.probes == 3 and clock.now <= 50.0  # a second round would pass 50 s
     assert "side by side 1 time" in log.stopped
+    short = brute_force(space, lambda cs: [held(c) for c in cs])
+    clock = Clock(per_probe=10.0)
+    confirm(short, clock.probe, budget_s=20.0, finalists=3, clock=clock, probe_cost_s=10.0)
+    assert clock.probes == 0 and not short.confirmed and "left no time" in short.stopped
+
+
+def test_the_climb_keeps_the_finalists_share_of_the_budget():
+    space = space_for("cpu", 2, ("fp32", "int8"))
+    clock = Clock(per_probe=10.0)
+    log = quick_search(space, clock.probe, budget_s=85.0, clock=clock, reserve_probes=3)
+    assert clock.now <= 85.0 - 30.0 and len(log.tried) == 5  # 5 probes, and 3 left for the finalists
+    assert log.stopped.startswith("the budget")
 
 
 def test_with_noisy_probes_the_quick_search_and_its_finalists_find_nearly_the_best():
