@@ -1,5 +1,6 @@
-"""Each side at its best, on the CPU: per model, INT8 against FP32 served rate under a p99 bound, with the variant's
-accuracy, and the configuration `latlab tune` finds against the lab's best of two, all measured side by side.
+"""Each side at its best: per model, the provider's variant against FP32 served rate under a p99 bound (INT8 on the
+CPU, FP16 with --provider cuda), with the variant's accuracy, and the configuration `latlab tune` finds against the
+lab's best of two, all measured side by side.
 
 For each model: the tune search (quick climb, then its best few again side by side) over FP32 and INT8 within
 --search-minutes; then ROUNDS rounds, in alternating order, of one server serving the lab's two deployments
@@ -7,6 +8,7 @@ For each model: the tune search (quick climb, then its best few again side by si
 an SLO search to CONFIRM_RESOLUTION. A configuration's rate is the median over the rounds.
 
     .venv/bin/python benchmarks/search_vs_lab.py minilm cnn --slo 50ms --models-dir models   # ~25 min on 2 cores
+    python benchmarks/search_vs_lab.py minilm cnn --slo 50ms --provider cuda                # FP16 on a GPU
 
 The models are exported with their INT8 variant into --models-dir first unless they are there already.
 """
@@ -28,7 +30,7 @@ from latlab.cli_options import parse_slo_bound  # noqa: E402
 from latlab.lab import ensure_models  # noqa: E402
 from latlab.lab_plan import PLANS, available_cores, cpu_share  # noqa: E402
 from latlab.tune import Candidate, space_for  # noqa: E402
-from latlab.lab_variants import ensure_variants  # noqa: E402
+from latlab.lab_variants import FOR_PROVIDER, ensure_variants  # noqa: E402
 from latlab.tune_run import TuneJob, fine_probe, run_tune  # noqa: E402
 
 ROUNDS = 3
@@ -36,13 +38,13 @@ ROUNDS = 3
 in a few is thrown low by a hiccup of the shared machine: mlp INT8 batch <= 64 held 3117 then 5599 req/s)."""
 
 
-def prepared(models_dir: Path, plan, name: str) -> tuple[dict[str, Path], dict]:
-    """The model's FP32 export and INT8 variant (made now unless they are there, from this very export), and the
-    variant's note (its accuracy, or why there is none)."""
+def prepared(models_dir: Path, plan, name: str, provider: str) -> tuple[dict[str, Path], dict]:
+    """The model's FP32 export and the provider's variant (INT8 on the CPU, FP16 on CUDA; made now unless they
+    are there, from this very export), and the variant's note (its accuracy, or why there is none)."""
     paths = ensure_models(models_dir, plan)
     variants = ensure_variants(models_dir, plan, paths)[name]
     print(f"{name}: {variants.notes}", flush=True)
-    return variants.for_provider("cpu"), variants.notes.get("int8", {})
+    return variants.for_provider(provider), variants.notes.get(FOR_PROVIDER[provider], {})
 
 
 def lab_two(plan, name: str, threads: int, variant: str) -> list[Candidate]:
@@ -59,28 +61,31 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", help="zoo models: mlp, ffn, cnn, minilm")
     parser.add_argument("--slo", default="50ms")
+    parser.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="cuda: FP16 against FP32")
     parser.add_argument("--search-minutes", type=float, default=5.0)
     parser.add_argument("--models-dir", type=Path, default=Path("models"))
     parser.add_argument("--out", type=Path, default=Path("runs") / f"search-vs-lab-{time.strftime('%Y%m%d-%H%M%S')}")
     args = parser.parse_args(argv)
     share = cpu_share(available_cores())
     slo_s = parse_slo_bound(args.slo)
-    summary = {"slo": args.slo, "cpu_threads": share.cpu_threads, "models": {}}
+    provider, threads = args.provider, share.cpu_threads if args.provider == "cpu" else 1
+    low = FOR_PROVIDER[provider]
+    summary = {"slo": args.slo, "provider": provider, "cpu_threads": share.cpu_threads, "models": {}}
     for name in args.models:
-        plan = replace(PLANS["cpu"].only([name]), bench=False)
+        plan = replace(PLANS["cpu" if provider == "cpu" else "gpu"].only([name]), bench=False)
         plan = replace(plan, step_seconds=PLANS["quick"].step_seconds, warmup_seconds=PLANS["quick"].warmup_seconds,
                        max_windows=PLANS["quick"].max_windows)  # fmt: skip
-        variants, accuracy = prepared(args.models_dir, plan, name)
+        variants, accuracy = prepared(args.models_dir, plan, name, provider)
         model = plan.models[0]
-        space = space_for("cpu", share.cpu_threads, tuple(variants))
-        job = TuneJob(plan, model, variants, "cpu", slo_s, args.out / name / "tune", base={"model": name})
+        space = space_for(provider, threads, tuple(variants))
+        job = TuneJob(plan, model, variants, provider, slo_s, args.out / name / "tune", base={"model": name})
         log = run_tune(job, space, args.search_minutes * 60)
         tuned = log.best()[0].candidate
         print(f"{name}: tune measured {len(log.configurations())} of {len(space.all())} in {log.seconds:.0f} s, "
               f"best {tuned.label()}; {log.stopped}", flush=True)  # fmt: skip
-        fp32, int8 = lab_two(plan, name, share.cpu_threads, "fp32"), lab_two(plan, name, share.cpu_threads, "int8")
-        contenders = list(dict.fromkeys([*fp32, *int8, tuned]))
-        side = TuneJob(plan, model, variants, "cpu", slo_s, args.out / name / "side-by-side", base={"model": name})
+        fp32, lower = lab_two(plan, name, threads, "fp32"), lab_two(plan, name, threads, low)
+        contenders = list(dict.fromkeys([*fp32, *lower, tuned]))
+        side = TuneJob(plan, model, variants, provider, slo_s, args.out / name / "side-by-side", base={"model": name})
         side.start_rate = job.start_rate
         rates: dict[Candidate, list[float]] = {c: [] for c in contenders}
         for k in range(ROUNDS):
@@ -90,17 +95,17 @@ def main(argv: list[str] | None = None) -> None:
         mean = {c: statistics.median(v) for c, v in rates.items()}
         best_of_two = max(fp32, key=lambda c: mean[c])
         record = {
-            "int8": accuracy,
+            low: accuracy,
             "configurations": [
                 {
                     "label": c.label(),
                     "rates": rates[c],
                     "median_rps": mean[c],
-                    "role": "tuned" if c == tuned else ("lab" if c in fp32 else "lab settings, int8"),
+                    "role": "tuned" if c == tuned else ("lab" if c in fp32 else f"lab settings, {low}"),
                 }
                 for c in contenders
             ],  # fmt: skip
-            "int8_over_fp32": {fp.label(): (mean[q] / mean[fp] if mean[fp] else None) for fp, q in zip(fp32, int8)},
+            f"{low}_over_fp32": {fp.label(): (mean[q] / mean[fp] if mean[fp] else None) for fp, q in zip(fp32, lower)},
             "lab_best_of_two": best_of_two.label(),
             "tuned": tuned.label(),
             "tuned_over_lab_best": mean[tuned] / mean[best_of_two] if mean[best_of_two] else None,
