@@ -164,7 +164,15 @@ class BatchQueue:
 
     @property
     def full(self) -> bool:
-        return self._count >= self.settings.max_queue_size
+        return self.full_for(0)
+
+    def full_for(self, free_instances: int) -> bool:
+        """Whether a request past this one would find no room: max_queue_size waiting, not counting the
+        requests free instances will take at once (up to max_batch_size each). Without that allowance the queue
+        refused requests the deployment's admission bound (max_queue_size + instances x max_batch_size) had let
+        in, when they arrived faster than a free instance dequeued the first of them."""
+        room = self.settings.max_queue_size + max(0, free_instances) * self.settings.max_batch_size
+        return self._count >= room
 
     def full_error(self) -> QueueFull:
         return QueueFull(f"queue is full ({self.settings.max_queue_size} requests waiting)")
@@ -182,9 +190,9 @@ class BatchQueue:
             )
         return priority or self.settings.default_priority_level
 
-    def put(self, pending: Pending) -> None:
+    def put(self, pending: Pending, free_instances: int = 0) -> None:
         level = self._admissible(pending)
-        if self.full:
+        if self.full_for(free_instances):
             raise self.full_error()
         self._enqueue(pending, level)
         self.arrivals.arrived(pending.enqueued_at)

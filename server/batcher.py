@@ -92,7 +92,7 @@ class DynamicBatcher:
             free = self._settings.instances - self._busy
             if not run_here or self._queue or free < 1 or self._closing:
                 direct = False
-                self._put(pending)
+                self._put(pending, free)
             else:  # decided at arrival, never queued: the queue stays empty and its gauge untouched
                 direct = self._queue.sends_alone(pending, free)
                 if not direct:
@@ -143,12 +143,12 @@ class DynamicBatcher:
             outputs=None if outputs is None else tuple(outputs),
         )
 
-    def _put(self, pending: Pending) -> None:
+    def _put(self, pending: Pending, free_instances: int = 0) -> None:
         """Queue it (the caller holds the lock)."""
         if self._closing:
             raise ModelNotReady("deployment is shutting down")
         try:
-            self._queue.put(pending)
+            self._queue.put(pending, free_instances)
         except QueueFull:
             self._metrics.rejected("queue_full")
             raise
@@ -158,7 +158,7 @@ class DynamicBatcher:
         """Raise QueueFull, counting the rejection, when the queue is full right now. Read without the lock:
         a racy snapshot, enough to refuse a request before its body is read; submit's own check, under the
         lock, stays the authority for the requests let through."""
-        if self._queue.full:
+        if self._queue.full_for(self._settings.instances - self._busy):
             self._metrics.rejected("queue_full")
             raise self._queue.full_error()
 

@@ -168,6 +168,20 @@ def test_queue_full_raises_queue_full() -> None:
     queue.put(pending(10.0))  # room again once a batch left
 
 
+def test_requests_a_free_instance_will_take_are_not_counted_as_waiting() -> None:
+    """The deployment admits max_queue_size + instances x max_batch_size; requests that arrive faster than a free
+    instance dequeues them must not be refused by the queue's bound for them."""
+    queue = BatchQueue(settings(max_queue_size=2, max_batch_size=4))
+    for _ in range(2 + 4):  # two waiting, and a batch a free instance will take
+        queue.put(pending(0.0), free_instances=1)
+    assert queue.full_for(1) and not queue.full_for(2)
+    with pytest.raises(QueueFull):
+        queue.put(pending(0.0), free_instances=1)
+    with pytest.raises(QueueFull):  # with every instance busy, max_queue_size is the bound again
+        queue.put(pending(0.0), free_instances=0)
+    assert len(queue) == 6
+
+
 def test_queue_refuses_a_request_larger_than_max_batch_size() -> None:
     queue = BatchQueue(settings(max_batch_size=4))
     with pytest.raises(BadRequest, match="batch of 5 exceeds this deployment's max_batch_size 4"):
