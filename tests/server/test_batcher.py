@@ -195,10 +195,13 @@ def test_metrics_record_batch_sizes_and_queue_depth(batchers) -> None:
 
 
 def test_queue_full_is_refused_at_once_and_observed(batchers) -> None:
+    """max_queue_size waiting, besides the batch a free instance will take (the deployment's admission bound,
+    max_queue_size + instances x max_batch_size, admits as many): here the one instance waits out its delay for
+    a batch of 3, so 2 + 3 fit and the 6th is refused, at once, whether or not the worker took its batch yet."""
     metrics = MetricsRecorder()
-    batcher = batchers(Recorder(), metrics, max_batch_size=8, max_queue_delay_ms=60_000.0, max_queue_size=2)
-    batcher.submit({"x": x(1)}, 1)
-    batcher.submit({"x": x(1)}, 1)
+    batcher = batchers(Recorder(), metrics, max_batch_size=3, max_queue_delay_ms=60_000.0, max_queue_size=2)
+    for _ in range(2 + 3):
+        batcher.submit({"x": x(1)}, 1)
     with pytest.raises(QueueFull):
         batcher.submit({"x": x(1)}, 1)
     assert metrics.rejections == ["queue_full"]
