@@ -198,12 +198,20 @@ def test_queue_full_is_refused_at_once_and_observed(batchers) -> None:
     """max_queue_size waiting, besides the batch a free instance will take (the deployment's admission bound,
     max_queue_size + instances x max_batch_size, admits as many): here the one instance waits out its delay for
     a batch of 3, so 2 + 3 fit and the 6th is refused, at once, whether or not the worker took its batch yet."""
-    metrics = MetricsRecorder()
-    batcher = batchers(Recorder(), metrics, max_batch_size=3, max_queue_delay_ms=60_000.0, max_queue_size=2)
-    for _ in range(2 + 3):
-        batcher.submit({"x": x(1)}, 1)
-    with pytest.raises(QueueFull):
-        batcher.submit({"x": x(1)}, 1)
+    metrics, held = MetricsRecorder(), threading.Event()
+
+    def run(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        held.wait(RESULT_WAIT_S)  # the first batch stays in flight while the test submits
+        return {"y": inputs["x"] * 2}
+
+    batcher = batchers(run, metrics, max_batch_size=3, max_queue_delay_ms=60_000.0, max_queue_size=2)
+    try:
+        for _ in range(2 + 3):
+            batcher.submit({"x": x(1)}, 1)
+        with pytest.raises(QueueFull):
+            batcher.submit({"x": x(1)}, 1)
+    finally:
+        held.set()
     assert metrics.rejections == ["queue_full"]
 
 
