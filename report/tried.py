@@ -34,9 +34,9 @@ def tried_section(run_dirs: list[Path], curves: list[Deployment], slos_s: list[f
     parts = [
         "<h2>Configurations tried</h2>"
         "<p>Before the sweep the lab searched each model's configurations per provider (docs/tuning.md): short "
-        "SLO searches rank them (screened, to 20%), the best few are measured again side by side (to 5%), and "
-        "the best is swept in full as a deployment of its own, so the answer above chooses among it and the "
-        "plan's two. Rates here are under the bound the search ranked by.</p>"
+        "SLO searches rank them (screened), the best few are measured again side by side, finer, and the best is "
+        "swept in full as a deployment of its own, so the answer above chooses among it and the plan's two. Rates "
+        "here are under the bound the search ranked by.</p>"
     ]
     for record in records:
         parts.append(_search_table(record, notes.get(record["model"], {}), by_name, slos_s))
@@ -73,10 +73,13 @@ def _search_table(record: dict, notes: dict, by_name: dict[str, Deployment], slo
         for variant, note in notes.items()
         if note.get("status") in ("refused", "not made")
     )
+    resolutions = sorted({r["resolution"] for r in record.get("rounds", []) if r.get("resolution")}, reverse=True)
+    finer = " and ".join(f"{r:.0%}" for r in resolutions)
     return (
         f"<h3>{esc(record['model'])} on {esc(record['provider'])}, ranked by p99 ≤ {bound_ms:g} ms</h3>"
-        f"<p>{len(record['configurations'])} configurations measured in {record['seconds']:.0f} s; "
-        f"{esc(record['stopped'])}.</p>"
+        f"<p>{len(record['configurations'])} configurations measured in {record['seconds']:.0f} s"
+        + (f" (SLO searches to {finer})" if finer else "")
+        + f"; {esc(record['stopped'])}.</p>"
         "<table><tr><th>configuration</th><th>variant's accuracy against FP32</th>"
         f"<th>req/s under p99 ≤ {bound_ms:g} ms, screened</th><th>side by side</th><th>how measured</th></tr>"
         f"{''.join(rows)}</table>{full}" + (f"<ul>{refused}</ul>" if refused else "")
