@@ -167,12 +167,15 @@ class BatchQueue:
         return self.full_for(0)
 
     def full_for(self, free_instances: int) -> bool:
-        """Whether a request past this one would find no room: max_queue_size waiting, not counting the
-        requests free instances will take at once (up to max_batch_size each). Without that allowance the queue
+        """Whether one more request would leave more than max_queue_size waiting, not counting those that
+        complete full batches free instances take at once (one sample per request assumed; larger requests only
+        make it stricter). As in Triton, requests an idle instance holds while waiting out its delay for a
+        batch to fill do count: max_queue_size bounds them. Without the allowance for full batches the queue
         refused requests the deployment's admission bound (max_queue_size + instances x max_batch_size) had let
-        in, when they arrived faster than a free instance dequeued the first of them."""
-        room = self.settings.max_queue_size + max(0, free_instances) * self.settings.max_batch_size
-        return self._count >= room
+        in, when they arrived before a free instance dequeued the first of them."""
+        after = self._count + 1
+        taken = min(max(0, free_instances), after // self.settings.max_batch_size) * self.settings.max_batch_size
+        return after - taken > self.settings.max_queue_size
 
     def full_error(self) -> QueueFull:
         return QueueFull(f"queue is full ({self.settings.max_queue_size} requests waiting)")

@@ -29,7 +29,7 @@ def test_tune_an_onnx_file_prints_a_config_block_that_loads(tmp_path: Path, shor
     out = tmp_path / "tune"
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     status = cli.main(
-        ["tune", "--onnx", str(model), "--slo", "20ms", "--search-minutes", "0.75", "--cores", "1"]
+        ["tune", "--onnx", str(model), "--slo", "20ms", "--search-minutes", "1.5", "--cores", "1"]
         + ["--models-dir", str(tmp_path / "models"), "--out", str(out)]
     )
     printed = capsys.readouterr().out

@@ -169,17 +169,20 @@ def test_queue_full_raises_queue_full() -> None:
 
 
 def test_requests_a_free_instance_will_take_are_not_counted_as_waiting() -> None:
-    """The deployment admits max_queue_size + instances x max_batch_size; requests that arrive faster than a free
-    instance dequeues them must not be refused by the queue's bound for them."""
-    queue = BatchQueue(settings(max_queue_size=2, max_batch_size=4))
-    for _ in range(2 + 4):  # two waiting, and a batch a free instance will take
+    """The deployment admits max_queue_size + instances x max_batch_size; requests that complete a batch a free
+    instance takes at once must not be refused by the queue's bound for them (they arrived before the worker
+    dequeued the first). Requests an idle instance holds while its batch fills do count, as in Triton."""
+    queue = BatchQueue(settings(max_queue_size=2, max_batch_size=2))
+    for _ in range(2 + 2):  # a full batch a free instance takes, and two waiting
         queue.put(pending(0.0), free_instances=1)
-    assert queue.full_for(1) and not queue.full_for(2)
     with pytest.raises(QueueFull):
         queue.put(pending(0.0), free_instances=1)
-    with pytest.raises(QueueFull):  # with every instance busy, max_queue_size is the bound again
-        queue.put(pending(0.0), free_instances=0)
-    assert len(queue) == 6
+    assert queue.full_for(1) and not queue.full_for(2)  # a second free instance would take the next batch too
+    filling = BatchQueue(settings(max_queue_size=1, max_batch_size=4))
+    filling.put(pending(0.0), free_instances=1)
+    with pytest.raises(QueueFull):  # a batch still filling: max_queue_size is the bound
+        filling.put(pending(0.0), free_instances=1)
+    assert len(queue) == 4 and len(filling) == 1
 
 
 def test_queue_refuses_a_request_larger_than_max_batch_size() -> None:
