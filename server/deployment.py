@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import threading
@@ -11,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import orjson
 from prometheus_client import Gauge
 
 from latlab.server.admission import admission_for
@@ -172,8 +172,8 @@ def variant_of(model_path: Path) -> dict | None:
     (docs/variants.md): its precision and its accuracy against FP32; None for an export itself or a file with no
     such record."""
     try:
-        meta = json.loads((Path(model_path).parent / "metadata.json").read_text())
-    except (OSError, ValueError):
+        meta = orjson.loads((Path(model_path).parent / "metadata.json").read_bytes())
+    except (OSError, ValueError):  # orjson.JSONDecodeError is a ValueError
         return None
     if not isinstance(meta, dict) or "precision" not in meta or "fp32_model" not in meta:
         return None
