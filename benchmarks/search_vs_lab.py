@@ -92,23 +92,25 @@ def main(argv: list[str] | None = None) -> None:
             order = contenders if k % 2 == 0 else contenders[::-1]
             for c, r in zip(order, fine_probe(side)(order)):
                 rates[c].append(r or 0.0)
-        mean = {c: statistics.median(v) for c, v in rates.items()}
-        best_of_two = max(fp32, key=lambda c: mean[c])
+        median = {c: statistics.median(v) for c, v in rates.items()}
+        best_of_two = max(fp32, key=lambda c: median[c])
         record = {
             low: accuracy,
             "configurations": [
                 {
                     "label": c.label(),
                     "rates": rates[c],
-                    "median_rps": mean[c],
+                    "median_rps": median[c],
                     "role": "tuned" if c == tuned else ("lab" if c in fp32 else f"lab settings, {low}"),
                 }
                 for c in contenders
             ],  # fmt: skip
-            f"{low}_over_fp32": {fp.label(): (mean[q] / mean[fp] if mean[fp] else None) for fp, q in zip(fp32, lower)},
+            f"{low}_over_fp32": {
+                fp.label(): (median[q] / median[fp] if median[fp] else None) for fp, q in zip(fp32, lower)
+            },
             "lab_best_of_two": best_of_two.label(),
             "tuned": tuned.label(),
-            "tuned_over_lab_best": mean[tuned] / mean[best_of_two] if mean[best_of_two] else None,
+            "tuned_over_lab_best": median[tuned] / median[best_of_two] if median[best_of_two] else None,
             "tune_measured": len(log.configurations()),
             "space": len(space.all()),
             "tune_seconds": log.seconds,

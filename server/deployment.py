@@ -52,6 +52,7 @@ class Deployment:
         self._output_names = {o.name for o in self.model.outputs}
         self._output_order = [o.name for o in self.model.outputs]
         self.environment = environment(self.model)
+        self.variant = variant_of(config.model_path)  # read once: /config is asked for at every load step
         self._warmed, self._closing = threading.Event(), threading.Event()
         self._warmup = threading.Thread(
             target=self._warm_up, args=(metrics.model_warmup, labels), name=f"{config.name}-warmup", daemon=True
@@ -147,7 +148,7 @@ class Deployment:
             "warmup": self.config.warmup,
             "allow_non_finite": self.config.allow_non_finite,
             "environment": self.environment,
-            **({"variant": variant} if (variant := variant_of(self.config.model_path)) else {}),
+            **({"variant": self.variant} if self.variant else {}),
             **(
                 {"tokenizer": {"file": str(self.text.file), "max_length": self.text.max_length}}
                 if self.text is not None
