@@ -269,9 +269,13 @@ def test_a_killed_engine_fails_what_it_held_at_once_then_comes_back(tmp_path):
         assert len(failed) >= 6 and all(r[0] == 503 for r in failed), [
             (r[0], getattr(r[1], "text", r[1])) for r in results
         ]
-        assert all("engine stopped while it held this request" in r[1].json()["error"] for r in failed)
+        # up to two of the ten may reach a front end only after the kill: those are refused as not running
+        errors = [r[1].json()["error"] for r in failed]
+        held = [r for r, error in zip(failed, errors) if "engine stopped while it held this request" in error]
+        late = [e for e in errors if "engine is not running" in e or "engine is not reachable" in e]
+        assert len(held) >= 6 and len(held) + len(late) == len(failed), errors
         # answered as soon as the engine was gone: the last of the >= 6 it held would have needed >= 6 more runs
-        assert max(r[3] for r in failed) - killed < 3 * alone, (alone, [r[3] - killed for r in failed])
+        assert max(r[3] for r in held) - killed < 3 * alone, (alone, [r[3] - killed for r in held])
         wait_for(
             lambda: requests.get(f"{server.url}/v2/health/ready", timeout=10).status_code == 200,
             "the restarted engine is ready",
