@@ -4,7 +4,12 @@ it measured and the best as a [[deployments]] block to paste into a serving conf
 from __future__ import annotations
 
 import argparse
+import json
+import tempfile
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,7 +36,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="tune a deployment of this serving config (with --deployment): its model and provider, starting from "
         "its settings; the block printed keeps its other settings",
     )
-    tune.add_argument("--deployment", help="with --config: the deployment to tune")
+    tune.add_argument(
+        "--server",
+        metavar="URL",
+        help="tune a deployment a running latlab server serves (with --deployment), e.g. http://127.0.0.1:8000: "
+        "its model file, provider and settings are read from its /config; the running server is left as it is",
+    )
+    tune.add_argument("--deployment", help="with --config or --server: the deployment to tune")
     tune.add_argument("--name", help="what to call your model (default: the file's name)")
     tune.add_argument("--inputs", type=Path, metavar="FILE.npz", help="real inputs to send, as `latlab lab --inputs`")
     tune.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE", help="as `latlab lab --dim`")
@@ -62,7 +73,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from latlab.tune_run import CONFIRM_RESOLUTION, PROBE_RESOLUTION, TuneJob, best_block, run_tune
 
     slo_s = parse_slo_bound(args.slo)
-    base, begin = _from_config(args) if args.config or args.deployment else ({}, None)
+    if args.server:
+        with tempfile.TemporaryDirectory() as folder:
+            args.config = _config_of_server(args, Path(folder) / "served.toml")
+            base, begin = _from_config(args)
+    else:
+        base, begin = _from_config(args) if args.config or args.deployment else ({}, None)
     if args.provider not in ("cpu", "cuda"):
         raise UserError(f"--provider {args.provider!r}: tune searches cpu or cuda")
     if not args.search_minutes > 0:
@@ -109,6 +125,39 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+SERVED_SETTINGS = ("name", "model", "model_path", "provider", "batcher", "cpu", "cuda", "tensorrt", "padding")
+"""What a deployment's /config says that a config file sets (the rest describes the running session)."""
+
+
+def _config_of_server(args: argparse.Namespace, path: Path) -> Path:
+    """The deployment a running server serves, written as a one-deployment config at `path` from its /config; the
+    tokenizer is left out as tune sends the model's own inputs. The model file must be readable from here."""
+    from latlab.server.config import save_config
+
+    if args.config:
+        raise UserError("--server and --config name the deployment two ways: give one")
+    if not args.deployment:
+        raise UserError("--server needs --deployment: the deployment to tune")
+    url = args.server.rstrip("/")
+    if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+        raise UserError(f"--server {args.server!r}: give the server's address, e.g. http://127.0.0.1:8000")
+    where = f"{url}/v2/models/{urllib.parse.quote(args.deployment, safe='')}/config"
+    try:
+        with urllib.request.urlopen(where, timeout=10) as response:
+            served = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raise UserError(f"--server: {where} answered {exc.code}: is {args.deployment!r} served there?") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise UserError(f"--server: could not read {where}: {getattr(exc, 'reason', exc)}") from None
+    table = {k: served[k] for k in SERVED_SETTINGS if served.get(k) not in (None, "", {})}
+    if not Path(table.get("model_path", "")).is_file():
+        raise UserError(
+            f"--server: the model file it serves, {table.get('model_path')!r}, is not readable on this machine; "
+            "run tune where the server runs, or give --onnx"
+        )
+    return save_config({"deployments": [table]}, path)
+
+
 def _from_config(args: argparse.Namespace):
     """The tuned deployment's table of the user's config (its model file resolved, its tokenizer left out: tune
     sends the model's own inputs), and its settings as the search's start; args.onnx and args.provider set."""
@@ -118,12 +167,14 @@ def _from_config(args: argparse.Namespace):
     from latlab.tune import Candidate
 
     if not (args.config and args.deployment):
-        raise UserError("--config and --deployment go together: the config file and the deployment to tune")
+        raise UserError(
+            "--deployment goes with --config or --server (the deployment to tune); --config needs --deployment"
+        )
     served = {d.name: d for d in load_config(args.config).deployments}  # checked as the server would
     if args.deployment not in served:
         raise UserError(f"--deployment {args.deployment!r} is not in {args.config}; it has {', '.join(served)}")
     if args.zoo or args.onnx or args.exported:
-        raise UserError("name one model: --config/--deployment gives it, so no MODEL, --onnx or --model")
+        raise UserError("name one model: --config/--server and --deployment give it, so no MODEL, --onnx or --model")
     deployment = served[args.deployment]
     (table,) = [t for t in tomllib.loads(args.config.read_text())["deployments"] if t.get("name") == args.deployment]
     table = {k: v for k, v in table.items() if k not in ("model_path", "provider", "tokenizer")}

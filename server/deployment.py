@@ -141,6 +141,7 @@ class Deployment:
             "model_path": str(self.config.model_path),
             "batcher": dataclasses.asdict(self.config.batcher),
             "cpu": dataclasses.asdict(self.config.cpu),
+            "padding": dataclasses.asdict(self.config.padding),
             **({"cuda": dataclasses.asdict(self.config.cuda)} if self.config.provider != "cpu" else {}),
             **({"tensorrt": dataclasses.asdict(self.config.tensorrt)} if self.config.provider == "tensorrt" else {}),
             "io_binding": self.model.bound,

@@ -9,10 +9,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+import requests
 
 from latlab import cli
+from latlab.common import procs
+from latlab.lab import start_server
 from latlab.lab_plan import PLANS
-from latlab.server.config import load_config
+from latlab.server.config import load_config, save_config
 from tests.e2e.test_lab_user import scorer
 
 pytestmark = pytest.mark.e2e
@@ -100,3 +103,64 @@ def test_tune_a_deployment_of_a_config_starts_at_its_settings_and_keeps_the_rest
     (served,) = load_config(out / "best.toml").deployments
     assert served.name == "scoring" and served.model_path == model.resolve()
     assert served.batcher.max_queue_size == 100  # a setting it does not search is kept
+
+
+def test_tune_a_deployment_a_running_server_serves_reads_its_settings_and_leaves_it_serving(
+    tmp_path: Path, short_probes: None, capsys
+) -> None:
+    """--server: the model file, provider and settings come from the running server's /config; tune measures on
+    servers of its own, and the running one still answers afterwards."""
+    model = scorer(tmp_path / "scorer.onnx")
+    port = procs.free_port()
+    config = save_config(
+        {
+            "server": {"port": port},
+            "deployments": [
+                {
+                    "name": "scoring",
+                    "model_path": model,
+                    "batcher": {"max_batch_size": 12, "max_queue_delay_ms": 0.5, "max_queue_size": 77},
+                    "cpu": {"intra_op_threads": 1},
+                }
+            ],
+        },
+        tmp_path / "serving.toml",
+    )
+    server, _ = start_server(config, port, tmp_path / "server.log")
+    try:
+        out = tmp_path / "tune"
+        status = cli.main(
+            ["tune", "--server", f"http://127.0.0.1:{port}", "--deployment", "scoring", "--slo", "20ms"]
+            + ["--search-minutes", "0.2", "--cores", "1", "--models-dir", str(tmp_path / "models"), "--out", str(out)]
+        )
+        printed = capsys.readouterr().out
+        assert status == 0, printed
+        first = json.loads((out / "tune.json").read_text())["tried"][0]
+        assert first["round"] == 0 and first["candidate"]["max_batch_size"] == 12
+        assert first["candidate"]["max_queue_delay_ms"] == 0.5
+        (served,) = load_config(out / "best.toml").deployments
+        assert served.name == "scoring" and served.model_path == model.resolve()
+        assert served.batcher.max_queue_size == 77
+        body = {"inputs": [{"name": "x", "shape": [1, 6], "datatype": "FP32", "data": [0.5] * 6}]}
+        answer = requests.post(f"http://127.0.0.1:{port}/v2/models/scoring/infer", json=body, timeout=30)
+        assert answer.status_code == 200 and server.poll() is None
+        status = cli.main(["tune", "--server", f"http://127.0.0.1:{port}", "--deployment", "nope"])
+        err = capsys.readouterr().err
+        assert status == 2 and "answered 404" in err and "'nope'" in err and len(err.strip().splitlines()) == 1
+    finally:
+        procs.stop(server)
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--server", "http://127.0.0.1:1"], "--server needs --deployment"),
+        (["--server", "127.0.0.1:8000", "--deployment", "d"], "give the server's address"),
+        (["--server", "http://127.0.0.1:1", "--config", "c.toml", "--deployment", "d"], "two ways"),
+    ],
+)
+def test_tune_server_bad_input_in_one_line(tmp_path: Path, capsys, args: list[str], says: str) -> None:
+    status = cli.main(["tune", *args, "--models-dir", str(tmp_path / "models"), "--out", str(tmp_path / "t")])
+    err = capsys.readouterr().err
+    assert status == 2 and says in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "t").exists()
