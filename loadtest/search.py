@@ -83,6 +83,22 @@ def slo_met(step: Step, slo_p99_s: float) -> bool:
     return slo_verdict(step, slo_p99_s) == "met"
 
 
+def open_slos(slos_s: tuple[float, ...], steps: list[Step], rate: float) -> tuple[float, ...]:
+    """The SLOs whose verdict a step at `rate` could still add to: those the steps measured so far do not already
+    settle there, as a p99 rises with the load (met at a rate at or above it settles "met"; broken at a rate at or
+    below it, "broken"). A low rate's step, whose windows must hold the 299 requests a p99 "met" needs, is then
+    lengthened only for the SLOs it brackets, not for the loose ones a higher rate met long ago."""
+    rated = [(_rate(s), s) for s in steps if s.target_rps]
+    return tuple(
+        slo
+        for slo in slos_s
+        if not any(
+            (r >= rate and slo_verdict(s, slo) == "met") or (r <= rate and slo_verdict(s, slo) == "broken")
+            for r, s in rated
+        )
+    )
+
+
 @dataclass
 class Bracket:
     """Where one SLO's highest rate lies among a deployment's open-loop steps: `met` is the highest-rate step

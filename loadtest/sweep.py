@@ -27,7 +27,7 @@ from latlab.loadtest.results import Deployment, Run, Step, write_results
 from latlab.loadtest.scrape import QueueWatch, average_batch, describe, fetch, scrape_batches
 from latlab.loadtest.scrape import extras_notice, metrics_source, server_step, snapshot
 from latlab.loadtest.payloads import options_of
-from latlab.loadtest.search import SATURATED_BELOW, bracket_slos, is_stable, slo_search
+from latlab.loadtest.search import SATURATED_BELOW, bracket_slos, is_stable, open_slos, slo_search
 from latlab.loadtest.single import one_at_a_time
 
 GENERATOR_BOUND_CPU = 90.0  # % of one core used by a generator process during a step
@@ -195,7 +195,9 @@ def _run_deployment(
     steps: list[Step] = []
 
     def measure(load: float) -> Step:
-        step = measure_step(plan, driver, metrics, deployment, load, index=len(steps))
+        step = measure_step(
+            plan, driver, metrics, deployment, load, index=len(steps), decide_for=open_slos(plan.slos_s, steps, load)
+        )
         steps.append(step)
         progress(progress_line(deployment, step, plan.mode))
         if step.server_interrupted:
@@ -433,11 +435,14 @@ def measure_step(
     index: int,
     spans: bool = False,
     phase: str | None = None,
+    decide_for: tuple[float, ...] | None = None,
 ) -> Step:
     """Warm up, then measure windows until the last three agree (or max_windows); the step's figures
     come from the last three windows together, its `timeline` has every window. With `spans` (the overload
     test's recovery): the plan's windows as they are, short for time resolution, and `recovery_spans`, the
-    requests pooled from each window on (see recorder.recovery_spans). `phase`: the overload test's phase."""
+    requests pooled from each window on (see recorder.recovery_spans). `phase`: the overload test's phase.
+    `decide_for`: the SLOs the step is lengthened to decide (search.open_slos; default every one of plan.slos_s);
+    it records its decision for every SLO all the same."""
     began = time.time()
     if not spans:
         plan = replace(plan, window_seconds=window_for(plan, load))
@@ -459,7 +464,8 @@ def measure_step(
     driver.generator_cpu()
     start = time.time()
     windows, stable = _windows_until_stable(plan, recorder, start, lag)
-    extended = 0 if spans else _extend_until_decided(plan, recorder, start, lag, windows)
+    decide = plan.slos_s if decide_for is None else decide_for
+    extended = 0 if spans else _extend_until_decided(plan, decide, recorder, start, lag, windows)
     end = start + len(windows) * plan.window_seconds
     first = end - (min(3, len(windows) - extended) + extended) * plan.window_seconds
     cpu = driver.generator_cpu()
@@ -557,24 +563,24 @@ def _next_window(plan: SweepPlan, recorder: Recorder, start: float, lag: float, 
     }
 
 
-def _extend_until_decided(plan: SweepPlan, recorder: Recorder, start: float, lag: float, windows: list[dict]) -> int:
-    """Add windows to a step while its p99 is undecided for one of plan.slos_s (too few requests to say on which
+def _extend_until_decided(
+    plan: SweepPlan, slos_s: tuple[float, ...], recorder: Recorder, start: float, lag: float, windows: list[dict]
+) -> int:
+    """Add windows to a step while its p99 is undecided for one of `slos_s` (too few requests to say on which
     side of the bound it lies) and the plan.decide_windows still allowed could bring the requests a decision
     needs (loadtest/confidence.py's `needed`): a low rate's step, whose 150 requests cannot show a p99 met, gets
     the windows that can; a step whose tail sits on the bound, needing thousands more, gets none. Returns how
     many were added; the step's figures then come from its last three windows and these."""
     added = 0
-    while plan.slos_s and added < plan.decide_windows:
+    while slos_s and added < plan.decide_windows:
         counted = min(3, len(windows) - added) + added
         end = start + len(windows) * plan.window_seconds
         # A request still unanswered counts its age so far; read once every one is answered or older than the
         # largest bound, so none that will end over it passes for within it (and the step for decided).
-        gevent.sleep(max(0.0, end + max(plan.slos_s) + lag - time.time()))
+        gevent.sleep(max(0.0, end + max(slos_s) + lag - time.time()))
         _, latencies, _ = recorder.window_detail(end - counted * plan.window_seconds, end, time.time())
         open_ = [
-            d
-            for d in (decide(latencies, slo, 0.99, plan.confidence) for slo in plan.slos_s)
-            if d.verdict == "undecided"
+            d for d in (decide(latencies, slo, 0.99, plan.confidence) for slo in slos_s) if d.verdict == "undecided"
         ]
         reachable = len(latencies) * (counted + plan.decide_windows - added) / counted
         if not any(d.needed is not None and d.needed <= reachable for d in open_):

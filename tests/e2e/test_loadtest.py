@@ -282,6 +282,46 @@ def test_slo_brackets_below_the_first_rate_and_never_only_with_evidence(tmp_path
     assert "never (p99" in page and "one request at a time" in page
 
 
+def test_a_step_below_is_lengthened_only_for_the_slos_it_brackets(tmp_path):
+    """A stub serving one request at a time in 20 ms. The loose bound (5 s) is met at the first rate (95% of
+    capacity), the tight one (three service times) broken there, so the sweep steps below it for the tight one
+    (one at a time meets it, with room for a busy machine's noise). A step below holds
+    ~100 requests: enough to decide "broken" for the tight bound, not the 299 a "met" needs for the loose one; the
+    first step already settles the loose bound at every lower rate, so those steps are not lengthened for it (they
+    were, to 299 requests each, before: the lab's 5-15 req/s steps took 20-47 s for bounds met at 100 req/s)."""
+    from latlab.loadtest.search import slo_verdict
+
+    capacity = 50.0
+    tight, loose = 3 / capacity, 5.0
+    with stub_server(StubModel(capacity=capacity)) as host:
+        doc = loadtest(
+            host,
+            tmp_path / "below",
+            "--rates",
+            f"{0.95 * capacity:g}",
+            "--slos",
+            f"{tight * 1e3:g}ms,{loose * 1e3:g}ms",
+            "--decide-windows",
+            "10",
+            "--slo-steps",
+            "3",
+            "--warmup-seconds",
+            "0.5",
+            "--step-seconds",
+            "1.5",
+            "--max-windows",
+            "3",
+            timeout=300,
+        )
+    first, *below = sorted(doc.deployments[0].steps, key=lambda s: -s.target)
+    assert slo_verdict(first, loose) == "met" and slo_verdict(first, tight) == "broken", first.confidence
+    assert first.extended_windows > 0  # nothing settled the loose bound yet: lengthened until it was met
+    broken = [s for s in below if slo_verdict(s, tight) == "broken"]  # those above ~60% of capacity at least
+    assert broken, ("the tight bound's bracket searched below the first rate", doc.deployments[0].single_request)
+    for step in broken:  # lengthened, if at all, until the tight bound was decided; never on for the loose one
+        assert step.samples < 299 and slo_verdict(step, loose) == "undecided", (step.target, step.confidence)
+
+
 @pytest.mark.parametrize(
     "slow_every, extra, verdict",
     [

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from latlab.loadtest.results import Deployment, Step
-from latlab.loadtest.search import NEVER, bracket_slos, slo_bracket, slo_met
+from latlab.loadtest.search import NEVER, bracket_slos, open_slos, slo_bracket, slo_met
 from tests.loadtest.steps import simulated
 
 
@@ -260,3 +260,16 @@ def test_the_search_below_stops_where_the_p99_stops_falling():
     from latlab.report.verdict import rate_text
 
     assert rate_text(Deployment("m", steps=steps, slo_brackets=[record]), None, 0.010).startswith("not met down to 50")
+
+
+def test_open_slos_leave_out_what_other_steps_settle_at_a_rate():
+    """A step at a rate need not decide a bound met at a higher rate or broken at a lower one (a p99 rises with
+    the load); it must decide the ones whose bracket it lies in."""
+    curve = Curve(service_s=0.002, capacity=1000)
+    tight, middle, loose = 0.004, curve.p99(500) * 1.01, 1.0
+    steps = [curve.step(rate) for rate in (100, 500, 900)]
+    assert slo_met(steps[1], middle) and not slo_met(steps[2], middle) and not slo_met(steps[0], tight)
+    assert open_slos((tight, middle, loose), steps, 50) == (tight,)  # middle and loose met above, tight open
+    assert open_slos((tight, middle, loose), steps, 700) == (middle,)  # tight broken below, loose met above
+    assert open_slos((tight, middle, loose), steps, 2000) == (loose,)  # met only lower; middle broken at 900
+    assert open_slos((tight, middle, loose), [], 50) == (tight, middle, loose)
