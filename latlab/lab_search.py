@@ -19,7 +19,7 @@ from latlab.cli_options import parse_slo_bound
 from latlab.lab_plan import CpuShare, LabPlan, ModelPlan
 from latlab.lab_variants import ensure_variants
 from latlab.loadtest.results import SEARCH_FOLDER
-from latlab.tune import space_for
+from latlab.tune import Candidate, Space, space_for
 from latlab.tune_run import TuneJob, run_tune
 
 TUNED = "tuned"
@@ -63,6 +63,7 @@ def search_plan(
                 base={"model": model.name},
             )
             space = space_for(provider, share.cpu_threads, tuple(job.paths))
+            space = space.starting_at(plan_start(space, model))
             log = run_tune(job, space, each_s)
             best = log.best()[0]
             if not best.rate:
@@ -80,6 +81,21 @@ def search_plan(
             )
         models.append(replace(model, tuned=tuple(tuned)))
     return replace(plan, models=tuple(models))
+
+
+def plan_start(space: Space, model: ModelPlan) -> Candidate:
+    """Where the lab's climb starts: the plan's batching-on settings in the provider's variant (INT8 on the CPU,
+    FP16 on CUDA, when made), on the first core split. Its first probe then says what the variant alone buys over
+    the plan's hand-picked deployment, and a short budget still sweeps the variant at settings known to serve."""
+    instances, threads = space.layouts[0]
+    return Candidate(
+        space.variants[0],
+        int(model.batching.get("max_batch_size", 1)),
+        float(model.batching.get("max_queue_delay_ms", 0.0)),
+        bool(model.batching.get("adaptive", False)),
+        instances,
+        threads,
+    )
 
 
 def _mark(tune_json: Path, deployment: str) -> None:

@@ -1,0 +1,19 @@
+"""Where the lab's search starts: the plan's batching-on settings, in the provider's variant."""
+
+from __future__ import annotations
+
+from latlab.lab_plan import CNN, MINILM
+from latlab.lab_search import plan_start
+from latlab.tune import Candidate, space_for
+
+
+def test_the_lab_climb_starts_at_the_plans_batching_in_the_providers_variant():
+    cpu = space_for("cpu", 2, ("fp32", "int8"))
+    start = plan_start(cpu, MINILM)
+    assert start == Candidate("int8", 32, 3.0, False, 1, 2)  # one instance on both cores first
+    begun = cpu.starting_at(start)
+    assert begun.start() == start and 3.0 in begun.delays_ms  # a wait the generic space lacks is searched too
+    assert start in begun.all() and len(begun.all()) > len(cpu.all())
+    cuda = space_for("cuda", 1, ("fp32", "fp16"))
+    assert plan_start(cuda, CNN) == Candidate("fp16", 8, 5.0, False, 1, 1)
+    assert plan_start(space_for("cpu", 1, ("fp32",)), CNN).variant == "fp32"  # no variant made: the export
