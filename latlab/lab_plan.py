@@ -124,10 +124,11 @@ class LabPlan:
     it (the cost of confidence: docs/measurement.md): with 4, a 5 req/s step's 10 s windows can reach the 299
     requests a p99 "met" needs at 95%."""
     confidence: float = 0.95
+    """The level of every step's p50/p99 intervals and SLO decisions (`latlab loadtest --confidence`)."""
     search_minutes: float = 0.0
     """The budget of the lab's configuration search (latlab/lab_search.py), shared by every model and provider;
-    0: no search, the plan's two deployments per provider only."""
-    """The level of every step's p50/p99 intervals and SLO decisions (`latlab loadtest --confidence`)."""
+    each search's first round (the plan's batching in every variant, side by side) is measured whatever the
+    budget. 0: no search, the plan's two deployments per provider."""
     slo_steps: int = 10
     """At most this many extra steps per deployment for the SLO brackets, each spent on the widest bracket left (a
     bracket left wider says so). Four SLOs in brackets of 10x need up to five each alone; shared steps need fewer."""
@@ -160,22 +161,23 @@ class LabPlan:
         return replace(self, models=models, step_seconds=step_seconds or self.step_seconds)
 
     def deployments(self, model: ModelPlan) -> list[tuple[str, str, dict]]:
-        """(deployment name, provider, batcher settings) of one model: batching off and on per provider."""
+        """(deployment name, provider, batcher settings) of one model: batching off and on per provider. Where the
+        search found a deployment for a provider (model.tuned), it takes the place of that provider's batching-on
+        one: the search started from its settings (lab_search.plan_start) and measured them in every variant."""
         off, on = {"max_batch_size": 1}, model.batching
         names = [model.name, f"{model.name}-text"] if model.text else [model.name]
-        if self.providers == ("cpu",):
-            return [
-                (f"{name}-{mode}", "cpu", settings) for name in names for mode, settings in (("b1", off), ("batch", on))
-            ]
+        searched = {t.get("provider", "cpu") for t in model.tuned}
         return [
-            (f"{name}-{provider}-{mode}", provider, settings)
+            (f"{name}-{mode}" if self.providers == ("cpu",) else f"{name}-{provider}-{mode}", provider, settings)
             for name in names
             for provider in self.providers
             for mode, settings in (("b1", off), ("batch", on))
+            if not (mode == "batch" and name == model.name and provider in searched)
         ]
 
     def deployment_names(self, model: ModelPlan) -> list[str]:
-        """Every deployment of the model the lab serves and sweeps: the plan's, then the search's."""
+        """Every deployment of the model the lab serves and sweeps: the plan's (less those the search replaced),
+        then the search's."""
         return [name for name, _, _ in self.deployments(model)] + [t["name"] for t in model.tuned]
 
     def tune_slo(self, model: ModelPlan) -> str:
@@ -205,9 +207,10 @@ MINILM = ModelPlan(
 )
 
 PLANS = {
-    # The main job: four models, batching off and on, on the CPU
-    # (1044 s measured on 2 cores with the SLO brackets' 40 s budget, models exported: docs/performance.md).
-    "cpu": LabPlan(models=(MLP, FFN, CNN, MINILM)),
+    # The main job: four models on the CPU, batching off (FP32, as exported) and the search's best: it starts at
+    # the plan's batching setting in INT8 and FP32 side by side, and the better is swept in full (timing in
+    # docs/performance.md; minilm with sentences in is measured by benchmarks/text_serving.py, docs/tokenizer.md).
+    "cpu": LabPlan(models=(MLP, FFN, CNN, replace(MINILM, text=False)), search_minutes=2.0, slo_seconds=30.0),
     # Same models, fewer and shorter steps (318 s measured on 2 cores, models already exported).
     "quick": LabPlan(
         models=(

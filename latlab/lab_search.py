@@ -64,7 +64,7 @@ def search_plan(
             )
             space = space_for(provider, share.cpu_threads, tuple(job.paths))
             space = space.starting_at(plan_start(space, model))
-            log = run_tune(job, space, each_s)
+            log = run_tune(job, space, each_s, variants_first=True)
             best = log.best()[0]
             if not best.rate:
                 say(f"search {model.name} on {provider}: no configuration met p99 <= {slo}; nothing added")

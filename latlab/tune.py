@@ -271,15 +271,21 @@ def quick_search(
     clock: Callable[[], float] = time.monotonic,
     min_gain: float = MIN_GAIN,
     reserve_probes: int = 0,
+    variants_first: bool = False,
 ) -> SearchLog:
     """Climb from space.start(): measure it, then in each round the current configuration again beside every
     neighbour not measured yet, and move to the round's best when it held min_gain more than the current one did
     in the same round (side by side: a lucky earlier probe of the current one cannot stop the climb). Stop at a
     top, or when the budget cannot pay for the round (a probe's cost: the mean so far) and `reserve_probes` more
     (what confirm() will need); a round the budget pays for only in part is cut short, and the log says so.
-    confirm() then decides among the best few."""
+    confirm() then decides among the best few. With `variants_first`, the first round measures the start in every
+    variant side by side (what the variant alone buys, the lab's first question), and the climb goes on from the
+    best of them."""
     log, began = SearchLog(), clock()
-    current, pending, round_ = space.start(), [space.start()], 0
+    current, round_ = space.start(), 0
+    pending = [current]
+    if variants_first:
+        pending += [space.canonical(replace(current, variant=v)) for v in space.variants if v != current.variant]
     while pending:
         if log.tried and math.isfinite(budget_s):
             spent = clock() - began
@@ -293,13 +299,14 @@ def quick_search(
         log.tried += [Tried(c, r, round=round_) for c, r in zip(pending, rates)]
         if log.stopped:
             break
-        if round_ > 0:
+        if len(pending) > 1:
             here = {c: r or 0.0 for c, r in zip(pending, rates)}
             best = min(pending, key=lambda c: (-here[c], _cost(c)))
-            if best == current or not here[best] > here[current] * (1 + min_gain):
+            if best != current and here[best] > here[current] * (1 + min_gain):
+                current = best
+            elif round_ > 0:  # the first round's variants are no top: the start's other neighbours come next
                 log.stopped = f"a top: no neighbour held {min_gain:.0%} more than {current.label()} beside it"
                 break
-            current = best
         round_ += 1
         measured = {t.candidate for t in log.tried}
         pending = [current] + [n for n in space.neighbours(current) if n not in measured]

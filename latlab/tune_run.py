@@ -133,14 +133,21 @@ def probe_args(job: TuneJob, host: str, folder: Path, count: int, resolution: fl
     return args
 
 
-def run_tune(job: TuneJob, space: Space, budget_s: float) -> SearchLog:
+def run_tune(job: TuneJob, space: Space, budget_s: float, variants_first: bool = False) -> SearchLog:
     """The quick search over `space` with real probes, then its best few measured again side by side, finer
-    (the climb keeps their cost from its budget); writes tune.json (every round, every configuration tried)."""
+    (the climb keeps their cost from its budget); writes tune.json (every round, every configuration tried).
+    `variants_first`: see tune.quick_search."""
     job.work.mkdir(parents=True, exist_ok=True)
     write_samples(job.work, job.plan)
     began = time.monotonic()
     reserve = math.ceil(FINALISTS * FINE_COST)
-    log = quick_search(space, lambda candidates: probe_round(job, candidates), budget_s, reserve_probes=reserve)
+    log = quick_search(
+        space,
+        lambda candidates: probe_round(job, candidates),
+        budget_s,
+        reserve_probes=reserve,
+        variants_first=variants_first,
+    )
     per_probe = (time.monotonic() - began) / max(1, len(log.tried))
     confirm(log, fine_probe(job), budget_s - (time.monotonic() - began), probe_cost_s=per_probe * FINE_COST)
     (job.work / "tune.json").write_text(json.dumps(tune_record(job, log), indent=2) + "\n")

@@ -130,22 +130,24 @@ def test_lab_on_an_onnx_file_with_a_dynamic_sequence_axis_given_by_dim(tmp_path:
     assert "<table class='answer'>" in verdict and "pooled-24: at p99 ≤ 10 ms" in verdict
 
 
-def test_lab_searches_configurations_and_sweeps_the_best_beside_the_plans_two(
+def test_lab_searches_configurations_and_sweeps_the_best_in_place_of_the_batching_on_one(
     tmp_path: Path, short_quick_plan: None
 ) -> None:
-    """--search-minutes: the search's best is served and swept in full as <model>-tuned, with the plan's two;
-    its probes stay out of the run's curves; the report lists every configuration tried, the best marked, and
-    why this model has no INT8 variant."""
+    """--search-minutes: the search starts at the plan's batching-on settings and its best is served and swept in
+    full as <model>-tuned in their place, beside batching off; its probes stay out of the run's curves; the report
+    lists every configuration tried, the best marked, and why this model has no INT8 variant."""
     import json
 
     model = scorer(tmp_path / "scorer.onnx")
     run = run_lab(tmp_path, "--onnx", str(model), "--slo", "20ms,80ms", "--search-minutes", "2", "--cpu-threads", "1")
     (doc,) = read_results(run)  # the search's probe rounds are not curves of the run
-    assert [d.name for d in doc.deployments] == ["scorer-b1", "scorer-batch", "scorer-tuned"]
+    assert [d.name for d in doc.deployments] == ["scorer-b1", "scorer-tuned"]
     record = json.loads((run / "search" / "scorer-cpu" / "tune.json").read_text())
     assert record["swept_as"] == "scorer-tuned" and record["slo_p99_s"] == 0.08  # the middle of the two SLOs
     best = record["configurations"][0]["candidate"]
-    tuned = doc.deployments[2]
+    first = record["tried"][0]["candidate"]  # the plan's batching for a fast model, where the climb began
+    assert (first["max_batch_size"], first["max_queue_delay_ms"]) == (64, 2.0)
+    tuned = doc.deployments[1]
     assert tuned.batcher["max_batch_size"] == best["max_batch_size"]
     assert tuned.batcher["instances"] == best["instances"] and tuned.cpu["intra_op_threads"] == best["threads"]
     assert tuned.steps and all(s.errors == 0 for s in tuned.steps) and tuned.slo_brackets

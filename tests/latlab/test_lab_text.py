@@ -17,7 +17,7 @@ from tests.text_models import TOKENIZER
 
 
 def test_minilm_is_planned_with_token_ids_and_with_text_on_every_provider() -> None:
-    assert [name for name, _, _ in PLANS["cpu"].deployments(MINILM)] == [
+    assert [name for name, _, _ in LabPlan(models=(MINILM,)).deployments(MINILM)] == [
         "minilm-b1",
         "minilm-batch",
         "minilm-text-b1",
@@ -29,6 +29,21 @@ def test_minilm_is_planned_with_token_ids_and_with_text_on_every_provider() -> N
     assert {("minilm-text-cuda-batch", "cuda"), ("minilm-text-cpu-b1", "cpu"), ("minilm-cuda-b1", "cuda")} <= names
     assert len(names) == 8
     assert [name for name, _, _ in PLANS["cpu"].deployments(MLP)] == ["mlp-b1", "mlp-batch"]  # no text for mlp
+    (cpu_minilm,) = [m for m in PLANS["cpu"].models if m.name == "minilm"]
+    assert not cpu_minilm.text  # the main job's time goes to the search; text is measured by its own benchmark
+
+
+def test_a_searched_deployment_takes_the_place_of_its_providers_batching_on_one() -> None:
+    """The search starts from the plan's batching-on settings and measures them in every variant; its best is
+    swept in their place, on its provider only; batching off (the export, FP32) stays as the baseline, and so
+    does the text deployment (the search tunes token ids)."""
+    tuned = ({"name": "minilm-cuda-tuned", "provider": "cuda"},)
+    plan = replace(PLANS["gpu"], models=(replace(MINILM, tuned=tuned),))
+    names = plan.deployment_names(plan.models[0])
+    assert "minilm-cuda-batch" not in names and names[-1] == "minilm-cuda-tuned"
+    assert {"minilm-cuda-b1", "minilm-cpu-batch", "minilm-text-cuda-batch"} <= set(names) and len(names) == 8
+    cpu = replace(PLANS["cpu"], models=(replace(MLP, tuned=({"name": "mlp-tuned", "provider": "cpu"},)),))
+    assert cpu.deployment_names(cpu.models[0]) == ["mlp-b1", "mlp-tuned"]
 
 
 def export_like(folder: Path, with_text_deployment: bool) -> Path:
@@ -70,6 +85,5 @@ def test_every_plans_config_loads_from_a_folder_toml_must_escape(tmp_path: Path,
         for d in config.deployments
         if d.provider == "cpu"
     )
-    assert {d.tokenizer.file for d in config.deployments if d.tokenizer} == {
-        folder / "minilm" / "tokenizer" / "tokenizer.json"
-    }
+    texts = {folder / "minilm" / "tokenizer" / "tokenizer.json"} if any(m.text for m in lab_plan.models) else set()
+    assert {d.tokenizer.file for d in config.deployments if d.tokenizer} == texts

@@ -236,3 +236,20 @@ def test_a_configs_batch_buckets_give_way_to_the_searched_batch_size(tmp_path, t
         (deployment,) = load_config(path).deployments
         buckets = deployment.batcher.batch_buckets  # none on the CPU by default
         assert (not buckets or buckets[-1] == c.max_batch_size) and deployment.batcher.max_queue_size == 50
+
+
+def test_variants_first_measures_the_start_in_every_variant_then_climbs_from_the_best():
+    """The lab's first question, side by side in the first round: the plan's batching in INT8 and in FP32. Here
+    INT8 (the start) holds more; with FP32 first the climb moves to INT8 at once."""
+    space = space_for("cpu", 1, ("fp32", "int8")).starting_at(Candidate("fp32", 32, 3.0))
+    clock = Clock(per_probe=10.0)
+    log = quick_search(space, clock.probe, budget_s=float("inf"), clock=clock, variants_first=True)
+    first = [t.candidate for t in log.tried if t.round == 0]
+    assert first == [Candidate("fp32", 32, 3.0), Candidate("int8", 32, 3.0)]
+    assert [t.candidate.variant for t in log.tried if t.round == 1][
+        0
+    ] == "int8"  # the current one, beside its neighbours
+    assert log.best()[0].candidate.variant == "int8" and log.stopped.startswith("a top")
+    clock = Clock(per_probe=10.0)
+    short = quick_search(space, clock.probe, budget_s=1.0, clock=clock, variants_first=True)
+    assert len(short.tried) == 2  # the first round is measured whole, whatever the budget
