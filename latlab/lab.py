@@ -172,22 +172,23 @@ def run_lab(
     _say(share.describe())
     if frontends_for(plan, share) > 1:
         _say(f"the server runs {frontends_for(plan, share)} front-end processes feeding one engine process")
-    _say("step 1/5: exporting models")
+    steps = 6 if plan.search_minutes > 0 else 5
+    _say(f"step 1/{steps}: exporting models")
     models = ensure_models(models_dir, plan)
     if plan.bench:
-        _say("step 2/5: in-process batch-time curves (latlab bench --quick; feeds the report's prediction)")
+        _say(f"step 2/{steps}: in-process batch-time curves (latlab bench --quick; feeds the report's prediction)")
         run_bench(run_dir, models_dir, plan, share.cpu_threads)
     else:
-        _say("step 2/5: bench skipped by the plan")
+        _say(f"step 2/{steps}: bench skipped by the plan")
     if plan.search_minutes > 0:
         from latlab.lab_search import search_plan
 
-        _say(f"step 2/5: searching configurations and variants ({plan.search_minutes:g} min for all models)")
+        _say(f"step 3/{steps}: searching configurations and variants ({plan.search_minutes:g} min for all models)")
         plan = search_plan(run_dir, models_dir, plan, models, share, _say)
     port = procs.free_port()
     config = write_config(run_dir, models, port, plan, share)
     host = f"http://127.0.0.1:{port}"
-    _say(f"step 3/5: starting the server on {host} (log: {run_dir / 'server.log'})")
+    _say(f"step {steps - 2}/{steps}: starting the server on {host} (log: {run_dir / 'server.log'})")
     server, observer_port = start_server(config, port, run_dir / "server.log")
     prometheus_process = None
     metrics_port = procs.free_port()
@@ -195,14 +196,14 @@ def run_lab(
         prometheus_process = start_prometheus(
             run_dir, {"latlab-server": [f"127.0.0.1:{observer_port}"], "latlab-loadgen": [f"127.0.0.1:{metrics_port}"]}
         )
-        _say("step 4/5: sweeping offered load per deployment (Locust, open loop)")
+        _say(f"step {steps - 1}/{steps}: sweeping offered load per deployment (Locust, open loop)")
         for model in plan.models:
             sweep_model(run_dir, plan, model, host, metrics_port, share.load_workers, machine_name)
     finally:
         for child in (server, prometheus_process):
             if child is not None:
                 procs.stop(child)
-    _say("step 5/5: writing the report")
+    _say(f"step {steps}/{steps}: writing the report")
     report = write_report(run_dir, parse_slos(plan.slos), prices=prices)
     _say(f"done in {time.perf_counter() - started:.0f} s")
     print(f"report: {report.resolve()}")

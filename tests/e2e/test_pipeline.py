@@ -209,7 +209,7 @@ def test_ctrl_c_or_kill_stops_the_lab_and_everything_it_started(tmp_path, sent, 
     children: list[psutil.Process] = []
     try:
         for line in lab.stdout:  # wait until the server and the load generator both run
-            if "step 4/5" in line:
+            if "sweeping offered load" in line:
                 break
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and len(children) < 3:  # server, its worker, load generator
