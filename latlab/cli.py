@@ -409,8 +409,9 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
         "--search-minutes",
         type=float,
         help="search each model's configurations per provider (variant: INT8 on the CPU, FP16 on CUDA; "
-        "batching; core split; CUDA graphs) for this many minutes in all before the sweep, and sweep the "
-        "best of each in full beside the plan's two (default: the plan's, 0: no search; docs/tuning.md)",
+        "batching; core split; CUDA graphs) for this many minutes in all before the sweep, starting at the plan's "
+        "batching setting in every variant side by side, and sweep the best of each in full in that setting's "
+        "place (default: the plan's: cpu 2, the others 0: no search; docs/tuning.md)",
     )
     lab.add_argument(
         "--price",

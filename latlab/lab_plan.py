@@ -96,8 +96,8 @@ class ModelPlan:
     """The p99 bound the lab's search (--search-minutes) ranks this model's configurations by (default: the middle
     of the plan's SLOs)."""
     tuned: tuple[dict, ...] = ()
-    """Deployments the lab's search found (latlab/lab_search.py), each a [[deployments]] table: swept in full
-    beside the plan's two per provider."""
+    """Deployments the lab's search found (latlab/lab_search.py), each a [[deployments]] table: swept in full in
+    place of its provider's batching-on deployment (see LabPlan.deployments)."""
     samples: dict[str, np.ndarray] | None = field(default=None, compare=False, repr=False)
     """Request inputs sent instead of random ones, rows first, one request per row: the lab writes them to
     <run>/<model>/inputs.npz for `latlab loadtest --inputs` (a user model's declared shapes or sample file)."""

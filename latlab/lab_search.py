@@ -1,8 +1,10 @@
-"""The lab's configuration search (`latlab lab --search-minutes M`): before the sweep, for each model and provider
-of the plan, `latlab tune`'s search (latlab/tune.py: a quick climb over variant, batching and core split, then
-its best few again side by side) within an equal share of the budget; the best it finds joins the plan as a
-deployment of its own, swept in full beside the plan's two, so the verdict picks among all of them and the
-report lists every configuration tried (report/tried.py reads what this writes).
+"""The lab's configuration search (`latlab lab --search-minutes M`; the cpu plan's default is 2): before the sweep,
+for each model and provider of the plan, `latlab tune`'s search (latlab/tune.py: a quick climb over variant,
+batching and core split, then its best few again side by side) within an equal share of the budget. It starts at
+the plan's batching-on settings, measured in every variant side by side in its first round (what INT8 or FP16
+alone buys); the best it finds is swept in full in place of the plan's batching-on deployment, beside batching off,
+so the verdict picks among them and the report lists every configuration tried (report/tried.py reads what this
+writes).
 
 Written into the run folder: search/<model>-<provider>/ (each round's config, log and probes; tune.json) and
 search/variants.json (per model, each variant made, found, refused with its figure, or why none was made).
