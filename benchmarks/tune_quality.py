@@ -6,6 +6,11 @@ search's share of the brute-force best is the ratio of their median rates there.
 each measured, and writes quality.json.
 
     .venv/bin/python benchmarks/tune_quality.py ffn --slo 25ms --models-dir models     # ~15 min on 2 cores
+    .venv/bin/python benchmarks/tune_quality.py mlp --brute-choice int8:64:0           # the climb again, ~12 min
+
+`--brute-choice VARIANT:BATCH:WAIT[:adaptive]` skips the brute force and referees the quick search's choice against
+the configuration an earlier brute force of the same space chose (docs/tuning.md records each): the climb's
+share of the space and its choice's share of that best, side by side, after a change to the climb.
 
 The model and its INT8 variant are exported into --models-dir first unless they are there already.
 """
@@ -26,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from latlab.cli_options import parse_slo_bound  # noqa: E402
 from latlab.lab import ensure_models  # noqa: E402
 from latlab.lab_plan import PLANS, available_cores, cpu_share  # noqa: E402
-from latlab.tune import brute_force, confirm, quick_search, share_of_best, space_for  # noqa: E402
+from latlab.tune import Candidate, brute_force, confirm, quick_search, share_of_best, space_for  # noqa: E402
 from latlab.lab_variants import ensure_variants  # noqa: E402
 from latlab.tune_run import TuneJob, fine_probe, probe_round  # noqa: E402
 
@@ -48,6 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--slo", default="25ms")
     parser.add_argument("--models-dir", type=Path, default=Path("models"))
     parser.add_argument("--out", type=Path, default=Path("runs") / f"tune-quality-{time.strftime('%Y%m%d-%H%M%S')}")
+    parser.add_argument("--brute-choice", help="VARIANT:BATCH:WAIT[:adaptive] an earlier brute force chose")
     args = parser.parse_args(argv)
     share = cpu_share(available_cores())
     plan = replace(PLANS["quick"].only([args.model]), bench=False)
@@ -60,6 +66,9 @@ def main(argv: list[str] | None = None) -> None:
     (chosen,) = quick.best()
     print(f"quick: {len(quick.configurations())} measured in {quick.seconds:.0f} s; best {chosen.confirmed:.0f} req/s "
           f"side by side ({chosen.candidate.label()}); {quick.stopped}", flush=True)  # fmt: skip
+    if args.brute_choice:
+        earlier_best(args, plan, share, space, quick, chosen)
+        return
     full_job = job_for(args, plan, share, args.out / "brute")
     full = brute_force(space, lambda c: probe_round(full_job, c))
     screened = full.best()[0]  # before its finalists are measured again: what one probe each would have chosen
@@ -68,18 +77,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"brute force: {len(full.tried)} measured in {full.seconds:.0f} s; best {found.confirmed:.0f} req/s "
           f"side by side ({found.candidate.label()})", flush=True)  # fmt: skip
     both = [chosen.candidate, found.candidate]
-    referee = {c: [] for c in both}
+    referee_rates = {c: [] for c in both}
     if chosen.candidate != found.candidate:
-        referee_job = job_for(args, plan, share, args.out / "referee")
-        referee_job.start_rate = max(chosen.confirmed, found.confirmed)
-        for k in range(REFEREE_ROUNDS):
-            order = both if k % 2 == 0 else both[::-1]
-            for c, r in zip(order, fine_probe(referee_job)(order)):
-                referee[c].append(r or 0.0)
-        share_refereed = statistics.median(referee[both[0]]) / max(statistics.median(referee[both[1]]), 1e-9)
+        referee_rates = referee(args, plan, share, both, max(chosen.confirmed, found.confirmed))
+        share_refereed = statistics.median(referee_rates[both[0]]) / max(statistics.median(referee_rates[both[1]]), 1e-9)
     else:
         share_refereed = 1.0
-    print(f"referee: quick's choice {referee[both[0]]}, brute force's {referee[both[1]]}: share {share_refereed:.2f}")
+    print(f"referee: quick's choice {referee_rates[both[0]]}, brute force's {referee_rates[both[1]]}: share {share_refereed:.2f}")
     quick_rank = sorted(full.tried, key=lambda t: -(t.rate or 0)).index(
         next(t for t in full.tried if t.candidate == chosen.candidate)
     )
@@ -95,12 +99,52 @@ def main(argv: list[str] | None = None) -> None:
         "brute_best": found.candidate.label(),
         "brute_best_rps_side_by_side": found.confirmed,
         "brute_best_by_one_probe_each": screened.candidate.label(),
-        "referee_rps": {"quick": referee[both[0]], "brute": referee[both[1]]},
+        "referee_rps": {"quick": referee_rates[both[0]], "brute": referee_rates[both[1]]},
         "quick_share_of_best_refereed": share_refereed,
         "quick_share_of_best_by_brute_force_screening": share_of_best(quick, full),
         "quick_best_rank_in_brute_force_screening": quick_rank + 1,
         "quick_seconds": quick.seconds,
         "brute_seconds": full.seconds,
+    }
+    (args.out / "quality.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+
+
+def referee(args: argparse.Namespace, plan, share, both: list, start_rate: float) -> dict:
+    """The two configurations side by side, REFEREE_ROUNDS times in alternating order at the finalists' resolution."""
+    rates = {c: [] for c in both}
+    job = job_for(args, plan, share, args.out / "referee")
+    job.start_rate = start_rate
+    for k in range(REFEREE_ROUNDS):
+        order = both if k % 2 == 0 else both[::-1]
+        for c, r in zip(order, fine_probe(job)(order)):
+            rates[c].append(r or 0.0)
+    return rates
+
+
+def earlier_best(args: argparse.Namespace, plan, share, space, quick, chosen) -> None:
+    """Referee the quick search's choice against the configuration an earlier brute force chose."""
+    variant, batch, wait, *rest = args.brute_choice.split(":")
+    instances, threads = space.layouts[0]
+    found = space.canonical(Candidate(variant, int(batch), float(wait), rest == ["adaptive"], instances, threads))
+    if found not in space.all():
+        raise SystemExit(f"--brute-choice {args.brute_choice}: not a configuration of the space")
+    both = [chosen.candidate, found]
+    rates = referee(args, plan, share, both, chosen.confirmed or chosen.rate) if found != both[0] else {}
+    share_refereed = statistics.median(rates[both[0]]) / max(statistics.median(rates[both[1]]), 1e-9) if rates else 1.0
+    summary = {
+        "model": args.model,
+        "slo": args.slo,
+        "space": len(space.all()),
+        "quick_measured": len(quick.configurations()),
+        "quick_probes": len(quick.tried),
+        "quick_share_of_space": len(quick.configurations()) / len(space.all()),
+        "quick_best": chosen.candidate.label(),
+        "quick_best_rps_side_by_side": chosen.confirmed,
+        "brute_best_earlier": found.label(),
+        "referee_rps": {"quick": rates.get(both[0]), "brute": rates.get(both[1])},
+        "quick_share_of_best_refereed": share_refereed,
+        "quick_seconds": quick.seconds,
     }
     (args.out / "quality.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
