@@ -80,10 +80,12 @@ def main(argv: list[str] | None = None) -> None:
     referee_rates = {c: [] for c in both}
     if chosen.candidate != found.candidate:
         referee_rates = referee(args, plan, share, both, max(chosen.confirmed, found.confirmed))
-        share_refereed = statistics.median(referee_rates[both[0]]) / max(statistics.median(referee_rates[both[1]]), 1e-9)
+        medians = [statistics.median(referee_rates[c]) for c in both]
+        share_refereed = medians[0] / max(medians[1], 1e-9)
     else:
         share_refereed = 1.0
-    print(f"referee: quick's choice {referee_rates[both[0]]}, brute force's {referee_rates[both[1]]}: share {share_refereed:.2f}")
+    print(f"referee: quick's choice {referee_rates[both[0]]}, brute force's {referee_rates[both[1]]}: "
+          f"share {share_refereed:.2f}")  # fmt: skip
     quick_rank = sorted(full.tried, key=lambda t: -(t.rate or 0)).index(
         next(t for t in full.tried if t.candidate == chosen.candidate)
     )
