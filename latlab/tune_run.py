@@ -125,7 +125,7 @@ def probe_args(job: TuneJob, host: str, folder: Path, count: int, resolution: fl
         "--resolution",
         f"{resolution:g}",
         "--slo-floor",
-        f"{max(1.0, job.start_rate * FLOOR_SHARE):g}",
+        f"{max(1.0, start * FLOOR_SHARE):g}",  # from the first round on: its start stands for the best
         *step_args(plan, model, job.work),
     ]
     for k in range(count):

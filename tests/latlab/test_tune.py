@@ -253,3 +253,18 @@ def test_variants_first_measures_the_start_in_every_variant_then_climbs_from_the
     clock = Clock(per_probe=10.0)
     short = quick_search(space, clock.probe, budget_s=1.0, clock=clock, variants_first=True)
     assert len(short.tried) == 2  # the first round is measured whole, whatever the budget
+
+
+def test_a_first_rounds_probe_stops_halving_at_a_quarter_of_its_start(tmp_path):
+    """Before any rate is known the probe starts at the model's highest listed rate, and its floor follows from that
+    start (a run's first round went down to 1 req/s for the cnn in FP32, a third of the lab's search budget)."""
+    from latlab.lab_plan import CNN, PLANS
+    from latlab.tune_run import FLOOR_SHARE, TuneJob, probe_args
+
+    job = TuneJob(PLANS["cpu"], CNN, {"fp32": tmp_path / "m.onnx"}, "cpu", 0.05, tmp_path)
+    args = probe_args(job, "http://127.0.0.1:9", tmp_path, 2)
+    assert args[args.index("--rates") + 1] == f"{max(CNN.rates):g}"
+    assert float(args[args.index("--slo-floor") + 1]) == max(CNN.rates) * FLOOR_SHARE
+    job.start_rate = 48.0  # a round later: from the best so far
+    args = probe_args(job, "http://127.0.0.1:9", tmp_path, 2)
+    assert float(args[args.index("--slo-floor") + 1]) == 48.0 * FLOOR_SHARE
