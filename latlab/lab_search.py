@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from latlab.cli_options import parse_slo_bound
-from latlab.lab_plan import CpuShare, LabPlan, ModelPlan
+from latlab.lab_plan import PLANS, CpuShare, LabPlan, ModelPlan
 from latlab.lab_variants import ensure_variants
 from latlab.loadtest.results import SEARCH_FOLDER
 from latlab.tune import Candidate, Space, space_for
@@ -56,7 +56,7 @@ def search_plan(
         for provider in plan.providers:
             slo = plan.tune_slo(model)
             job = TuneJob(
-                plan,
+                probe_timing(plan),
                 model,
                 variants[model.name].for_provider(provider),
                 provider,
@@ -83,6 +83,18 @@ def search_plan(
             )
         models.append(replace(model, tuned=tuple(tuned)))
     return replace(plan, models=tuple(models))
+
+
+def probe_timing(plan: LabPlan) -> LabPlan:
+    """The plan with the quick plan's step timing, as `latlab tune` probes: a probe ranks configurations, so it takes
+    the short steps (the cpu plan's 3 s steps with 1 s of warm-up made one round of two mlp probes take 55 s)."""
+    quick = PLANS["quick"]
+    return replace(
+        plan,
+        step_seconds=min(plan.step_seconds, quick.step_seconds),
+        max_windows=min(plan.max_windows, quick.max_windows),
+        warmup_seconds=min(plan.warmup_seconds, quick.warmup_seconds),
+    )
 
 
 def plan_start(space: Space, model: ModelPlan) -> Candidate:

@@ -17,3 +17,17 @@ def test_the_lab_climb_starts_at_the_plans_batching_in_the_providers_variant():
     cuda = space_for("cuda", 1, ("fp32", "fp16"))
     assert plan_start(cuda, CNN) == Candidate("fp16", 8, 5.0, False, 1, 1)
     assert plan_start(space_for("cpu", 1, ("fp32",)), CNN).variant == "fp32"  # no variant made: the export
+
+
+def test_the_lab_probes_with_the_short_steps_tune_takes():
+    from latlab.lab_plan import PLANS
+    from latlab.lab_search import probe_timing
+
+    probing = probe_timing(PLANS["cpu"])
+    quick = PLANS["quick"]
+    assert (probing.step_seconds, probing.max_windows, probing.warmup_seconds) == (
+        quick.step_seconds,
+        quick.max_windows,
+        quick.warmup_seconds,
+    )
+    assert probing.models == PLANS["cpu"].models and probing.slos == PLANS["cpu"].slos
