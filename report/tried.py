@@ -33,10 +33,11 @@ def tried_section(run_dirs: list[Path], curves: list[Deployment], slos_s: list[f
     by_name = {c.name: c for c in curves}
     parts = [
         "<h2>Configurations tried</h2>"
-        "<p>Before the sweep the lab searched each model's configurations per provider (docs/tuning.md): short "
-        "SLO searches rank them (screened), the best few are measured again side by side, finer, and the best is "
-        "swept in full as a deployment of its own, so the answer above chooses among it and the plan's two. Rates "
-        "here are under the bound the search ranked by.</p>"
+        "<p>Before the sweep the lab searched each model's configurations per provider (docs/tuning.md), starting "
+        "at the plan's batching setting in every variant side by side: short SLO searches rank them (screened), "
+        "the best few are measured again side by side, finer, and the best is swept in full in place of the plan's "
+        "batching-on deployment, so the answer above chooses between it and batching off. Rates here are under "
+        "the bound the search ranked by.</p>"
     ]
     for record in records:
         parts.append(_search_table(record, notes.get(record["model"], {}), by_name, slos_s))
