@@ -261,6 +261,13 @@ def _add_loadtest(sub: argparse._SubParsersAction) -> None:
         help="--slo search: halve the rate no further than this (req/s); below it the deployment meets the bound "
         "at no rate (1)",
     )
+    load.add_argument(
+        "--slo-growth",
+        type=float,
+        default=2.0,
+        help="--slo search: raise a rate that met the bound by this factor until it breaks (2); a start near the "
+        "edge takes less, so no step overloads the server far past it",
+    )
     load.add_argument("--workers", type=int, default=0, help="Locust distributed: local worker processes")
     load.add_argument("--expect-workers", type=int, default=0, help="Locust distributed: wait for remote workers")
     load.add_argument("--master-bind-host", default="127.0.0.1", help="where remote workers connect")
@@ -537,6 +544,8 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
         )
     if not 0 < args.slo_floor < float("inf"):
         raise UserError(f"--slo-floor must be a positive rate in req/s, got {args.slo_floor:g}")
+    if not 1 < args.slo_growth <= 16:
+        raise UserError(f"--slo-growth must be above 1 and at most 16, got {args.slo_growth:g}")
     if args.seq_len_max and args.seq_len_max < args.seq_len:
         raise UserError(f"--seq-len-max ({args.seq_len_max}) must be at least --seq-len ({args.seq_len})")
     if args.inputs is not None and args.text:
@@ -601,6 +610,7 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
         search=bool(slo) and not args.sweep and args.mode == "open",
         search_resolution=args.resolution,
         search_floor=args.slo_floor,
+        search_growth=args.slo_growth,
         workers=args.workers,
         expect_workers=args.expect_workers,
         master_bind_host=args.master_bind_host,

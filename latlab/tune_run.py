@@ -36,6 +36,12 @@ needs tens of seconds for its requests: the zoo cnn in FP32 breaks p99 <= 50 ms 
 its first probe took 129 s)."""
 
 
+NEAR_GROWTH = 1.25
+"""Once a round has measured a rate, the next probes start at the best so far and raise by a quarter, not double:
+a step at twice a 2-core machine's ceiling overloaded it so that each bisection step after it broke the bound at
+rates that had met it, and every finalist of mlp "held" just its start rate (a tie decided by noise)."""
+
+
 @dataclass
 class TuneJob:
     """One model on one provider under one SLO, and where the search writes its rounds."""
@@ -126,6 +132,8 @@ def probe_args(job: TuneJob, host: str, folder: Path, count: int, resolution: fl
         f"{resolution:g}",
         "--slo-floor",
         f"{max(1.0, start * FLOOR_SHARE):g}",  # from the first round on: its start stands for the best
+        "--slo-growth",
+        f"{NEAR_GROWTH if job.start_rate else 2.0:g}",
         *step_args(plan, model, job.work),
     ]
     for k in range(count):

@@ -310,9 +310,12 @@ def slo_search(
     resolution: float = 0.05,
     max_probes: int = 16,
     min_rate: float = 1.0,
+    growth: float = 2.0,
 ) -> SearchResult:
-    """Double from `start` until the SLO breaks (or halve until it holds), then bisect the bracket
-    until its width is within `resolution` of the passing rate."""
+    """Raise the rate by `growth` from `start` until the SLO breaks (or halve until it holds), then bisect the
+    bracket until its width is within `resolution` of the passing rate. A start known to lie near the edge (a
+    tuning probe starting at the best rate so far) takes a small growth: doubling past a 2-core machine's
+    ceiling overloaded it so far that the bisection steps after it broke the bound at rates that had met it."""
     probes: list[Step] = []
 
     def probe(rate: float) -> bool:
@@ -327,7 +330,7 @@ def slo_search(
             passing = (rate, probes[-1])
             if failing is not None:
                 break
-            rate *= 2
+            rate *= growth
         else:
             failing = rate
             if passing is not None:

@@ -97,6 +97,8 @@ class SweepPlan:
     search_floor: float = 1.0
     """The SLO search halves the rate no further than this (req/s): below it a deployment counts as meeting the
     bound at no rate (a tuning probe ranks, and need not resolve what holds a tiny fraction of the best)."""
+    search_growth: float = 2.0
+    """The SLO search raises a passing rate by this factor until the bound breaks (search.slo_search)."""
     users_per_process: int = 1
     workers: int = 0
     expect_workers: int = 0
@@ -341,7 +343,12 @@ def _search(plan: SweepPlan, driver: LoadDriver, measure: Callable[[float], Step
 
     try:
         result = slo_search(
-            probe, plan.slo_p99_s, start=plan.loads[0], resolution=plan.search_resolution, min_rate=plan.search_floor
+            probe,
+            plan.slo_p99_s,
+            start=plan.loads[0],
+            resolution=plan.search_resolution,
+            min_rate=plan.search_floor,
+            growth=plan.search_growth,
         )
     except ServerGone as exc:
         return None, f"search stopped: {exc}"

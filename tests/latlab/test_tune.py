@@ -259,12 +259,14 @@ def test_a_first_rounds_probe_stops_halving_at_a_quarter_of_its_start(tmp_path):
     """Before any rate is known the probe starts at the model's highest listed rate, and its floor follows from that
     start (a run's first round went down to 1 req/s for the cnn in FP32, a third of the lab's search budget)."""
     from latlab.lab_plan import CNN, PLANS
-    from latlab.tune_run import FLOOR_SHARE, TuneJob, probe_args
+    from latlab.tune_run import FLOOR_SHARE, NEAR_GROWTH, TuneJob, probe_args
 
     job = TuneJob(PLANS["cpu"], CNN, {"fp32": tmp_path / "m.onnx"}, "cpu", 0.05, tmp_path)
     args = probe_args(job, "http://127.0.0.1:9", tmp_path, 2)
     assert args[args.index("--rates") + 1] == f"{max(CNN.rates):g}"
     assert float(args[args.index("--slo-floor") + 1]) == max(CNN.rates) * FLOOR_SHARE
-    job.start_rate = 48.0  # a round later: from the best so far
+    assert float(args[args.index("--slo-growth") + 1]) == 2.0  # nothing known yet: doubling finds the edge fast
+    job.start_rate = 48.0  # a round later: from the best so far, raised gently (it lies near the edge)
     args = probe_args(job, "http://127.0.0.1:9", tmp_path, 2)
     assert float(args[args.index("--slo-floor") + 1]) == 48.0 * FLOOR_SHARE
+    assert float(args[args.index("--slo-growth") + 1]) == NEAR_GROWTH

@@ -44,6 +44,24 @@ def test_search_finds_the_break_point_within_the_resolution(start):
     assert all(p.target <= 730 for p in result.probes if p.target == result.rate)
 
 
+def test_a_small_growth_never_probes_far_past_the_edge_and_still_finds_it():
+    """From a start just under the break point, doubling probes twice the edge; a growth of 1.25 probes at most a
+    quarter past it (what a tuning probe starting at the best rate so far uses) and still ends within the
+    resolution."""
+    probed: list[float] = []
+    measure = simulated(capacity=10_000, slo_break=4800)
+
+    def counted(rate: float) -> Step:
+        probed.append(rate)
+        return measure(rate)
+
+    doubled = slo_search(counted, 0.025, start=4600, resolution=0.05, max_probes=30)
+    assert max(probed) == 9200 and 4800 * 0.95 <= doubled.rate <= 4800
+    probed.clear()
+    gentle = slo_search(counted, 0.025, start=4600, resolution=0.05, max_probes=30, growth=1.25)
+    assert max(probed) <= 4800 * 1.25 and 4800 * 0.95 <= gentle.rate <= 4800 and gentle.valid
+
+
 def test_saturation_counts_as_a_failure_even_when_latency_looks_fine():
     result = slo_search(simulated(capacity=400, slo_break=10_000), 0.050, start=100, resolution=0.05, max_probes=30)
     assert 400 * 0.9 <= result.rate <= 400 / 0.9
@@ -113,4 +131,11 @@ def test_the_search_halves_no_further_than_its_floor():
     )
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
         "latlab: error: --slo-floor must be a positive rate in req/s, got 0"
+    ]
+    args[-2:] = ["--slo-growth", "1"]
+    refused = subprocess.run(
+        [sys.executable, "-m", "latlab.cli", "loadtest", *args], capture_output=True, text=True, timeout=120
+    )
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "latlab: error: --slo-growth must be above 1 and at most 16, got 1"
     ]
