@@ -367,8 +367,8 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
         "--plan",
         choices=["cpu", "quick", "gpu", "gpu-quick"],
         default="cpu",
-        help="cpu: the main job (mlp, ffn, cnn, minilm; ~17 min on 2 cores); quick: fewer, shorter "
-        "steps (~5.5 min); gpu: the same models on CUDA and CPU, for a GPU box; gpu-quick: "
+        help="cpu: the main job (mlp, ffn, cnn, minilm, with a 2-minute search; ~15 min on 2 cores); "
+        "quick: fewer, shorter steps (~5.5 min); gpu: the same models on CUDA and CPU, for a GPU box; gpu-quick: "
         "that in fewer, shorter steps",
     )
     lab.add_argument("--quick", action="store_const", const="quick", dest="plan", help="same as --plan quick")
@@ -399,7 +399,8 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
         "--slo-seconds",
         type=float,
         help="no SLO bracket step starts after this many seconds of them per deployment (default: the "
-        "plan's, 40; 0: none; the cpu plan took 1371 s with 0, 1044 s with 40: docs/performance.md)",
+        "plan's: cpu 25, the others 40; 0: none, more brackets within --resolution for a longer run: "
+        "docs/performance.md)",
     )
     lab.add_argument(
         "--slo-steps",
