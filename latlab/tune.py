@@ -20,11 +20,11 @@ BATCH_SIZES = (1, 4, 8, 16, 32, 64)
 DELAYS_MS = (0.0, 0.5, 2.0, 5.0)
 """max_queue_delay_ms of a batching configuration: 0 batches what is already queued (batch size 1 waits for
 nothing)."""
-MIN_GAIN = 0.05
-"""A neighbour replaces the current configuration only when it holds this fraction more: below it, probes of
-a few seconds cannot tell the two apart and the climb would wander. At 10% (the probes' resolution) ffn's climb
-stopped at batch 16 and its choice held 0.78 of the brute force's; at 5% mlp's wandered over 36% of the space while
-its probes doubled past the machine's ceiling (since then they raise by a quarter: tune_run.NEAR_GROWTH)."""
+MIN_GAIN = 0.1
+"""A neighbour replaces the current configuration only when it holds this fraction more: the probes' resolution,
+below which two probes cannot tell the two apart and the climb wanders (at 5% mlp's climb ran 13 rounds, 55
+probes, where at 10% it stopped after one and its choice held 0.93 of the brute force's; ffn's stops at batch 16
+either way, 0.76-0.78 of the brute force's batch 32: docs/tuning.md)."""
 FINALISTS = 3
 """How many of the screening's best are measured again side by side (Model Analyzer: full sweeps of the best
 few)."""
