@@ -98,6 +98,8 @@ class Deployment:
     allow_non_finite: bool | None = None
     environment: Figures | None = None
     tokenizer: Figures | None = None
+    padding: Figures | None = None
+    """[padding]: which inputs are padded to share a batch (values per input name, axis, bucket)."""
     variant: Figures | None = None
     """The model file's variant of its export (name "int8" or "fp16", precision, accuracy against FP32); None for
     the FP32 export itself."""
