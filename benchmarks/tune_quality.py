@@ -90,14 +90,7 @@ def main(argv: list[str] | None = None) -> None:
         next(t for t in full.tried if t.candidate == chosen.candidate)
     )
     summary = {
-        "model": args.model,
-        "slo": args.slo,
-        "space": len(space.all()),
-        "quick_measured": len(quick.configurations()),
-        "quick_probes": len(quick.tried),
-        "quick_share_of_space": len(quick.configurations()) / len(space.all()),
-        "quick_best": chosen.candidate.label(),
-        "quick_best_rps_side_by_side": chosen.confirmed,
+        **quick_fields(args, space, quick, chosen),
         "brute_best": found.candidate.label(),
         "brute_best_rps_side_by_side": found.confirmed,
         "brute_best_by_one_probe_each": screened.candidate.label(),
@@ -110,6 +103,20 @@ def main(argv: list[str] | None = None) -> None:
     }
     (args.out / "quality.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
+
+
+def quick_fields(args: argparse.Namespace, space, quick, chosen) -> dict:
+    """What quality.json says of the quick search, with or without a brute force beside it."""
+    return {
+        "model": args.model,
+        "slo": args.slo,
+        "space": len(space.all()),
+        "quick_measured": len(quick.configurations()),
+        "quick_probes": len(quick.tried),
+        "quick_share_of_space": len(quick.configurations()) / len(space.all()),
+        "quick_best": chosen.candidate.label(),
+        "quick_best_rps_side_by_side": chosen.confirmed,
+    }
 
 
 def referee(args: argparse.Namespace, plan, share, both: list, start_rate: float) -> dict:
@@ -135,14 +142,7 @@ def earlier_best(args: argparse.Namespace, plan, share, space, quick, chosen) ->
     rates = referee(args, plan, share, both, chosen.confirmed or chosen.rate) if found != both[0] else {}
     share_refereed = statistics.median(rates[both[0]]) / max(statistics.median(rates[both[1]]), 1e-9) if rates else 1.0
     summary = {
-        "model": args.model,
-        "slo": args.slo,
-        "space": len(space.all()),
-        "quick_measured": len(quick.configurations()),
-        "quick_probes": len(quick.tried),
-        "quick_share_of_space": len(quick.configurations()) / len(space.all()),
-        "quick_best": chosen.candidate.label(),
-        "quick_best_rps_side_by_side": chosen.confirmed,
+        **quick_fields(args, space, quick, chosen),
         "brute_best_earlier": found.label(),
         "referee_rps": {"quick": rates.get(both[0]), "brute": rates.get(both[1])},
         "quick_share_of_best_refereed": share_refereed,
