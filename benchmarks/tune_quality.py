@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from latlab.cli_options import parse_slo_bound  # noqa: E402
 from latlab.lab import ensure_models  # noqa: E402
 from latlab.lab_plan import PLANS, available_cores, cpu_share  # noqa: E402
+from latlab.lab_search import plan_start  # noqa: E402
 from latlab.tune import Candidate, brute_force, confirm, quick_search, share_of_best, space_for  # noqa: E402
 from latlab.lab_variants import ensure_variants  # noqa: E402
 from latlab.tune_run import TuneJob, fine_probe, probe_round  # noqa: E402
@@ -54,14 +55,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models-dir", type=Path, default=Path("models"))
     parser.add_argument("--out", type=Path, default=Path("runs") / f"tune-quality-{time.strftime('%Y%m%d-%H%M%S')}")
     parser.add_argument("--brute-choice", help="VARIANT:BATCH:WAIT[:adaptive] an earlier brute force chose")
+    parser.add_argument(
+        "--start",
+        choices=("plan", "middle"),
+        default="plan",
+        help="where the climb starts: as the lab's does (the plan's batching, every variant side by side first; "
+        "the default) or as `latlab tune` without a config does (the middle of the space, FP32)",
+    )
     args = parser.parse_args(argv)
     share = cpu_share(available_cores())
     plan = replace(PLANS["quick"].only([args.model]), bench=False)
     space = space_for("cpu", share.cpu_threads, ("fp32", "int8"))
     quick_job = job_for(args, plan, share, args.out / "quick")
-    space = replace(space, variants=tuple(quick_job.paths))
+    space = replace(space, variants=tuple(v for v in space.variants if v in quick_job.paths))  # INT8 first
     print(f"{args.model} at p99 <= {args.slo}: {len(space.all())} configurations in the space", flush=True)
-    quick = quick_search(space, lambda c: probe_round(quick_job, c), budget_s=float("inf"))
+    lab_start = args.start == "plan"
+    climb = space.starting_at(plan_start(space, plan.models[0])) if lab_start else space
+    quick = quick_search(climb, lambda c: probe_round(quick_job, c), budget_s=float("inf"), variants_first=lab_start)
     confirm(quick, fine_probe(quick_job))
     (chosen,) = quick.best()
     print(f"quick: {len(quick.configurations())} measured in {quick.seconds:.0f} s; best {chosen.confirmed:.0f} req/s "
@@ -110,6 +120,7 @@ def quick_fields(args: argparse.Namespace, space, quick, chosen) -> dict:
     return {
         "model": args.model,
         "slo": args.slo,
+        "start": args.start,
         "space": len(space.all()),
         "quick_measured": len(quick.configurations()),
         "quick_probes": len(quick.tried),
