@@ -68,6 +68,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def cmd_tune(args: argparse.Namespace) -> int:
     from latlab.lab import ensure_models
     from latlab.lab_plan import PLANS, available_cores, cpu_share
+    from latlab.lab_search import plan_start
     from latlab.tune import space_for
     from latlab.lab_variants import variants_on_disk
     from latlab.tune_run import CONFIRM_RESOLUTION, PROBE_RESOLUTION, TuneJob, best_block, run_tune
@@ -89,7 +90,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     paths = ensure_models(args.models_dir, plan)
     variants, found = variants_on_disk(args.models_dir, model.name, paths[model.name], args.provider)
     space = space_for(args.provider, share.cpu_threads, variants)
-    space = space.starting_at(begin) if begin else space
+    space = space.starting_at(begin or plan_start(space, model))  # where the lab's search starts, without a config
     out = args.out or Path("runs") / f"tune-{model.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     job = TuneJob(plan, model, variants, args.provider, slo_s, out, base=base or {"model": model.name})
     print(
@@ -101,7 +102,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             else ""
         )
     )
-    log = run_tune(job, space, args.search_minutes * 60)
+    log = run_tune(job, space, args.search_minutes * 60, variants_first=True)
     print(f"\n{'rate under SLO':>15}  {'side by side':>12}  configuration (last round; probes)")
     for tried in log.best(len(log.tried)):
         rate = f"{tried.rate:.0f} req/s" if tried.rate else "none"

@@ -42,6 +42,8 @@ def test_tune_an_onnx_file_prints_a_config_block_that_loads(tmp_path: Path, shor
     assert record["model"] == "scorer" and record["provider"] == "cpu" and record["slo_p99_s"] == 0.02
     tried = record["tried"]
     assert tried and tried[0]["round"] == 0 and all(t["rate"] is None or t["rate"] > 0 for t in tried)
+    start = tried[0]["candidate"]  # where the lab's search starts: the plan's batching for a fast model
+    assert (start["max_batch_size"], start["max_queue_delay_ms"]) == (64, 2.0)
     assert record["stopped"].startswith(("the budget", "a top"))
     side_by_side = {t["round"] for t in record["confirmed"]}  # the finalists' rounds follow the climb's
     assert len(record["rounds"]) == len({t["round"] for t in tried}) + len(side_by_side)
