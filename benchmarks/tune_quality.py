@@ -71,7 +71,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.model} at p99 <= {args.slo}: {len(space.all())} configurations in the space", flush=True)
     lab_start = args.start == "plan"
     climb = space.starting_at(plan_start(space, plan.models[0])) if lab_start else space
-    quick = quick_search(climb, lambda c: probe_round(quick_job, c), budget_s=float("inf"), variants_first=lab_start)
+    quick = quick_search(
+        climb,
+        lambda c: probe_round(quick_job, c),
+        budget_s=float("inf"),
+        variants_first=lab_start,
+        first_probe=fine_probe(quick_job),
+    )
     confirm(quick, fine_probe(quick_job))
     (chosen,) = quick.best()
     print(f"quick: {len(quick.configurations())} measured in {quick.seconds:.0f} s; best {chosen.confirmed:.0f} req/s "

@@ -17,7 +17,7 @@ from latlab.lab import start_server, step_args, write_samples
 from latlab.lab_plan import LabPlan, ModelPlan
 from latlab.loadtest.results import read_results
 from latlab.server.config import dumps_config, save_config
-from latlab.tune import FINALISTS, Candidate, SearchLog, Space, confirm, quick_search
+from latlab.tune import FINALISTS, FINE_COST, Candidate, SearchLog, Space, confirm, quick_search
 
 PROBE_RESOLUTION = 0.1
 """The SLO search of a screening probe stops once its bracket is this narrow: a few steps each. At 20% (the first
@@ -26,9 +26,6 @@ stopped after one round with all seven candidates at 2344 or 2812 req/s, at 0.87
 CONFIRM_RESOLUTION = 0.05
 """The finalists' SLO searches (tune.confirm) go this fine: a step or two more each, and a screening bracket no
 longer hides which of two close configurations holds more."""
-FINE_COST = 1.5
-"""What a finalist's probe (to CONFIRM_RESOLUTION) costs against a screening one (to PROBE_RESOLUTION): a step or
-two more of a few. The climb keeps FINALISTS x FINE_COST probes of its budget for them."""
 FLOOR_SHARE = 0.25
 """A probe stops halving the rate below this share of the best rate so far: a configuration that cannot hold a
 quarter of the best is out of the running, and resolving it costs the slowest steps (at a few req/s a step
@@ -155,6 +152,7 @@ def run_tune(job: TuneJob, space: Space, budget_s: float, variants_first: bool =
         budget_s,
         reserve_probes=reserve,
         variants_first=variants_first,
+        first_probe=fine_probe(job),
     )
     per_probe = (time.monotonic() - began) / max(1, len(log.tried))
     confirm(log, fine_probe(job), budget_s - (time.monotonic() - began), probe_cost_s=per_probe * FINE_COST)

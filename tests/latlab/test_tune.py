@@ -255,6 +255,39 @@ def test_variants_first_measures_the_start_in_every_variant_then_climbs_from_the
     assert len(short.tried) == 2  # the first round is measured whole, whatever the budget
 
 
+def test_the_variants_round_is_measured_again_side_by_side_when_the_budget_pays_and_decided_by_the_means():
+    """One coarse probe each may put FP32 first (ffn at the lab's start: 0.70 of the brute force's INT8 best); with
+    the finer probe the first round is measured twice more in alternating order, and the means decide."""
+    space = space_for("cpu", 1, ("fp32", "int8")).starting_at(Candidate("int8", 32, 2.0))
+
+    def unlucky(clock: Clock):  # the first probe's INT8 a tenth of its rate
+        def probe(candidates: list[Candidate]) -> list[float]:
+            rates = clock.probe(candidates)
+            return [r / 10 if c.variant == "int8" and clock.probes <= 2 else r for c, r in zip(candidates, rates)]
+
+        return probe
+
+    clock = Clock(per_probe=10.0)
+    fine_orders = []
+
+    def fine(candidates: list[Candidate]) -> list[float]:
+        fine_orders.append([c.variant for c in candidates])
+        return clock.probe(candidates)
+
+    log = quick_search(space, unlucky(clock), float("inf"), clock=clock, variants_first=True, first_probe=fine)
+    assert fine_orders == [["fp32", "int8"], ["int8", "fp32"]]  # reversed first, then as the coarse one
+    first = [t for t in log.tried if t.round == 0]
+    assert len(first) == 6 and sum(t.note == "side by side" for t in first) == 4
+    assert [t.candidate.variant for t in log.tried if t.round == 1][0] == "int8"  # the means chose INT8
+    alone = Clock(per_probe=10.0)
+    coarse_only = quick_search(space, unlucky(alone), float("inf"), clock=alone, variants_first=True)
+    assert [t.candidate.variant for t in coarse_only.tried if t.round == 1][0] == "fp32"  # misled without them
+    clock = Clock(per_probe=10.0)
+    fine_orders.clear()
+    short = quick_search(space, clock.probe, 45.0, clock=clock, variants_first=True, first_probe=fine)
+    assert not fine_orders and len([t for t in short.tried if t.round == 0]) == 2  # the budget pays for no more
+
+
 def test_a_first_rounds_probe_stops_halving_at_a_quarter_of_its_start(tmp_path):
     """Before any rate is known the probe starts at the model's highest listed rate, and its floor follows from that
     start (a run's first round went down to 1 req/s for the cnn in FP32, a third of the lab's search budget)."""
