@@ -23,8 +23,7 @@ nothing)."""
 MIN_GAIN = 0.1
 """A neighbour replaces the current configuration only when it holds this fraction more: the probes' resolution,
 below which two probes cannot tell the two apart and the climb wanders (at 5% mlp's climb ran 13 rounds, 55
-probes, where at 10% it stopped after one and its choice held 0.93 of the brute force's; ffn's stops at batch 16
-either way, 0.76-0.78 of the brute force's batch 32: docs/tuning.md)."""
+probes, where at 10% it stopped after one and its choice held 0.93 of the brute force's: docs/tuning.md)."""
 FINALISTS = 3
 """How many of the screening's best are measured again side by side (Model Analyzer: full sweeps of the best
 few)."""
@@ -285,9 +284,10 @@ def quick_search(
     (what confirm() will need); a round the budget pays for only in part is cut short, and the log says so.
     confirm() then decides among the best few. With `variants_first`, the first round measures the start in every
     variant side by side (what the variant alone buys, the lab's first question), and the climb goes on from the
-    best of them; with `first_probe` too (the finalists' finer probe) that round is measured CONFIRM_ROUNDS times
-    in alternating order and decided by the means, as the finalists are: one coarse probe each chose ffn's FP32
-    over its INT8 at the lab's start, and the climb never came back (0.70 of the brute force's INT8 best)."""
+    best of them; with `first_probe` too (the finalists' finer probe) that round is measured up to CONFIRM_ROUNDS
+    times more, in alternating order, while the budget pays, and decided by the means: one coarse probe each put
+    ffn's FP32 ahead of its INT8 at the lab's start, and the climb never came back (0.71 of the brute force's INT8
+    best, docs/tuning.md)."""
     log, began = SearchLog(), clock()
     current, round_ = space.start(), 0
     pending = [current]
