@@ -1,12 +1,12 @@
-"""The quick search against brute force, side by side in one run: for one model on the CPU, `latlab tune`'s quick
-search and a brute-force search measure the same space with the same probes (one server per round, an SLO search
-per configuration), each then measures its best few again side by side (tune.confirm), and a referee measures the
-two choices side by side, REFEREE_ROUNDS times in alternating order at the finalists' resolution: the quick
-search's share of the brute-force best is the ratio of their median rates there. Prints how many configurations
-each measured, and writes quality.json.
+"""The quick search against brute force, side by side in one run: for one model on the CPU, the quick search as
+the lab and `latlab tune` run it and a brute-force search measure the same space with the same probes (one server
+per round, an SLO search per configuration), each then measures its best few again side by side (tune.confirm),
+and a referee measures the two choices side by side, REFEREE_ROUNDS times in alternating order at the finalists'
+resolution: the quick search's share of the brute-force best is the ratio of their median rates there. Prints
+how many configurations each measured, and writes quality.json.
 
-    .venv/bin/python benchmarks/tune_quality.py ffn --slo 25ms --models-dir models     # ~15 min on 2 cores
-    .venv/bin/python benchmarks/tune_quality.py mlp --brute-choice int8:64:0           # the climb again, ~12 min
+    .venv/bin/python benchmarks/tune_quality.py ffn --slo 25ms --models-dir models     # ~25 min on 2 cores
+    .venv/bin/python benchmarks/tune_quality.py mlp --brute-choice int8:64:0           # the climb again, ~6-10 min
 
 `--brute-choice VARIANT:BATCH:WAIT[:adaptive]` skips the brute force and referees the quick search's choice against
 the configuration an earlier brute force of the same space chose (docs/tuning.md records each): the climb's
@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> None:
         "--start",
         choices=("plan", "middle"),
         default="plan",
-        help="where the climb starts: as the lab's does (the plan's batching, every variant side by side first; "
-        "the default) or as `latlab tune` without a config does (the middle of the space, FP32)",
+        help="where the climb starts: as the lab's and `latlab tune`'s do (the plan's batching, every variant side "
+        "by side first; the default) or at the middle of the space (batch 16, 2 ms; their start before e9d13d6)",
     )
     args = parser.parse_args(argv)
     share = cpu_share(available_cores())

@@ -108,8 +108,8 @@ class Space:
         )
 
     def start(self) -> Candidate:
-        """Where the climb starts: `begin`, else the export, batching on at a middle size and wait, the first
-        layout."""
+        """Where the climb starts: `begin`, else the first variant (space_for lists the provider's first), batching
+        on at a middle size and wait, the first layout."""
         if self.begin is not None:
             return self.begin
         size = self.batch_sizes[len(self.batch_sizes) // 2]
