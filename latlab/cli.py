@@ -365,11 +365,12 @@ def _add_lab(sub: argparse._SubParsersAction) -> None:
     lab.add_argument("--models-dir", type=Path, default=Path("models"))
     lab.add_argument(
         "--plan",
-        choices=["cpu", "quick", "gpu", "gpu-quick"],
+        choices=["cpu", "quick", "gpu", "gpu-quick", "gpu-serve", "gpu-serve-cpu"],
         default="cpu",
         help="cpu: the main job (mlp, ffn, cnn, minilm, with a 2-minute search; ~15 min on 2 cores); "
         "quick: fewer, shorter steps (~5.5 min); gpu: the same models on CUDA and CPU, for a GPU box; gpu-quick: "
-        "that in fewer, shorter steps",
+        "that in fewer, shorter steps; gpu-serve: cnn and minilm on CUDA and CPU at p99 <= 25 and 50 ms, sized to "
+        "one call of a borrowed GPU machine (benchmarks/gpu_kit.py); gpu-serve-cpu: its CPU half",
     )
     lab.add_argument("--quick", action="store_const", const="quick", dest="plan", help="same as --plan quick")
     lab.add_argument("--step-seconds", type=float, default=None, help="override the plan's step length")

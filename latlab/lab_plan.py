@@ -206,6 +206,19 @@ MINILM = ModelPlan(
     batching={"max_batch_size": 32, "max_queue_delay_ms": 3.0},
 )
 
+GPU_SERVE = LabPlan(
+    models=(replace(CNN, rates=(20, 100, 400)), replace(MINILM, rates=(50, 300, 1200), text=False)),
+    providers=("cpu", "cuda"),
+    slos="25ms,50ms",
+    step_seconds=1.5,
+    max_windows=3,
+    warmup_seconds=0.5,
+    refine_within=0.3,
+    resolution=0.3,
+    slo_steps=3,
+    slo_seconds=15.0,
+)
+
 PLANS = {
     # The main job: four models on the CPU, batching off (FP32, as exported) and the search's best: it starts at
     # the plan's batching setting in INT8 and FP32 side by side, and the better is swept in full (timing in
@@ -259,4 +272,9 @@ PLANS = {
         resolution=0.3,
         slo_steps=4,
     ),
+    # A GPU trip's first leg (benchmarks/gpu_kit.py): cnn and minilm on CUDA against the CPU's fair share of cores,
+    # under the two bounds the verdict ranks them by, in short steps sized to one device call.
+    "gpu-serve": GPU_SERVE,
+    # The same on the CPU alone: what the kit's rehearsal runs on a machine without CUDA.
+    "gpu-serve-cpu": replace(GPU_SERVE, providers=("cpu",)),
 }

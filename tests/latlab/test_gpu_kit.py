@@ -1,98 +1,370 @@
-"""benchmarks/gpu_kit.py: the parts a GPU machine is given one call at a time come back together intact."""
+"""benchmarks/gpu_kit.py and gpukit/: the carry cut to what a GPU machine lacks, the legs laid out over the calls
+of one loan and estimated from recorded costs, and every step's results brought back and collected."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
-import shutil
+import re
+import struct
 import subprocess
 import sys
 import tarfile
+import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-KIT_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_kit.py"
-_SPEC = importlib.util.spec_from_file_location("gpu_kit", KIT_SCRIPT)
-kit = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(kit)
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+KIT_SCRIPT = BENCHMARKS / "gpu_kit.py"
+
+
+def _load(name: str, path: Path, package: bool = False):
+    spec = importlib.util.spec_from_file_location(
+        name, path, submodule_search_locations=[str(path.parent)] if package else None
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+_load("gpukit", BENCHMARKS / "gpukit" / "__init__.py", package=True)
+carry = _load("gpukit.carry", BENCHMARKS / "gpukit" / "carry.py")
+fatbin = _load("gpukit.fatbin", BENCHMARKS / "gpukit" / "fatbin.py")
+legs = _load("gpukit.legs", BENCHMARKS / "gpukit" / "legs.py")
+kit = _load("gpu_kit", KIT_SCRIPT)
+
+
+# --- a CUDA library in miniature: an ELF64 file with a .nv_fatbin section ----------------------------------
+
+
+def fat_binary(entries: list[tuple[int, int, bytes]]) -> bytes:
+    """One fat binary: header, then per (kind, arch, payload) an entry header of 64 bytes and its payload."""
+    body = b""
+    for kind, arch, payload in entries:
+        head = struct.pack("<HHIQIIHHI", kind, 0x101, 64, len(payload), 0, 0, 0, 0, arch)
+        body += head + bytes(64 - len(head)) + payload
+    return struct.pack("<IHHQ", fatbin.FATBIN_MAGIC, 1, 16, len(body)) + body
+
+
+def cuda_library(section_body: bytes) -> bytearray:
+    """An ELF64 little-endian file with sections: null, .text, .nv_fatbin, .shstrtab."""
+    names = b"\0.text\0.nv_fatbin\0.shstrtab\0"
+    text = b"\x90" * 40
+    text_at = 64
+    fat_at = text_at + len(text)
+    fat_at += -fat_at % 8
+    names_at = fat_at + len(section_body)
+    headers_at = names_at + len(names)
+    headers_at += -headers_at % 8
+    ident = b"\x7fELF" + bytes([2, 1, 1]) + bytes(9)
+    elf = ident + struct.pack("<HHIQQQIHHHHHH", 3, 62, 1, 0, 0, headers_at, 0, 64, 0, 0, 64, 4, 3)
+    data = bytearray(elf.ljust(text_at, b"\0"))
+    data += text
+    data = data.ljust(fat_at, b"\0") + section_body
+    data += names
+    data = data.ljust(headers_at, b"\0")
+
+    def header(name: int, offset: int, size: int, kind: int = 1) -> bytes:
+        return struct.pack("<IIQQQQIIQQ", name, kind, 0, 0, offset, size, 0, 0, 1, 0)
+
+    data += bytes(64) + header(1, text_at, len(text)) + header(7, fat_at, len(section_body))
+    data += header(18, names_at, len(names), kind=3)
+    return bytearray(data)
+
+
+SM80, SM90, PTX = b"A" * 300, b"B" * 200, b"C" * 50
+
+
+def library() -> bytearray:
+    first = fat_binary([(2, 80, SM80), (2, 90, SM90)])
+    second = fat_binary([(2, 80, SM80[:100]), (2, 90, SM90[:120]), (1, 80, PTX)])
+    return cuda_library(first + bytes(-len(first) % 8) + second)
+
+
+def test_trim_zeroes_only_other_architectures_and_keeps_the_layout() -> None:
+    data = library()
+    original = bytes(data)
+    assert fatbin.by_arch(data) == {"elf sm_80": 400, "elf sm_90": 320, "ptx sm_80": 50}
+
+    assert fatbin.trim(data, {90}) == {"kept_bytes": 370, "zeroed_bytes": 400}
+
+    assert len(data) == len(original)
+    for e in fatbin.entries(data):
+        kept = original[e.payload_start : e.payload_start + e.payload_size]
+        now = bytes(data[e.payload_start : e.payload_start + e.payload_size])
+        assert now == (bytes(e.payload_size) if (e.kind, e.arch) == ("elf", 80) else kept)
+    changed = [i for i, (a, b) in enumerate(zip(original, data)) if a != b]
+    payloads = [range(e.payload_start, e.payload_start + e.payload_size) for e in fatbin.entries(data) if e.arch == 80]
+    assert all(any(i in p for p in payloads) for i in changed)  # headers, offsets and other bytes untouched
+
+
+def test_trim_refuses_a_library_without_the_kept_architecture_and_a_file_that_is_no_cuda_library() -> None:
+    data = library()
+    with pytest.raises(ValueError, match=r"no kernels for sm_120"):
+        fatbin.trim(data, {120})
+    assert data == library()
+    plain = cuda_library(b"")
+    plain[plain.index(b".nv_fatbin")] = ord("x")
+    with pytest.raises(ValueError, match="no .nv_fatbin section"):
+        fatbin.entries(plain)
+    with pytest.raises(ValueError, match="not a 64-bit"):
+        fatbin.entries(b"MZ" + bytes(100))
+
+
+def wheel(path: Path, files: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+        lines = [carry._record_line(n, d) for n, d in files.items()]
+        z.writestr("demo-1.0.dist-info/RECORD", "\n".join([*lines, "demo-1.0.dist-info/RECORD,,"]) + "\n")
+    return path
+
+
+def test_a_restored_wheel_installs_with_pip_trimmed_stored_and_without_the_dropped_library(tmp_path: Path) -> None:
+    meta = b"Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n"
+    files = {
+        "demo/__init__.py": b"",
+        "demo/libcuda_kernels.so": bytes(library()),
+        "demo/libunused.so.1.2": b"x" * 1000,
+        "demo-1.0.dist-info/METADATA": meta,
+        "demo-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    path = wheel(tmp_path / "demo-1.0-py3-none-any.whl", files)
+
+    changed = carry.restore(path, drop=("demo/libunused.so",), trim={"demo/libcuda_kernels.so": {90}})
+
+    assert changed["dropped"] == ["demo/libunused.so.1.2"]
+    assert changed["trimmed"]["demo/libcuda_kernels.so"]["zeroed_bytes"] == 400
+    with zipfile.ZipFile(path) as z:
+        assert {i.compress_type for i in z.infolist()} == {zipfile.ZIP_STORED}
+        record = z.read("demo-1.0.dist-info/RECORD").decode()
+        for name in z.namelist():
+            if not name.endswith("RECORD"):
+                assert carry._record_line(name, z.read(name)) in record
+    site = tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target", str(site)]
+    subprocess.run([*pip, str(path)], check=True)
+    installed = bytearray((site / "demo" / "libcuda_kernels.so").read_bytes())
+    assert fatbin.by_arch(installed)["elf sm_90"] == 320 and not (site / "demo" / "libunused.so.1.2").exists()
+    sm80 = [e for e in fatbin.entries(installed) if e.arch == 80 and e.kind == "elf"]
+    assert all(installed[e.payload_start : e.payload_start + e.payload_size] == bytes(e.payload_size) for e in sm80)
+
+
+def test_restore_refuses_a_library_to_trim_that_the_wheel_lacks(tmp_path: Path) -> None:
+    path = wheel(tmp_path / "demo-1.0-py3-none-any.whl", {"demo/__init__.py": b""})
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match="has no demo/libcuda.so"):
+        carry.restore(path, trim={"demo/libcuda.so": {90}})
+    assert path.read_bytes() == before
+
+
+def test_the_kit_brings_every_dependency_the_device_lacks() -> None:
+    """Each of latlab's runtime dependencies is on the device's image already, or in the kit's download list
+    (with its own dependencies): a package added to pyproject.toml and not to the kit fails here."""
+    import tomllib
+
+    declared = tomllib.loads((BENCHMARKS.parent / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[<>=!~;\[ ]", d, maxsplit=1)[0].lower().replace("_", "-") for d in declared}
+    brought = set(carry.DEVICE_NEEDS) | carry.image_packages() | carry.NEVER_CARRIED
+    assert names - brought - {carry.MINILM_WEIGHTS, "onnxruntime", "onnxruntime-gpu"} == set()
+    assert "flask" not in carry.image_packages() and "torch" in carry.image_packages()
+
+
+# --- parts -------------------------------------------------------------------------------------------------
 
 
 @pytest.fixture
 def archive(tmp_path: Path) -> Path:
-    path = tmp_path / "kit.tar"
+    path = tmp_path / "kit.tar.xz"
     path.write_bytes(os.urandom(10_000) + b"end")
     return path
 
 
-def carried(tree: Path, archive: Path, part_bytes: int = 4096) -> list[Path]:
-    """The parts as `prepare` leaves them in the source tree (.whl/carry-K/)."""
-    return kit.split(archive, tree / ".whl", part_bytes)
-
-
 def test_parts_carried_one_call_each_join_into_the_same_archive(tmp_path: Path, archive: Path) -> None:
     store = tmp_path / "store"
-    parts = carried(tmp_path / "tree", archive)
+    parts = carry.split(archive, tmp_path / "tree" / ".whl", 4096)
     assert [p.parent.name for p in parts] == ["carry-1", "carry-2", "carry-3"]
     assert all(p.stat().st_size <= 4096 for p in parts)
     expected = archive.read_bytes()
     archive.unlink()
-
     for index, part in enumerate(parts, start=1):  # each call's tree holds only the folder it carried
         call_tree = tmp_path / f"call-{index}"
-        shutil.copytree(part.parent, call_tree / ".whl" / part.parent.name)
-        have, missing = kit.stash(call_tree, store)
+        (call_tree / ".whl").mkdir(parents=True)
+        os.rename(part.parent, call_tree / ".whl" / part.parent.name)
+        have, missing = carry.stash(call_tree, store)
         assert len(have) == index and len(missing) == len(parts) - index
+    assert carry.join(store).read_bytes() == expected
 
-    assert kit.join(store).read_bytes() == expected
 
-
-def test_a_missing_part_is_named_and_nothing_is_joined(tmp_path: Path, archive: Path) -> None:
-    parts = carried(tmp_path / "tree", archive)
+def test_a_missing_or_damaged_part_is_named_and_nothing_is_joined(tmp_path: Path, archive: Path) -> None:
+    parts = carry.split(archive, tmp_path / "tree" / ".whl", 4096)
     for part in parts[1:]:
         part.unlink()
-    have, missing = kit.stash(tmp_path / "tree", tmp_path / "store")
+    have, missing = carry.stash(tmp_path / "tree", tmp_path / "store")
     assert have == [parts[0].name] and missing == [parts[1].name, parts[2].name]
     with pytest.raises(SystemExit, match=f"parts missing: {parts[1].name}, {parts[2].name}"):
-        kit.join(tmp_path / "store")
-    assert not (tmp_path / "store" / "kit.tar").exists()
-
-
-def test_a_damaged_part_is_refused_on_arrival(tmp_path: Path, archive: Path) -> None:
-    parts = carried(tmp_path / "tree", archive)
-    damaged = bytearray(parts[1].read_bytes())
+        carry.join(tmp_path / "store")
+    damaged = bytearray(parts[0].read_bytes())
     damaged[100] ^= 0xFF
-    parts[1].write_bytes(bytes(damaged))
+    parts[0].write_bytes(bytes(damaged))
     with pytest.raises(SystemExit, match="arrived damaged"):
-        kit.stash(tmp_path / "tree", tmp_path / "store")
+        carry.stash(tmp_path / "tree", tmp_path / "store2")
 
 
-def test_a_rehearsed_device_call_brings_everything_back_in_one_archive_that_collect_unpacks(tmp_path: Path) -> None:
-    """The 24 Nov H100 trip left its results behind: a call returns at most 8 files and the lab step wrote
-    ~15. Rehearsed here (no CUDA): a real bench call packs all it wrote into one archive, and collect puts
-    the bench's results and log where --with-reference finds them."""
-    out, kit_dir = tmp_path / "out", tmp_path / "kit"
-    env = {**os.environ, "OUT": str(out), "LATLAB_KIT": str(kit_dir)}
-    bench = ["--experiments", "batch_size", "--batches", "1,4", "--backends", "ort-cpu", "--min-time", "0.01"]
-    done = subprocess.run(
-        [sys.executable, str(KIT_SCRIPT), "bench", "--rehearse", *bench],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+def test_a_call_carries_a_part_beside_the_working_tree_within_its_limit() -> None:
+    tree = carry.tree_mib()
+    assert 0 < tree < carry.CALL_LIMIT_MIB / 4
+    assert carry.part_mib_for(tree) + tree < carry.CALL_LIMIT_MIB
+    assert legs.part_sizes(150.0, 60.0, 2.0) == [62.0, 62.0, 32.0]
+    assert legs.part_sizes(30.0, 60.0, 2.0) == [32.0]
+
+
+# --- legs, their estimate and their bookkeeping -----------------------------------------------------------
+
+
+COSTS = {
+    "start_s": {"value": 100},
+    "transfer_mib_per_s": {"value": 5.0},
+    "call_overhead_s": {"value": 10},
+    "gap_s": {"value": 20},
+    "steps": {
+        "stash": {"value": 2},
+        "install": {"value": 30},
+        "verify": {"value": 50},
+        "buckets": {"value": 60},
+        "lab": {"value": 200},
+        "cuda": {"value": 5},
+        "search": {"value": 400},
+        "frontends": {"value": 300},
+        "bench": {"value": 70},
+        "lab-small": {"value": 200},
+    },
+    "calls_observed": [],
+}
+
+
+def test_a_leg_carries_one_part_per_call_and_starts_its_work_in_the_last_parts_call() -> None:
+    leg = legs.leg(1, 3)
+    assert [c.carry for c in leg.calls] == [".whl/carry-1", ".whl/carry-2", ".whl/carry-3"]
+    assert [[s.name for s in c.steps] for c in leg.calls] == [
+        ["stash"],
+        ["stash"],
+        ["stash", "install", "verify", "buckets", "lab"],
+    ]
+    for spec in legs.SPECS:
+        for call in legs.lay_out(spec, 3).calls:
+            assert call.timeout_s <= legs.CALL_LIMIT_S
+            assert call.timeout_s >= sum(s.cap_s for s in call.steps)
+
+
+def test_work_that_does_not_fit_the_last_parts_call_gets_calls_of_its_own() -> None:
+    spec = legs.LegSpec(9, "long", "", ((legs.Step("lab", 500),), (legs.Step("bench", 100),)), ())
+    leg = legs.lay_out(spec, 2)
+    assert [[s.name for s in c.steps] for c in leg.calls] == [["stash"], ["stash", "install"], ["lab"], ["bench"]]
+    with pytest.raises(ValueError, match="more than one command may run"):
+        legs.lay_out(legs.LegSpec(9, "too long", "", ((legs.Step("lab", 700),),), ()), 1)
+
+
+def test_the_estimate_adds_the_start_the_carries_the_steps_and_the_gaps() -> None:
+    leg = legs.leg(1, 3)
+    est = legs.estimate(leg, COSTS, [50.0, 50.0, 25.0])
+    # call 1: start 100 + 50/5 + overhead 10 + stash 2; call 2: gap 20 + 10 + 10 + 2;
+    # call 3: gap 20 + 25/5 + 10 + stash 2 + install 30 + verify 50 + buckets 60 + lab 200
+    assert est.parts == [122.0, 42.0, 377.0]
+    assert est.calls == 3 and est.carried_mib == 125.0 and est.seconds == 541.0
+
+
+def test_plan_shows_every_leg_within_the_limit_from_the_recorded_costs(tmp_path: Path) -> None:
+    """As a fresh clone runs it: no kit prepared, so the carry is costs.json's record of the last prepare."""
+    done = subprocess.run([sys.executable, str(KIT_SCRIPT), "plan"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    found = re.findall(r"^leg (\d) \w+: (\d) calls, (\d+) MiB carried, ~([\d.]+) device minutes", done.stdout, re.M)
+    assert [n for n, *_ in found] == ["1", "2", "3", "4"]
+    assert all(float(minutes) <= legs.LEG_LIMIT_MINUTES for *_, minutes in found)
+    assert done.stdout.count("python3 benchmarks/gpu_kit.py leg 1 --call") == int(found[0][1])
+
+
+def test_plan_fails_when_a_leg_leaves_no_time_for_a_retry(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    slow = {**legs.load_costs(), "transfer_mib_per_s": {"value": 0.2, "source": "a slow link"}}
+    assert kit.plan(tmp_path / "no-kit", tmp_path / "reference", slow) == 1
+    assert "no spare for a retry" in capsys.readouterr().out
+
+
+def test_a_leg_has_landed_when_its_reference_folder_holds_every_file_it_lands(tmp_path: Path) -> None:
+    reference = tmp_path / "reference"
+    first = legs.SPECS[0]
+    assert legs.next_leg(reference) is first
+    folder = reference / "h100" / "leg-1"
+    (folder / "lab").mkdir(parents=True)
+    (folder / "gpu-tests.json").write_text("{}")
+    (folder / "gpu-buckets.json").write_text("{}")
+    assert legs.landed(first, reference) == [] and legs.next_leg(reference) is first  # no served results yet
+    (folder / "lab" / "results-cnn.json").write_text("{}")
+    assert legs.landed(first, reference) == ["h100"]
+    assert legs.next_leg(reference) is legs.SPECS[1]
+
+
+def test_a_trips_calls_fit_the_transfer_rate_the_overhead_and_the_start() -> None:
+    costs = json.loads(json.dumps(COSTS))
+    # 8 MiB/s, 10 s overhead, 20 s gap, 90 s start: held - wall = MiB / 8 + 10 + 20 (the first: + 90, no gap)
+    legs.record_call(costs, 64.0, 5.0, 5.0 + 64 / 8 + 10 + 90, first=True, where="h100 call 1")
+    legs.record_call(costs, 64.0, 5.0, 5.0 + 64 / 8 + 30, first=False, where="h100 call 2")
+    assert costs["transfer_mib_per_s"]["value"] == 5.0  # one size after the first: nothing to fit yet
+    legs.record_call(costs, 24.0, 300.0, 300.0 + 24 / 8 + 30, first=False, where="h100 call 3")
+    assert costs["transfer_mib_per_s"]["value"] == pytest.approx(8.0)
+    assert costs["call_overhead_s"]["value"] == pytest.approx(10.0)
+    assert costs["start_s"]["value"] == pytest.approx(90.0)
+
+
+# --- device calls: each step packed into $OUT as it ends, collected, its time learned ----------------------
+
+
+def device_call(tmp_path: Path, tree: Path, steps: str) -> tuple[subprocess.CompletedProcess, Path]:
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "LATLAB_KIT": str(tmp_path / "kit")}
+    code = (
+        f"import sys; sys.path.insert(0, {str(BENCHMARKS)!r}); from pathlib import Path;"
+        "from gpukit import device, legs;"
+        f"sys.exit(device.run_call(9, tuple(legs.Step(n, 120) for n in {steps.split()!r}), True, Path({str(tree)!r})))"
     )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert [p.name for p in out.iterdir()] == ["bench.tar.gz"]  # one file, however many the step wrote
-    assert not (kit_dir / "staged").exists()  # packed and cleared: the next call starts empty
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    return done, out
 
-    kept = kit.collect(out, "rehearsal", tmp_path / "reference")
-    names = sorted(p.relative_to(tmp_path / "reference").as_posix() for p in kept)
-    assert "rehearsal/bench.log" in names and any(
-        n.startswith("rehearsal/bench/") and n.endswith(".json") for n in names
-    ), names
-    bench_doc = next(p for p in kept if p.suffix == ".json" and "bench" in p.parent.name)
-    assert json.loads(bench_doc.read_text())["experiments"][0]["points"]
+
+def test_each_step_of_a_call_comes_back_in_its_own_archive_and_collect_learns_its_time(
+    tmp_path: Path, archive: Path
+) -> None:
+    """A rehearsed call (no CUDA here: the CUDA check fails and the rehearsal goes on, as it says)."""
+    tree = tmp_path / "tree"
+    carry.split(archive, tree / ".whl", 1 << 20)
+    done, out = device_call(tmp_path, tree, "stash cuda")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == ["leg9-cuda.tar.gz", "leg9-stash.tar.gz"]
+    assert not (tmp_path / "kit" / "staged" / "leg9-cuda").exists()
+
+    reference = tmp_path / "reference"
+    kept = kit.collect(out, "rehearsal", 9, reference)
+    names = sorted(p.relative_to(reference / "rehearsal" / "leg-9").as_posix() for p in kept)
+    assert names == ["cuda.log", "stash.txt", "steps/leg9-cuda.json", "steps/leg9-stash.json"]
+    costs = json.loads(json.dumps(COSTS))
+    learned = kit.learn_step_times(reference, "rehearsal", 9, costs)
+    assert [line.split()[0] for line in learned] == ["cuda", "stash"]
+    assert costs["steps"]["stash"]["source"].startswith("measured: rehearsal, leg 9")
+
+
+def test_a_failed_step_still_comes_back_and_stops_its_call(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    (tree / ".whl").mkdir(parents=True)  # nothing carried
+    done, out = device_call(tmp_path, tree, "stash cuda")
+    assert done.returncode == 3
+    assert [p.name for p in out.iterdir()] == ["leg9-stash.tar.gz"]  # the CUDA check never ran
+    with tarfile.open(out / "leg9-stash.tar.gz") as tar:
+        step = json.load(tar.extractfile("step.json"))
+    assert step["end"].startswith("failed: no part here")
 
 
 def test_collect_refuses_an_archive_that_reaches_out_of_its_folder(tmp_path: Path) -> None:
@@ -100,35 +372,19 @@ def test_collect_refuses_an_archive_that_reaches_out_of_its_folder(tmp_path: Pat
     files_at.mkdir()
     evil = tmp_path / "evil.json"
     evil.write_text("{}")
-    with tarfile.open(files_at / "lab.tar.gz", "w:gz") as tar:
+    with tarfile.open(files_at / "leg1-lab.tar.gz", "w:gz") as tar:
         tar.add(evil, arcname="../../escaped.json")
     with pytest.raises(tarfile.OutsideDestinationError):
-        kit.collect(files_at, "h100", tmp_path / "reference")
+        kit.collect(files_at, "h100", 1, tmp_path / "reference")
     assert not list(tmp_path.rglob("escaped.json"))
-
-
-def test_collect_keeps_result_files_where_the_report_finds_them(tmp_path: Path) -> None:
-    files_at = tmp_path / "out"
-    (files_at / "lab" / "ffn").mkdir(parents=True)
-    (files_at / "lab" / "ffn" / "results.json").write_text('{"schema": "latlab.results/1"}')
-    (files_at / "lab" / "report.png").write_bytes(b"\x89PNG")
-    (files_at / "verify.log").write_text("CUDAExecutionProvider")
-    kept = kit.collect(files_at, "h100", tmp_path / "reference")
-    assert sorted(p.relative_to(tmp_path / "reference").as_posix() for p in kept) == [
-        "h100/lab/ffn/results.json",
-        "h100/verify.log",
-    ]
     with pytest.raises(SystemExit, match="nothing to collect"):
-        kit.collect(tmp_path / "empty-does-not-exist", "h100", tmp_path / "reference")
+        kit.collect(tmp_path / "empty-does-not-exist", "h100", 1, tmp_path / "reference")
 
 
-def test_the_kit_brings_every_dependency_the_device_lacks() -> None:
-    """Each of latlab's runtime dependencies is on the device already, or in the kit's download list (with its
-    own dependencies): a package added to pyproject.toml and not to the kit fails on the device, not here."""
-    import re
-    import tomllib
+def test_the_gpu_serve_plan_and_its_cpu_half() -> None:
+    from latlab.lab_plan import PLANS
 
-    declared = tomllib.loads((KIT_SCRIPT.parents[1] / "pyproject.toml").read_text())["project"]["dependencies"]
-    names = {re.split(r"[<>=!~;\[ ]", d, maxsplit=1)[0].lower().replace("_", "-") for d in declared}
-    brought = set(kit.DEVICE_NEEDS) | kit.DEVICE_HAS | {kit.MINILM_WEIGHTS, "onnxruntime", "onnxruntime-gpu"}
-    assert names - brought == set(), names - brought
+    serve, cpu_half = PLANS["gpu-serve"], PLANS["gpu-serve-cpu"]
+    assert [m.name for m in serve.models] == ["cnn", "minilm"] and serve.slos == "25ms,50ms"
+    assert serve.providers == ("cpu", "cuda") and cpu_half.providers == ("cpu",)
+    assert replace(cpu_half, providers=serve.providers) == serve
