@@ -96,8 +96,20 @@ def bracket_text(curve: Deployment, step: Step, slo_s: float | None) -> str:
     if bracket and bracket["broke_rps"] and bracket["width"] is not None and bracket["width"] > bracket["resolution"]:
         rate = f"{rate}–{bracket['broke_rps']:.0f}"
     if bracket and bracket.get("broke_verdict") == "undecided" and bracket.get("needed"):
-        rate += f" (undecided at {bracket['broke_rps']:.0f}: {bracket['needed']} requests would decide)"
+        rate += f" ({undecided_text(bracket['broke_rps'], bracket['needed'])})"
     return rate
+
+
+DECIDABLE_REQUESTS = 100_000
+"""A step that would need more requests than this to decide a bound is said to sit too close to it: at the
+rates a lab measures, such a step would take minutes to hours."""
+
+
+def undecided_text(rate: float, needed: int) -> str:
+    """Why a step neither met nor broke a bound, in words a reader can act on."""
+    if needed > DECIDABLE_REQUESTS:
+        return f"undecided at {rate:.0f} req/s: its p99 is too close to the bound to decide"
+    return f"undecided at {rate:.0f} req/s: a step of {needed:,} requests would decide"
 
 
 def _target(step: Step) -> float:

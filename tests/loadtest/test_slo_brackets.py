@@ -225,7 +225,12 @@ def test_tables_show_a_wide_bracket_and_an_undecided_upper_end():
     narrow = {**bracket, "broke_rps": 108, "width": 0.08, "broke_verdict": "undecided", "needed": 900}
     assert (
         rate_text(replace(curve, slo_brackets=[narrow]), step, 0.01)
-        == "101 (undecided at 108: 900 requests would decide)"
+        == "101 (undecided at 108 req/s: a step of 900 requests would decide)"
+    )
+    hopeless = {**narrow, "needed": 1548690}
+    assert (
+        rate_text(replace(curve, slo_brackets=[hopeless]), step, 0.01)
+        == "101 (undecided at 108 req/s: its p99 is too close to the bound to decide)"
     )
     assert rate_text(replace(curve, slo_brackets=[{**narrow, "broke_verdict": "broken"}]), step, 0.01) == "101"
 
