@@ -59,20 +59,45 @@ def check_batch_and_types(specs: list[InputSpec]) -> None:
             )
 
 
+PLACEHOLDER_NAMES = {"", "?"}
+"""Axis names some exporters give every dynamic axis: no name at all, so each such axis goes by its position."""
+
+
+def _axis_key(spec: InputSpec, axis: int) -> str:
+    """An axis's --dim key: its symbolic name (shared by every input that names it), or INPUT:AXIS for an unnamed
+    or placeholder-named one."""
+    dim = spec.shape[axis]
+    return dim if isinstance(dim, str) and dim not in PLACEHOLDER_NAMES else f"{spec.name}:{axis}"
+
+
 def _dynamic_axes(specs: list[InputSpec]) -> list[tuple[InputSpec, int, str]]:
-    """(input, axis, --dim key) of every dynamic axis after the batch: its symbolic name, or INPUT:AXIS."""
+    """(input, axis, --dim key) of every dynamic axis after the batch."""
     return [
-        (spec, axis, dim if isinstance(dim, str) else f"{spec.name}:{axis}")
+        (spec, axis, _axis_key(spec, axis))
         for spec in specs
         for axis, dim in enumerate(spec.shape[1:], 1)
         if not isinstance(dim, int)
     ]
 
 
+def by_name(specs: list[InputSpec], dims: dict[str, int]) -> dict[str, int]:
+    """`dims` with INPUT:AXIS keys of named axes turned into their names, so a named axis can be given either
+    way; ValueError where both ways give it different sizes."""
+    named = {f"{spec.name}:{axis}": key for spec, axis, key in _dynamic_axes(specs) if ":" not in key}
+    found: dict[str, int] = {}
+    for key, size in dims.items():
+        name = named.get(key, key)
+        if name in found and found[name] != size:
+            raise ValueError(f"--dim {key}={size}, but the axis '{name}' is also given {found[name]}")
+        found[name] = size
+    return found
+
+
 def row_shapes(specs: list[InputSpec], dims: dict[str, int]) -> dict[str, tuple[int, ...]]:
     """Each input's shape past the batch axis, its dynamic axes sized by `dims`; ValueError for a dynamic axis
     without a size (naming the --dim to give) and for a --dim that names no dynamic axis."""
     axes = _dynamic_axes(specs)
+    dims = by_name(specs, dims)
     batch_names = {spec.shape[0] for spec in specs if isinstance(spec.shape[0], str)}
     known = list(dict.fromkeys(key for _, _, key in axes))
     for key in dims:
@@ -85,15 +110,14 @@ def row_shapes(specs: list[InputSpec], dims: dict[str, int]) -> dict[str, tuple[
             )
     for spec, axis, key in axes:
         if key not in dims:
-            what = f"('{key}') is dynamic" if isinstance(spec.shape[axis], str) else "is dynamic and unnamed"
+            what = f"('{key}') is dynamic" if ":" not in key else "is dynamic and unnamed"
             raise ValueError(
                 f"input '{spec.name}' axis {axis} {what}: give its size with --dim {key}=N "
                 f"(e.g. --dim {key}=128), or real inputs with --inputs samples.npz"
             )
     return {
         spec.name: tuple(
-            d if isinstance(d, int) else dims[d if isinstance(d, str) else f"{spec.name}:{axis}"]
-            for axis, d in enumerate(spec.shape[1:], 1)
+            d if isinstance(d, int) else dims[_axis_key(spec, axis)] for axis, d in enumerate(spec.shape[1:], 1)
         )
         for spec in specs
     }
@@ -103,6 +127,7 @@ def sample_dims(specs: list[InputSpec], samples: dict[str, np.ndarray], dims: di
     """The sizes the samples give the dynamic axes, checked against each other (inputs sharing an axis name)
     and against --dim; with the --dim values that name no axis, for row_shapes to refuse."""
     found: dict[str, tuple[int, str]] = {}
+    dims = by_name(specs, dims)
     for spec, axis, key in _dynamic_axes(specs):
         size = samples[spec.name].shape[axis]
         if key in dims and dims[key] != size:

@@ -225,6 +225,30 @@ def test_a_servable_model_becomes_a_one_model_plan_with_inputs_from_its_declared
     assert {n: a.shape for n, a in sent.items()} == {n: a.shape for n, a in planned.samples.items()}
 
 
+def test_axes_an_exporter_named_question_mark_go_by_position_and_can_differ(tmp_path, capsys) -> None:
+    """Some exporters name every dynamic axis '?': an image model's height and width then get sizes of their
+    own by INPUT:AXIS (ORT reads the '?' names back as they are)."""
+    model = identity_model(tmp_path / "image" / "model.onnx", [("pixels", F, ["batch", 3, "?", "?"])])
+    assert [i.shape for i in ort.InferenceSession(str(model)).get_inputs()] == [["batch", 3, "?", "?"]]
+    user = UserModel(onnx=model, dims=("pixels:2=32", "pixels:3=48"), providers="cpu")
+    (planned,) = plan_user_model(PLANS["quick"], user, tmp_path / "models", cpu_share(2)).models
+    assert planned.samples["pixels"].shape[1:] == (3, 32, 48)
+    message = lab(tmp_path, capsys, "--onnx", str(model), "--dim", "pixels:2=32")
+    assert "input 'pixels' axis 3 is dynamic and unnamed: give its size with --dim pixels:3=N" in message
+    message = lab(tmp_path, capsys, "--onnx", str(model), "--dim", "?=32")
+    assert "--dim ?: the model has no dynamic axis of that name; its dynamic axes besides the batch: " in message
+    assert "pixels:2, pixels:3" in message
+
+
+def test_a_named_axis_can_also_be_given_by_position(tmp_path, capsys) -> None:
+    model = identity_model(tmp_path / "tokens" / "model.onnx", SEQ)
+    user = UserModel(onnx=model, dims=("ids:1=12",), providers="cpu")
+    (planned,) = plan_user_model(PLANS["quick"], user, tmp_path / "models", cpu_share(2)).models
+    assert planned.samples["ids"].shape[1:] == (12,) and planned.samples["mask"].shape[1:] == (12,)
+    message = lab(tmp_path, capsys, "--onnx", str(model), "--dim", "ids:1=12", "--dim", "seq=16")
+    assert "--dim seq=16, but the axis 'seq' is also given 12" in message
+
+
 def test_samples_give_the_dynamic_axes_their_size_without_dim(tmp_path) -> None:
     model = identity_model(tmp_path / "mine.onnx", SEQ)
     ids = np.arange(40 * 7, dtype=np.int64).reshape(40, 7)
