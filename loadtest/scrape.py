@@ -445,6 +445,8 @@ def server_step(
     if TRITON_SUCCESS in end:
         figures.update(triton_step(delta))
         busy = figures.pop("busy_s", busy)
+        if busy is not None:  # an upper estimate (triton_step): never more than the instances' time
+            busy = min(busy, seconds * max(1, instances))
     figures["busy_s"] = busy
     figures["busy_share"] = busy / (seconds * max(1, instances)) if busy is not None else None
     return figures
@@ -455,7 +457,9 @@ def triton_step(delta: Callable[[str], float | None]) -> dict:
     mean seconds per successful request of the request, its queue wait, compute input, the model's run and compute
     output (compute_s is the three together, as latlab's compute histogram times a run with its transfers), the
     requests answered and refused, and busy_s, the model's running time estimated as the mean run per request
-    times the executions (exact when no two requests share a run). Empty when no request succeeded."""
+    times the executions: exact when no two requests share a run, and above the truth when batch sizes vary
+    (every request of a batch records the batch's whole run, so the per-request mean weights the bigger, longer
+    runs more); server_step caps it at the step's time. Empty when no request succeeded."""
     ok = delta(TRITON_SUCCESS)
     if not ok or ok <= 0:
         return {}

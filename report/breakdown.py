@@ -41,7 +41,9 @@ def busy_share(server: dict, curve: Deployment) -> float | None:
     if busy is None or not seconds:
         return server.get("busy_share")
     instances = int((curve.batcher or {}).get("instances") or 1)
-    return busy / (seconds * instances)
+    share = busy / (seconds * instances)
+    # Triton's figure is an upper estimate (loadtest.scrape.triton_step): a share past 1 is that estimate's error
+    return min(share, 1.0) if server.get("source") == "triton" else share
 
 
 def usable_cores(curve: Deployment, share: float) -> float:

@@ -73,6 +73,18 @@ def test_triton_counters_give_per_request_times_between_two_snapshots() -> None:
     assert sum(split.values()) == pytest.approx(0.008)
 
 
+def test_triton_busy_time_estimated_from_per_request_runs_never_exceeds_the_step() -> None:
+    """Batched requests each record their batch's whole run, so the mean run per request times the executions
+    overstates the busy time when batch sizes vary: 400 requests of 9 ms mean run over 100 executions would be
+    0.9 s busy in a 0.5 s step. One instance cannot run more than the step lasted."""
+    figures = server_step((100.0, CAPTURED), (100.5, later(infer_us=9000, input_us=0, output_us=0)), "ffn")
+    assert figures["busy_s"] == pytest.approx(0.5) and figures["busy_share"] == pytest.approx(1.0)
+    reported = {**figures, "busy_s": 0.9}  # a results file written before the cap
+    assert breakdown.busy_share(reported, Deployment("ffn")) == 1.0
+    latlab_own = {**reported, "source": None}  # latlab's own compute histogram times each run once: no cap
+    assert breakdown.busy_share(latlab_own, Deployment("ffn")) == pytest.approx(1.8)
+
+
 def test_average_batch_from_triton_inference_and_execution_counts() -> None:
     before, after = batch_totals(CAPTURED, "ffn"), batch_totals(later(requests=400, executions=50), "ffn")
     assert before == (84213.0, 21377.0)
