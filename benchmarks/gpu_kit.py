@@ -164,8 +164,14 @@ def rehearse(number: int, kit_dir: Path, keep: Path | None) -> int:
     for k in range(1, len(leg.calls) + 1):
         if any((work / f"out-{k}").iterdir()):
             collect(work / f"out-{k}", "rehearsal", number, reference)
-    (reference / "rehearsal" / f"{legs.LEG_PREFIX}{number}" / "calls.json").write_text(json.dumps(timings, indent=1))
-    print(f"rehearsal of leg {number}: exit {code}; collected into {reference / 'rehearsal'}")
+    folder = reference / "rehearsal" / f"{legs.LEG_PREFIX}{number}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "calls.json").write_text(json.dumps(timings, indent=1))
+    missing = [pattern for pattern in leg.spec.lands if not any(folder.glob(pattern))]
+    if missing:  # what a trip would bring back would not count as landed
+        print(f"the leg's results lack {', '.join(missing)}")
+        code = code or 4
+    print(f"rehearsal of leg {number}: exit {code}; collected into {folder}")
     return code
 
 

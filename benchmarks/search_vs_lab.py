@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("models", nargs="+", help="zoo models: mlp, ffn, cnn, minilm")
     parser.add_argument("--slo", default="50ms")
     parser.add_argument("--provider", default="cpu", choices=["cpu", "cuda"], help="cuda: FP16 against FP32")
-    parser.add_argument("--search-minutes", type=float, default=5.0)
+    parser.add_argument("--search-minutes", type=float, default=5.0, help="the search's budget per model")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="side-by-side rounds (a rate is their median)")
     parser.add_argument("--models-dir", type=Path, default=Path("models"))
     parser.add_argument("--out", type=Path, default=Path("runs") / f"search-vs-lab-{time.strftime('%Y%m%d-%H%M%S')}")
     args = parser.parse_args(argv)
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         side = TuneJob(plan, model, variants, provider, slo_s, args.out / name / "side-by-side", base={"model": name})
         side.start_rate = job.start_rate
         rates: dict[Candidate, list[float]] = {c: [] for c in contenders}
-        for k in range(ROUNDS):
+        for k in range(args.rounds):
             order = contenders if k % 2 == 0 else contenders[::-1]
             for c, r in zip(order, fine_probe(side)(order)):
                 rates[c].append(r or 0.0)
@@ -117,8 +118,8 @@ def main(argv: list[str] | None = None) -> None:
         }
         summary["models"][name] = record
         print(json.dumps(record, indent=2), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        args.out.mkdir(parents=True, exist_ok=True)  # after each model: a run stopped midway keeps what it measured
+        (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
 if __name__ == "__main__":

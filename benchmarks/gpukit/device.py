@@ -211,27 +211,29 @@ def buckets(stage: Path, cap_s: float, rehearse: bool) -> None:
     _script("gpu_buckets.py", args, stage, cap_s)
 
 
-def _lab(stage: Path, cap_s: float, plan: str, extra: list[str]) -> None:
-    runs = KIT / "runs"
+def _lab(stage: Path, cap_s: float, plan: str, extra: list[str], folder: str) -> None:
+    """A lab run; its run folder's small files into stage/<folder>/ (results per model, report, logs)."""
+    runs = KIT / "runs" / folder
     command = [sys.executable, "-m", "latlab.cli", "lab", "--plan", plan, "--runs-dir", str(runs)]
     code = logged([*command, "--models-dir", str(MODELS), *extra], stage / "lab.log", cap_s)
     done = [p for p in runs.glob("*") if p.is_dir()]
     if done:
-        keep_run(max(done, key=lambda p: p.stat().st_mtime), stage)
+        keep_run(max(done, key=lambda p: p.stat().st_mtime), stage / folder)
     print(f"lab: exit {code}")
 
 
 def lab(stage: Path, cap_s: float, rehearse: bool) -> None:
-    _lab(stage, cap_s, "gpu-serve-cpu" if rehearse else "gpu-serve", [])
+    _lab(stage, cap_s, "gpu-serve-cpu" if rehearse else "gpu-serve", [], "lab")
 
 
 def lab_small(stage: Path, cap_s: float, rehearse: bool) -> None:
-    _lab(stage, cap_s, "quick" if rehearse else "gpu-quick", ["--models", "mlp,ffn"])
+    _lab(stage, cap_s, "quick" if rehearse else "gpu-quick", ["--models", "mlp,ffn"], "lab-small")
 
 
 def search(stage: Path, cap_s: float, rehearse: bool) -> None:
-    provider, minutes = ("cpu", "0.5") if rehearse else ("cuda", "3")
-    args = ["minilm", "cnn", "--provider", provider, "--slo", "50ms", "--search-minutes", minutes]
+    # one side-by-side round and 1.5 minutes of search per model: both models inside one call's cap
+    provider, minutes = ("cpu", "0.5") if rehearse else ("cuda", "1.5")
+    args = ["minilm", "cnn", "--provider", provider, "--slo", "50ms", "--search-minutes", minutes, "--rounds", "1"]
     args += ["--models-dir", str(MODELS), "--out", str(stage / "search-vs-lab")]
     _script("search_vs_lab.py", args, stage, cap_s)
 

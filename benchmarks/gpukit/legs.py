@@ -60,23 +60,23 @@ class LegSpec:
 
 
 STASH = Step("stash", 20)
-INSTALL = Step("install", 60)
+INSTALL = Step("install", 45)
 SPECS = (
     LegSpec(
         1,
         "serve",
         "CUDA really loads; the GPU tests; buckets and per-bucket graphs in process; cnn and minilm served on CUDA "
         "against the fair CPU baseline at p99 <= 25 and 50 ms (plan gpu-serve)",
-        ((Step("verify", 90), Step("buckets", 120), Step("lab", 280)),),
-        ("gpu-tests.json", "gpu-buckets.json", "lab/results-*.json"),
+        ((Step("verify", 75), Step("buckets", 100), Step("lab", 330)),),
+        ("gpu-tests.json", "gpu-buckets.json", "lab/cnn/results.json", "lab/minilm/results.json"),
     ),
     LegSpec(
         2,
         "precision",
         "each side at its best on CUDA: FP16 against FP32 served, and the search's best against the lab's best of "
-        "two (benchmarks/search_vs_lab.py minilm cnn --provider cuda --slo 50ms)",
-        ((Step("cuda", 30), Step("search", 450)),),
-        ("search-vs-lab/*.json",),
+        "two (benchmarks/search_vs_lab.py minilm cnn --provider cuda --slo 50ms --search-minutes 1.5 --rounds 1)",
+        ((Step("cuda", 30), Step("search", 465)),),
+        ("search-vs-lab/summary.json",),
     ),
     LegSpec(
         3,
@@ -92,7 +92,7 @@ SPECS = (
         "seed 003's batch, width and depth sweeps on ORT and torch, CPU and CUDA (latlab bench), then mlp and ffn "
         "served on CUDA against the CPU (plan gpu-quick, mlp and ffn)",
         ((Step("cuda", 30), Step("bench", 150), Step("lab-small", 300)),),
-        ("bench/*.json", "lab-small/results-*.json"),
+        ("bench/*.json", "lab-small/mlp/results.json", "lab-small/ffn/results.json"),
     ),
 )
 

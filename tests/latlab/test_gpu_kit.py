@@ -262,7 +262,7 @@ def test_a_leg_carries_one_part_per_call_and_starts_its_work_in_the_last_parts_c
 
 
 def test_work_that_does_not_fit_the_last_parts_call_gets_calls_of_its_own() -> None:
-    spec = legs.LegSpec(9, "long", "", ((legs.Step("lab", 500),), (legs.Step("bench", 100),)), ())
+    spec = legs.LegSpec(9, "long", "", ((legs.Step("lab", 540),), (legs.Step("bench", 100),)), ())
     leg = legs.lay_out(spec, 2)
     assert [[s.name for s in c.steps] for c in leg.calls] == [["stash"], ["stash", "install"], ["lab"], ["bench"]]
     with pytest.raises(ValueError, match="more than one command may run"):
@@ -299,11 +299,13 @@ def test_a_leg_has_landed_when_its_reference_folder_holds_every_file_it_lands(tm
     first = legs.SPECS[0]
     assert legs.next_leg(reference) is first
     folder = reference / "h100" / "leg-1"
-    (folder / "lab").mkdir(parents=True)
+    for model in ("cnn", "minilm"):
+        (folder / "lab" / model).mkdir(parents=True)
     (folder / "gpu-tests.json").write_text("{}")
     (folder / "gpu-buckets.json").write_text("{}")
-    assert legs.landed(first, reference) == [] and legs.next_leg(reference) is first  # no served results yet
-    (folder / "lab" / "results-cnn.json").write_text("{}")
+    (folder / "lab" / "cnn" / "results.json").write_text("{}")
+    assert legs.landed(first, reference) == [] and legs.next_leg(reference) is first  # minilm not served yet
+    (folder / "lab" / "minilm" / "results.json").write_text("{}")
     assert legs.landed(first, reference) == ["h100"]
     assert legs.next_leg(reference) is legs.SPECS[1]
 
