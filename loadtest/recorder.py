@@ -31,6 +31,10 @@ class WindowStats:
     """Latencies behind the percentiles: completed plus still-outstanding arrivals intended in the window."""
     too_few_samples: bool = False
     """Fewer than MIN_SAMPLES_P99: the p99 is then the sample's maximum and means nothing (see below)."""
+    send_lateness_p50_s: float | None = None
+    """How long after its intended time the generator began to send a request (median over the window's sent
+    requests): part of every latency here, since latencies count from the intended time. None: none sent."""
+    send_lateness_p99_s: float | None = None
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -177,6 +181,10 @@ class Recorder:
         outstanding = [*local, *itertools.chain(*self._remote_outstanding.values())]
         pending = np.asarray([t for t in outstanding if start <= t < end])
         latencies = np.concatenate([done[mine] - intended[mine], now - pending])
+        lateness = np.concatenate(
+            [np.asarray(self.sent)[mine] - intended[mine]]
+            + [np.asarray([s - i for i, s in self._outstanding.values() if start <= i < end])]
+        )
         duration = end - start
         # Achieved is the lesser of two counts. By intended send time, as offered counts: answers to requests
         # sent before the window (warm-up, an earlier step) cannot lift it above offered. By completion time:
@@ -201,6 +209,7 @@ class Recorder:
             **percentiles(latencies),
             samples=len(latencies),
             too_few_samples=len(latencies) < MIN_SAMPLES_P99,
+            **lateness_percentiles(lateness),
         )
         return stats, latencies, per_source
 
@@ -277,6 +286,14 @@ def percentiles(latencies: np.ndarray) -> dict[str, float]:
         "max_s": float(latencies.max()),
         "mean_s": float(latencies.mean()),
     }
+
+
+def lateness_percentiles(lateness: np.ndarray) -> dict[str, float | None]:
+    """Median and 99th percentile of send lateness (actual minus intended send time), None when none was sent."""
+    if lateness.size == 0:
+        return {"send_lateness_p50_s": None, "send_lateness_p99_s": None}
+    p50, p99 = np.percentile(lateness, [50, 99], method="inverted_cdf")
+    return {"send_lateness_p50_s": float(p50), "send_lateness_p99_s": float(p99)}
 
 
 def _count_in(times: list[float], start: float, end: float) -> int:

@@ -48,6 +48,10 @@ class Step:
     mean_s: float | None = None
     samples: int | None = None
     too_few_samples: bool = False
+    send_lateness_p50_s: float | None = None
+    """How long after its intended time the generator began sending (median, p99): the instrument's own share of
+    every latency, which counts from the intended time (recorder.WindowStats)."""
+    send_lateness_p99_s: float | None = None
     duration_s: float | None = None
     windows: int | None = None
     extended_windows: int = 0

@@ -631,8 +631,10 @@ def progress_line(deployment: str, step: Step, mode: str) -> str:
         flags += f"  [workers lost: {', '.join(step.workers_lost)}]"
     batch = f"{step.avg_batch_size:.1f}" if step.avg_batch_size else "-"
     load = f"offered {step.offered_rps:7.0f}/s" if mode == "open" else f"users {step.users:4d}"
+    late = step.send_lateness_p99_s
+    sending = f"  sent late p99 {late * 1e3:.2f} ms" if mode == "open" and late is not None else ""
     return (
         f"{deployment:>14}  {load}  achieved {step.achieved_rps:7.0f}/s  "
         f"p50 {step.p50_s * 1e3:7.2f} ms  p99 {step.p99_s * 1e3:7.2f} ms  "
-        f"errors {step.errors}  batch {batch}{flags}"
+        f"errors {step.errors}  batch {batch}{sending}{flags}"
     )

@@ -219,7 +219,8 @@ def steps_table(curve: Deployment) -> str:
         rows.append(
             f"<tr><td>{s.offered_rps:.0f}</td><td>{s.achieved_rps:.0f}</td><td>{p['p50_s']}</td>"
             f"<td>{p['p90_s']}</td><td>{p['p99_s']}</td><td>{esc(p99_interval(s))}</td><td>{p['max_s']}</td>"
-            f"<td>{s.errors}</td><td>{dropped}</td><td>{batch}</td><td>{cpu}{esc(flags)}</td></tr>"
+            f"<td>{s.errors}</td><td>{dropped}</td><td>{batch}</td><td>{esc(lateness_text(s))}</td>"
+            f"<td>{cpu}{esc(flags)}</td></tr>"
         )
     server = f" ({server_name(curve)})" if curve.by_server else ""
     return (
@@ -229,8 +230,17 @@ def steps_table(curve: Deployment) -> str:
         "<table><tr><th>offered/s</th><th>achieved/s</th>"
         f"<th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>p99 {_level(curve)} interval ms</th><th>max ms</th>"
         "<th>errors</th><th>dropped</th>"
-        f"<th>avg batch</th><th>generator CPU, flags</th></tr>{''.join(rows)}</table></details>"
+        f"<th>avg batch</th><th>sent late p50 / p99 ms</th><th>generator CPU, flags</th></tr>{''.join(rows)}"
+        "</table></details>"
     )
+
+
+def lateness_text(step: Step) -> str:
+    """The generator's send lateness of a step (actual minus intended send time, which every latency includes),
+    '–' for steps that did not record it (closed loop sends at once; results from before it was recorded)."""
+    if step.send_lateness_p50_s is None or step.send_lateness_p99_s is None:
+        return "–"
+    return f"{step.send_lateness_p50_s * 1e3:.2f} / {step.send_lateness_p99_s * 1e3:.2f}"
 
 
 def samples_text(step: Step) -> object:

@@ -135,6 +135,8 @@ def test_a_cap_below_capacity_is_marked_not_saturated_and_short_steps_do_not_lie
         assert abs(step.offered_rps - step.target) <= noise, step
         assert 0.9 * step.offered_rps <= step.achieved_rps <= step.offered_rps, step
         assert step.samples >= 100 and not step.too_few_samples, step
+        # the generator measured its own punctuality; every latency includes its lateness, so never less
+        assert 0 <= step.send_lateness_p50_s <= step.p50_s and step.send_lateness_p99_s <= step.max_s, step
     assert curve.steps[0].window_seconds > 0.5  # 20 req/s: windows lengthened from 0.5 s
 
 
@@ -161,6 +163,7 @@ def test_distributed_fleet_totals_equal_the_sum_of_the_workers(tmp_path):
         assert sum(per_worker.values()) + step.incomplete == step.sent
         assert all(count > 0.25 * step.sent for count in per_worker.values()), "rate split across workers"
         assert 0.7 * step.target_rps < step.achieved_rps < 1.3 * step.target_rps
+        assert step.send_lateness_p99_s is not None  # the workers' sends carry their send times to the master
         # The generator's CPU, from the workers' own readings: Locust's heartbeat figure is 0.0 for a
         # worker's first 10 s, which every step of this run falls within (it read 0.0% at every step).
         assert step.generator_cpu_percent > 0, step.generator_cpu_percent

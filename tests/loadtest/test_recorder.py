@@ -217,8 +217,26 @@ def test_window_stats_as_dict_has_every_field() -> None:
         "mean_s",
         "samples",
         "too_few_samples",
+        "send_lateness_p50_s",
+        "send_lateness_p99_s",
     }
     assert d["p50_s"] == pytest.approx(0.01)
+
+
+def test_send_lateness_percentiles_count_every_send_of_the_window_the_unanswered_too() -> None:
+    """The generator's own share of each latency: a hundred sends, 99 of them 0.1 ms late and one 20 ms late
+    and still unanswered; sends intended outside the window do not count."""
+    recorder = Recorder()
+    for k in range(99):
+        complete(recorder, 1.0 + k * 0.001, latency=0.005, send_delay=0.0001)
+    recorder.begin(1.5, 1.52)  # not answered yet
+    complete(recorder, 2.5, latency=0.005, send_delay=0.5)  # another window's
+    stats = recorder.window(1.0, 2.0, now=2.0)
+    assert stats.send_lateness_p50_s == pytest.approx(0.0001)
+    assert stats.send_lateness_p99_s == pytest.approx(0.0001)  # the 99th of 100 ranks: the slow one is the 100th
+    complete(recorder, 1.6, latency=0.005, send_delay=0.03)
+    assert recorder.window(1.0, 2.0, now=2.0).send_lateness_p99_s == pytest.approx(0.02)
+    assert Recorder().window(0.0, 1.0, now=1.0).send_lateness_p50_s is None
 
 
 # --- completions handed on in batches ------------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from latlab.report import best, breakdown, costs
+from latlab.report import best, breakdown, costs, sections
 from latlab.report.write import REPORT_FILE, write_report
 from latlab.loadtest.results import Deployment, Run, Step, read_results, to_dict, write_results
 
@@ -266,3 +266,16 @@ def test_a_gpu_bench_without_served_gpu_curves_is_named_on_the_first_screen(tmp_
     first_screen = page.split("<table class='answer'")[0]
     assert "No served GPU data</strong>: the bench below compares CPU and GPU in process" in first_screen
     assert "latlab lab --plan gpu" in first_screen and "--with-reference" not in first_screen  # already merged
+
+
+# --- the generator's send lateness ----------------------------------------------------------------------
+
+
+def test_each_steps_send_lateness_is_in_the_details_and_older_steps_show_a_dash(tmp_path: Path) -> None:
+    run = cpu_run(tmp_path)
+    curves = curves_of(run)
+    timed = replace(curves[0].steps[0], send_lateness_p50_s=0.00012, send_lateness_p99_s=0.00184)
+    assert sections.lateness_text(timed) == "0.12 / 1.84"
+    assert sections.lateness_text(curves[0].steps[0]) == "–"  # recorded before the generator measured itself
+    html = sections.steps_table(replace(curves[0], steps=[timed, *curves[0].steps[1:]]))
+    assert "<th>sent late p50 / p99 ms</th>" in html and "<td>0.12 / 1.84</td>" in html
