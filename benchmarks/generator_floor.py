@@ -1,0 +1,111 @@
+"""What the open-loop generator adds to the latency it reports, at the rates a small machine generates.
+
+    .venv/bin/python benchmarks/generator_floor.py [--rates 50,200,1000] [--step-seconds 10] [--rounds 2]
+
+Serves the lab's ffn (d_model 128, 128 layers) at batching off, one ORT thread, on a free port, and runs
+`latlab loadtest --constant` at each rate (constant gaps, so lateness is the generator's and not the arrival
+process's). Per step, from the results file:
+- the latency the generator reports (p50, p99, mean), counted from each request's intended send time;
+- its send lateness (actual minus intended send time, p50 and p99), which every latency includes;
+- "direct": the server's own time per request over the same step, from its request histogram
+  (`latlab_server_request_duration_seconds`, from the request read to the answer written: what a generator
+  with no cost of its own would read, less the loopback hop), as its mean (exact: sum over count) and its
+  p50/p99 (interpolated within the histogram's buckets, as Prometheus does);
+- the generator's added latency: reported minus direct, for the mean and for p50 and p99.
+One row per rate and round, rounds alternating the order of rates; the figures go to docs/measurement.md."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import batching, export_zoo, loadtest, quantile, serving, write_config  # noqa: E402
+
+from latlab.common import procs  # noqa: E402
+
+REQUEST_HISTOGRAM = "latlab_server_request_duration_seconds"
+
+
+def step_row(served, deployment: str, out: Path, rate: float, step_seconds: float) -> dict:
+    before = served.histogram(REQUEST_HISTOGRAM, deployment)
+    sum_before = served.value(f"{REQUEST_HISTOGRAM}_sum", deployment)
+    (curve,) = loadtest(
+        served.url,
+        [deployment],
+        out,
+        "--rates",
+        f"{rate:g}",
+        "--constant",
+        "--step-seconds",
+        f"{step_seconds:g}",
+        "--warmup-seconds",
+        "1",
+        "--max-windows",
+        "3",
+        "--max-rate",
+        f"{rate:g}",
+    )
+    after = served.histogram(REQUEST_HISTOGRAM, deployment)
+    delta = {bound: after[bound] - before.get(bound, 0.0) for bound in after}
+    count = delta[float("inf")]
+    direct_mean = (served.value(f"{REQUEST_HISTOGRAM}_sum", deployment) - sum_before) / count
+    step = curve.steps[-1]
+    direct = {"p50_s": quantile(delta, 0.5), "p99_s": quantile(delta, 0.99), "mean_s": direct_mean}
+    return {
+        "rate": rate,
+        "achieved_rps": step.achieved_rps,
+        "reported": {"p50_s": step.p50_s, "p99_s": step.p99_s, "mean_s": step.mean_s},
+        "send_lateness": {"p50_s": step.send_lateness_p50_s, "p99_s": step.send_lateness_p99_s},
+        "direct": direct,
+        "added": {
+            k: step_value - direct[k]
+            for k, step_value in (("p50_s", step.p50_s), ("p99_s", step.p99_s), ("mean_s", step.mean_s))
+        },  # fmt: skip
+        "generator_cpu_percent": step.generator_cpu_percent,
+    }
+
+
+def ms(value: float | None) -> str:
+    return "    -" if value is None else f"{value * 1e3:5.2f}"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rates", default="50,200,1000")
+    parser.add_argument("--step-seconds", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--models-dir", type=Path, default=Path("models/bench"))
+    parser.add_argument("--out", type=Path, default=Path("runs") / f"generator-floor-{time.strftime('%Y%m%d-%H%M%S')}")
+    args = parser.parse_args(argv)
+    rates = [float(r) for r in args.rates.split(",")]
+    work = args.out.resolve()
+    ffn = export_zoo(args.models_dir, "ffn", "--d-model", "128", "--n-layers", "128")
+    port = procs.free_port()
+    config = write_config(work / "ffn.toml", port, {"ffn-b1": (ffn, batching(1, 0.0))})
+    rows = []
+    print(
+        "rate  round  achieved | reported p50 p99 mean | sent late p50 p99 | direct p50 p99 mean | added p50 p99 mean"
+    )
+    with serving(config, port, work / "server.log") as served:
+        for k in range(args.rounds):
+            for rate in rates if k % 2 == 0 else rates[::-1]:
+                row = {"round": k, **step_row(served, "ffn-b1", work / f"r{k}-{rate:g}", rate, args.step_seconds)}
+                rows.append(row)
+                rep, late, direct, added = row["reported"], row["send_lateness"], row["direct"], row["added"]
+                print(
+                    f"{rate:5.0f} {k:5d} {row['achieved_rps']:9.0f} | {ms(rep['p50_s'])} {ms(rep['p99_s'])} "
+                    f"{ms(rep['mean_s'])} | {ms(late['p50_s'])} {ms(late['p99_s'])} | {ms(direct['p50_s'])} "
+                    f"{ms(direct['p99_s'])} {ms(direct['mean_s'])} | {ms(added['p50_s'])} {ms(added['p99_s'])} "
+                    f"{ms(added['mean_s'])}",
+                    flush=True,
+                )
+    (work / "floor.json").write_text(json.dumps(rows, indent=1))
+    print(f"written: {work / 'floor.json'}")
+
+
+if __name__ == "__main__":
+    main()
