@@ -83,7 +83,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     rates = [float(r) for r in args.rates.split(",")]
     work = args.out.resolve()
-    ffn = export_zoo(args.models_dir, "ffn", "--d-model", "128", "--n-layers", "128")
+    work.mkdir(parents=True, exist_ok=True)
+    ffn = export_zoo(args.models_dir.resolve(), "ffn", "--d-model", "128", "--n-layers", "128")
     port = procs.free_port()
     config = write_config(work / "ffn.toml", port, {"ffn-b1": (ffn, batching(1, 0.0))})
     rows = []

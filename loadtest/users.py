@@ -24,6 +24,12 @@ from latlab.loadtest.payloads import PayloadOptions, request_bodies
 from latlab.loadtest.recorder import Recorder
 
 MAX_OUTSTANDING_PER_USER = 256
+SPIN_S = 0.0012
+"""An open-loop arrival's last stretch of waiting is spent yielding to the event loop rather than on its timer,
+which wakes up to a millisecond late (epoll's whole milliseconds, plus a margin)."""
+SPIN_SHARE = 0.25
+"""At most this share of a core spent so (the process's rate times SPIN_S): on a machine the generator shares
+with the server, a punctual send must not cost the server its CPU."""
 LOAD_MESSAGE = "latlab_load"
 # Workers ship their samples with each report; once a second keeps the master's windows current.
 locust.runners.WORKER_REPORT_INTERVAL = 1.0
@@ -279,13 +285,19 @@ class OpenLoopUser(_InferenceUser):
             self.inflight.spawn(self._send, next_at)
 
     def _wait_until(self, when: float) -> bool:
-        """Sleep until `when` in short slices; False if the load changed meanwhile."""
+        """Sleep until `when` in short slices; False if the load changed meanwhile. The event loop's timers wake
+        up to a millisecond late (epoll waits in whole milliseconds), and every latency counts from `when`: so
+        the last SPIN_S are spent yielding to the loop (answers keep being read) until `when`, where the
+        process's rate keeps that spinning below SPIN_SHARE of a core; above it the timer's lateness stays."""
         version = self.state.version
-        while (delay := when - time.time()) > 0:
-            gevent.sleep(min(delay, 0.25))
+        spin = SPIN_S if self.state.rate * SPIN_S <= SPIN_SHARE else 0.0
+        while (delay := when - time.time()) > spin:
+            gevent.sleep(min(delay - spin, 0.25))
             if self.state.version != version:
                 return False
-        return True
+        while time.time() < when:
+            gevent.sleep(0)
+        return self.state.version == version
 
 
 class ClosedLoopUser(_InferenceUser):
