@@ -24,8 +24,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,33 +39,20 @@ from harness import build_cheap_model, export_zoo, loadtest  # noqa: E402
 
 from latlab.common import procs  # noqa: E402
 from latlab.server.config import save_config  # noqa: E402
-from latlab.server.providers import provider_load_error  # noqa: E402
+from latlab.bench_backends import BackendUnavailable, gpu_name, ort_cuda_session  # noqa: E402
 
 BATCHER = {"max_batch_size": 32, "max_queue_delay_ms": 3.0}
-CUDA = "CUDAExecutionProvider"
 
 
 def cuda_problem() -> str | None:
     """Why a CUDA session cannot be built here (None: one was, on CUDA, not fallen back to the CPU)."""
-    if CUDA not in ort.get_available_providers():
-        return f"this onnxruntime build ({ort.__version__}) has no {CUDA}"
-    reason = provider_load_error(CUDA)
-    if reason:
-        return f"{CUDA} cannot load: {reason}"
     with tempfile.TemporaryDirectory() as folder:
         model = build_cheap_model(Path(folder) / "identity.onnx", [4], reduce=False)
         try:
-            session = ort.InferenceSession(str(model), providers=[CUDA, "CPUExecutionProvider"])
-        except Exception as exc:  # ORT raises its own exception types when the device or a library is missing
-            return f"{CUDA} failed: {str(exc).splitlines()[0]}"
-    return None if session.get_providers()[0] == CUDA else f"{CUDA} did not load (ORT fell back to the CPU)"
-
-
-def gpu_name() -> str | None:
-    if not shutil.which("nvidia-smi"):
-        return None
-    done = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
-    return done.stdout.strip() or None
+            ort_cuda_session(model, 1)
+        except BackendUnavailable as exc:
+            return str(exc)
+    return None
 
 
 def machine(provider: str, cuda: str | None) -> dict:

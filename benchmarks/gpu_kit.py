@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpukit import carry, legs
+from gpukit import carry, device, legs
 
 ROOT = carry.ROOT
 KIT_DIR = ROOT / ".whl"
@@ -95,14 +95,14 @@ def collect(files_at: Path, name: str, leg: int, reference: Path) -> list[Path]:
     kept = []
     with tempfile.TemporaryDirectory() as scratch:
         sources = [files_at]
-        for archive in sorted(files_at.rglob("*.tar.gz")) if files_at.is_dir() else []:
-            unpacked = Path(scratch) / archive.name.removesuffix(".tar.gz")
+        for archive in sorted(files_at.rglob(f"*{device.ARCHIVE_SUFFIX}")) if files_at.is_dir() else []:
+            unpacked = Path(scratch) / archive.name.removesuffix(device.ARCHIVE_SUFFIX)
             with tarfile.open(archive) as tar:
                 tar.extractall(unpacked, filter="data")  # refuses absolute paths and links out of the folder
             sources.append(unpacked)
         for root in sources:
             for source in sorted(root.rglob("*")) if root.is_dir() else []:
-                if source.is_file() and source.suffix in KEPT_SUFFIXES and not source.name.endswith(".tar.gz"):
+                if source.is_file() and source.suffix in KEPT_SUFFIXES:
                     dest = target / source.relative_to(root)
                     if source.name == "step.json":
                         dest = target / "steps" / f"{root.name}.json"
@@ -212,8 +212,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "plan":
         return plan(KIT_DIR, REFERENCE, costs)
     if args.command == "leg":
-        from gpukit import device
-
         carried = sorted(args.tree.glob(f".whl/{carry.CARRY_PREFIX}*/{carry.PARTS_FILE}"))
         indexes = [*carried, device.KIT / carry.PARTS_FILE]
         index = next((p for p in indexes if p.is_file()), None)

@@ -63,11 +63,15 @@ PLACEHOLDER_NAMES = {"", "?"}
 """Axis names some exporters give every dynamic axis: no name at all, so each such axis goes by its position."""
 
 
+def _position(spec: InputSpec, axis: int) -> str:
+    return f"{spec.name}:{axis}"
+
+
 def _axis_key(spec: InputSpec, axis: int) -> str:
     """An axis's --dim key: its symbolic name (shared by every input that names it), or INPUT:AXIS for an unnamed
     or placeholder-named one."""
     dim = spec.shape[axis]
-    return dim if isinstance(dim, str) and dim not in PLACEHOLDER_NAMES else f"{spec.name}:{axis}"
+    return dim if isinstance(dim, str) and dim not in PLACEHOLDER_NAMES else _position(spec, axis)
 
 
 def _dynamic_axes(specs: list[InputSpec]) -> list[tuple[InputSpec, int, str]]:
@@ -83,7 +87,7 @@ def _dynamic_axes(specs: list[InputSpec]) -> list[tuple[InputSpec, int, str]]:
 def by_name(specs: list[InputSpec], dims: dict[str, int]) -> dict[str, int]:
     """`dims` with INPUT:AXIS keys of named axes turned into their names, so a named axis can be given either
     way; ValueError where both ways give it different sizes."""
-    named = {f"{spec.name}:{axis}": key for spec, axis, key in _dynamic_axes(specs) if ":" not in key}
+    named = {_position(spec, axis): key for spec, axis, key in _dynamic_axes(specs) if key != _position(spec, axis)}
     found: dict[str, int] = {}
     for key, size in dims.items():
         name = named.get(key, key)
@@ -110,7 +114,7 @@ def row_shapes(specs: list[InputSpec], dims: dict[str, int]) -> dict[str, tuple[
             )
     for spec, axis, key in axes:
         if key not in dims:
-            what = f"('{key}') is dynamic" if ":" not in key else "is dynamic and unnamed"
+            what = "is dynamic and unnamed" if key == _position(spec, axis) else f"('{key}') is dynamic"
             raise ValueError(
                 f"input '{spec.name}' axis {axis} {what}: give its size with --dim {key}=N "
                 f"(e.g. --dim {key}=128), or real inputs with --inputs samples.npz"

@@ -2,11 +2,12 @@
 
 A CUDA shared library holds its kernels in the ELF section `.nv_fatbin`: a row of fat binaries, each a header
 (magic 0xBA55ED50, header size, payload size) followed by entries, one machine-code ELF (or PTX text) per GPU
-architecture. ONNX Runtime's CUDA provider ships kernels for sm_75, 80, 86, 89, 90 and 120 and no PTX; the
-payloads are compressed by nvcc already, so no general compressor shrinks them, while the runtime loads only the
-entry whose architecture matches the GPU. `trim` zeroes the payloads of the other architectures in place: every
-header, offset and size stays as it was (the file keeps its length and layout), the kept entries are
-byte-identical, and the zeroed runs compress to nothing. The result runs only on the architectures kept.
+architecture. ONNX Runtime's CUDA provider ships machine code for several architectures and no PTX (docs/gpu.md
+lists them and their sizes); the payloads are compressed by nvcc already, so no general compressor shrinks them,
+while the runtime loads only the entry whose architecture matches the GPU. `trim` zeroes the payloads of the
+other architectures in place: every header, offset and size stays as it was (the file keeps its length and
+layout), the kept entries are byte-identical, and the zeroed runs compress to nothing. The result runs only on
+the architectures kept.
 """
 
 from __future__ import annotations
