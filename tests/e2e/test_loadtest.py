@@ -287,7 +287,7 @@ def test_slo_brackets_below_the_first_rate_and_never_only_with_evidence(tmp_path
 
 def test_a_step_below_is_lengthened_only_for_the_slos_it_brackets(tmp_path):
     """A stub serving one request at a time in 20 ms. The loose bound (5 s) is met at the first rate (95% of
-    capacity), the tight one (three service times) broken there, so the sweep steps below it for the tight one
+    capacity), the tight one (two and a half service times) broken there, so the sweep steps below it for the tight one
     (one at a time meets it, with room for a busy machine's noise). A step below holds
     ~100 requests: enough to decide "broken" for the tight bound, not the 299 a "met" needs for the loose one; the
     first step already settles the loose bound at every lower rate, so those steps are not lengthened for it (they
@@ -295,7 +295,7 @@ def test_a_step_below_is_lengthened_only_for_the_slos_it_brackets(tmp_path):
     from latlab.loadtest.search import slo_verdict
 
     capacity = 50.0
-    tight, loose = 3 / capacity, 5.0
+    tight, loose = 2.5 / capacity, 5.0
     with stub_server(StubModel(capacity=capacity)) as host:
         doc = loadtest(
             host,
