@@ -160,6 +160,18 @@ def _add_loadtest(sub: argparse._SubParsersAction) -> None:
     load.add_argument("--step-seconds", type=float, default=6.0, help="measurement per step: 3 windows of a third")
     load.add_argument("--max-windows", type=int, default=6, help="extend an unstable step up to this many windows")
     load.add_argument("--warmup-seconds", type=float, default=2.0, help="load before each measurement")
+    load.add_argument(
+        "--calibrate-seconds",
+        type=float,
+        default=2.0,
+        help="open loop: before the sweep, measure the generator's own floor (round trip of GET /v2/health/live "
+        "at the sweep's lowest and highest rate) for this long per rate; 0: not measured",
+    )
+    load.add_argument(
+        "--calibrate-only",
+        action="store_true",
+        help="measure the generator's floor at the lowest and highest of --rates, and no deployment",
+    )
     load.add_argument("--constant", action="store_true", help="constant arrival gaps instead of Poisson")
     load.add_argument(
         "--binary",
@@ -472,7 +484,15 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 def _add_doctor(sub: argparse._SubParsersAction) -> None:
     """`latlab doctor`."""
-    doctor = sub.add_parser("doctor", help="what this machine offers: CPU, GPU, ONNX Runtime providers")
+    doctor = sub.add_parser(
+        "doctor", help="what this machine offers: CPU, GPU, ONNX Runtime providers, the load generator's floor"
+    )
+    doctor.add_argument(
+        "--host",
+        help="measure the load generator's floor against this server (default: a latlab serve of a one-Add model "
+        "started on a free port of 127.0.0.1)",
+    )
+    doctor.add_argument("--no-generator", action="store_true", help="leave out the load generator's floor")
     doctor.set_defaults(func=cmd_doctor)
 
 
@@ -536,8 +556,10 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
     from latlab.common import procs
     from latlab.loadtest.results import RESULTS_FILE
 
-    if not args.host or not args.deployment:
+    if not args.host or not (args.deployment or args.calibrate_only):
         raise UserError("loadtest needs --host and at least one --deployment")
+    if args.calibrate_only and (args.mode != "open" or args.calibrate_seconds <= 0):
+        raise UserError("--calibrate-only measures open-loop arrivals for --calibrate-seconds > 0")
     if args.seq_len < 1:
         raise UserError(f"--seq-len must be >= 1, got {args.seq_len}")
     if args.text and args.seq_len < 3:
@@ -586,10 +608,11 @@ def cmd_loadtest(args: argparse.Namespace) -> None:
         raise UserError(f"--provider names what the deployments compute on, e.g. cpu or cuda, got {args.provider!r}")
     plan = SweepPlan(
         host=args.host,
-        deployments=[d for item in args.deployment for d in item.split(",") if d],
+        deployments=[d for item in args.deployment or [] for d in item.split(",") if d],
         loads=loads,
         mode=args.mode,
         warmup_seconds=args.warmup_seconds,
+        calibrate_seconds=max(0.0, args.calibrate_seconds),
         window_seconds=args.step_seconds / 3,
         max_windows=max(3, args.max_windows),
         poisson=not args.constant,
@@ -743,7 +766,7 @@ def cmd_lab(args: argparse.Namespace) -> None:
 def cmd_doctor(args: argparse.Namespace) -> None:
     from latlab.doctor import report
 
-    print(report())
+    print(report(generator=not args.no_generator, host=args.host))
 
 
 def cmd_bench(args: argparse.Namespace) -> None:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
-from latlab.common import machine
+from latlab.common import machine, procs
+from latlab.loadtest.floor import floor_at, floor_figures
+from latlab.loadtest.results import read_results
 
 PROVIDERS = ("CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider")
 """Checked on every machine, whether or not this onnxruntime build lists them."""
@@ -84,8 +87,52 @@ def nvidia_smi_gpus() -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
-def report() -> str:
-    """The doctor's report: one line per fact."""
+GENERATOR_RATES = "50,1000"
+"""The doctor's calibration rates: a lab's low end, and about where one generator process nears its limit."""
+CLI = [sys.executable, "-m", "latlab.cli"]
+
+
+def generator_line(host: str | None = None) -> str:
+    """The load generator's floor (loadtest/floor.py) against `host`, or against a latlab serve of the one-Add
+    model on a free port of 127.0.0.1: what this generator adds to every latency on this machine."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if host:
+            return _floor_against(host, Path(tmp))
+        port = procs.free_port()
+        config = Path(tmp) / "doctor.toml"
+        model = tiny_model(Path(tmp) / "tiny.onnx")
+        config.write_text(
+            f'[server]\nhost = "127.0.0.1"\nport = {port}\n\n[[deployments]]\nname = "doctor"\nmodel_path = "{model}"\n'
+        )
+        log = Path(tmp) / "serve.log"
+        server = procs.start([*CLI, "serve", "--config", str(config)], log_path=log)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            procs.wait_ready(f"{url}/v2/health/ready", server, timeout_s=60, log_path=log)
+            return _floor_against(url, Path(tmp)) + " (latlab serve of a one-Add model)"
+        finally:
+            procs.stop(server)
+
+
+def _floor_against(host: str, tmp: Path) -> str:
+    done = subprocess.run(
+        [*CLI, "loadtest", "--host", host, "--calibrate-only", "--rates", GENERATOR_RATES, "--out", str(tmp / "cal")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip().splitlines()
+        return f"not measured: {said[-1] if said else f'latlab loadtest exited {done.returncode}'}"
+    (run,) = read_results(tmp / "cal")
+    floor = run.generator_floor
+    if floor_at(floor, None) is None:
+        return f"not measured: {floor_figures(floor)} of {host}"
+    return f"adds {floor_figures(floor)}, GET {floor['route']} of {host}"
+
+
+def report(generator: bool = False, host: str | None = None) -> str:
+    """The doctor's report: one line per fact; with `generator`, the load generator's floor last."""
     import onnxruntime as ort
 
     info = machine.describe()
@@ -103,4 +150,6 @@ def report() -> str:
         model = tiny_model(Path(tmp) / "tiny.onnx")
         for provider in PROVIDERS:
             lines.append(f"provider:     {provider:<26} {provider_check(model, provider)}")
+    if generator:
+        lines.append(f"generator:    {generator_line(host)}")
     return "\n".join(lines)

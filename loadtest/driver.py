@@ -54,13 +54,18 @@ class LoadDriver:
         self.step_index = 0
         self.load = 0.0
         self.deployment = ""
+        self.route = ""
+        self.floor: dict | None = None
+        """What this generator adds to every latency, once calibrated (floor.py)."""
         self.distributed = bool(plan.workers or plan.expect_workers)
         if self.distributed:
             self.runner = self.env.create_master_runner(plan.master_bind_host, plan.master_port)
         else:
             self.runner = self.env.create_local_runner()
         self.env.events.init.fire(environment=self.env, runner=self.runner, web_ui=None)
-        self.state.recorder.on_completed = lambda latencies, oks: metrics.observe(self.deployment, latencies, oks)
+        self.state.recorder.on_completed = lambda latencies, oks: (
+            None if self.route else metrics.observe(self.deployment, latencies, oks)
+        )  # the calibration's requests (a trivial route) are no deployment's
         self.process = psutil.Process()
         if self.distributed:
             self._start_workers(user_class)
@@ -109,8 +114,9 @@ class LoadDriver:
                 raise TimeoutError(f"only {len(self.runner.clients.ready)} of {expected} Locust workers connected")
             gevent.sleep(0.2)
 
-    def set_load(self, deployment: str, load: float) -> None:
-        """Point the users at `deployment` with `load` (total arrivals/s, or total users)."""
+    def set_load(self, deployment: str, load: float, route: str = "") -> None:
+        """Point the users at `deployment` with `load` (total arrivals/s, or total users); with `route`, at that
+        path of the server instead (GET: the generator's calibration, floor.py)."""
         self.state.recorder.flush_completed()  # samples so far are labelled with the deployment they hit
         if deployment != self.deployment and self.deployment:
             self.runner.stop()
@@ -120,6 +126,7 @@ class LoadDriver:
         else:
             user_count = int(load)
         self.load = load
+        self.route = route
         self._send_rate(deployment)
         if deployment != self.deployment or self.plan.mode == "closed":
             self.runner.start(user_count, spawn_rate=max(user_count, 1))
@@ -134,6 +141,7 @@ class LoadDriver:
             "rate": rate,
             "poisson": self.plan.poisson,
             "payload": asdict(options_of(self.plan)),
+            "route": self.route,
         }
         self.state.update(message)
         if self.distributed:

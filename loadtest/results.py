@@ -132,6 +132,8 @@ class Deployment:
     """Committed reference data merged into a report, not this run's."""
     by_server: bool = field(default=False, compare=False, metadata=CONTEXT)
     """Compared by server in a report (curves of one model from more than one server)."""
+    generator_floor: Figures | None = field(default=None, compare=False, metadata=CONTEXT)
+    """The run's generator floor (Run.generator_floor)."""
 
 
 @dataclass
@@ -150,6 +152,8 @@ class Run:
     slo_p99_s: float | None = None
     events: list[Figures] = field(default_factory=list)
     workers: int | None = None
+    generator_floor: Figures | None = None
+    """The generator's own round trip to a trivial route of the server before the sweep (loadtest/floor.py)."""
     path: str = field(default="", compare=False, metadata=CONTEXT)
     """The file it was read from."""
     reference: bool = field(default=False, compare=False, metadata=CONTEXT)
@@ -159,6 +163,7 @@ class Run:
         for deployment in self.deployments:
             deployment.run_id = self.run_id
             deployment.reference = self.reference
+            deployment.generator_floor = self.generator_floor
             deployment.machine = deployment.machine or self.machine
         return self
 

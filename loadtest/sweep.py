@@ -20,6 +20,8 @@ from prometheus_client import CollectorRegistry
 from latlab.common import machine
 from latlab.loadtest.confidence import DEFAULT_CONFIDENCE, decide, percentile_interval, step_confidence
 from latlab.loadtest.driver import WORKER_LAG_S, LoadDriver
+from latlab.loadtest.calibrate import calibrate
+from latlab.loadtest.floor import near_floor
 from latlab.loadtest.overload import OverloadPlan, run_overload
 from latlab.loadtest.loadgen_metrics import LoadGenMetrics, start_exporter
 from latlab.loadtest.recorder import MIN_SAMPLES_P99, Recorder, recovery_spans
@@ -48,6 +50,8 @@ class SweepPlan:
     loads: list[float]
     mode: str = "open"
     warmup_seconds: float = 2.0
+    calibrate_seconds: float = 0.0
+    """Open loop: measure the generator's floor for this long per rate before the first deployment (floor.py)."""
     window_seconds: float = 2.0
     min_windows: int = 3
     max_windows: int = 6
@@ -173,6 +177,10 @@ def run_sweep(
     run.events = driver.events  # the fleet's events (a worker lost), as they happen
     try:
         run.workers = driver.processes if driver.distributed else 0
+        if plan.mode == "open" and plan.calibrate_seconds > 0:
+            driver.floor = calibrate(driver, plan.loads, plan.max_rate, plan.calibrate_seconds, progress)
+            run.generator_floor = driver.floor
+            write_results(out_path, run)  # a run of no deployment (--calibrate-only) is its floor
         for deployment in plan.deployments:
             run.deployments.append((run_one or _run_deployment)(plan, driver, metrics, deployment, progress))
             run.context()  # each deployment told its run (and that it ran on the run's machine), as a reader is
@@ -201,7 +209,7 @@ def _run_deployment(
             plan, driver, metrics, deployment, load, index=len(steps), decide_for=open_slos(plan.slos_s, steps, load)
         )
         steps.append(step)
-        progress(progress_line(deployment, step, plan.mode))
+        progress(progress_line(deployment, step, plan.mode, driver.floor))
         if step.server_interrupted:
             _wait_for_server(plan.host, deployment, step, progress)
         return step
@@ -623,8 +631,10 @@ def _stop_reason(step: Step, plan: SweepPlan) -> str | None:
     return None
 
 
-def progress_line(deployment: str, step: Step, mode: str) -> str:
+def progress_line(deployment: str, step: Step, mode: str, floor: dict | None = None) -> str:
     flags = ("" if step.stable else "  [unstable]") + ("  [generator-bound]" if step.generator_bound else "")
+    if near_floor(step, floor):
+        flags += "  [near the generator's floor]"
     if step.server_interrupted:
         flags += f"  [server interrupted: {step.interruption}]"
     if step.workers_lost:

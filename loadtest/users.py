@@ -20,7 +20,7 @@ from locust.runners import MasterRunner, WorkerRunner
 
 from latlab.loadtest.fleet_cpu import FleetCpu, cpu_reading
 from latlab.loadtest.lean_http import LeanClient
-from latlab.loadtest.payloads import PayloadOptions, request_bodies
+from latlab.loadtest.payloads import Body, PayloadOptions, request_bodies
 from latlab.loadtest.recorder import Recorder
 
 MAX_OUTSTANDING_PER_USER = 256
@@ -50,12 +50,16 @@ class LoadState:
     worker_cpu: FleetCpu = field(default_factory=FleetCpu)
     """Master: each worker's CPU, as it reports it with its samples."""
 
+    route: str = ""
+    """When set, users GET this path of the server instead of inferring (the generator's calibration: floor.py)."""
+
     version: int = 0  # bumped on every change, so a user waiting out a long gap re-plans at once
 
     def update(self, message: dict) -> None:
         self.deployment = message["deployment"]
         self.rate = message["rate"]
         self.poisson = message["poisson"]
+        self.route = message.get("route", "")
         if "payload" in message:
             self.payload = PayloadOptions(**message["payload"])
         self.version += 1
@@ -178,16 +182,19 @@ class _InferenceUser(FastHttpUser):
     def on_start(self) -> None:
         self.state: LoadState = self.environment.latlab
         self.deployment = self.state.deployment
-        self.path = f"/v2/models/{self.deployment}/infer"
-        metadata = self.client.get(f"/v2/models/{self.deployment}", name="metadata").json()
-        self.bodies = request_bodies(metadata, seed=random.randrange(2**32), options=self.state.payload)
+        if self.state.route:  # the calibration's trivial route: nothing to encode, nothing to compute
+            self.method, self.path, self.bodies = "GET", self.state.route, [Body(b"", {})]
+        else:
+            self.method, self.path = "POST", f"/v2/models/{self.deployment}/infer"
+            metadata = self.client.get(f"/v2/models/{self.deployment}", name="metadata").json()
+            self.bodies = request_bodies(metadata, seed=random.randrange(2**32), options=self.state.payload)
         self.rng = random.Random()
         # Infer requests go through the lean client, encoded once (lean_http.py), where it can reach the host;
         # Locust's FastHttpSession otherwise (https) or when asked for.
         self.lean = None
         if self.state.payload.client == "lean" and urlsplit(self.host).scheme == "http":
             self.lean = LeanClient(self.host, self.network_timeout, self.connection_timeout)
-            self.requests = [self.lean.prepare("POST", self.path, b.data, b.headers) for b in self.bodies]
+            self.requests = [self.lean.prepare(self.method, self.path, b.data, b.headers) for b in self.bodies]
 
     def on_stop(self) -> None:
         if self.lean is not None:
@@ -212,7 +219,7 @@ class _InferenceUser(FastHttpUser):
             recorder.end(key, done, status == 200, status, retry_after, error)
         if self.lean is not None:  # Locust's own statistics (its web UI and CSV) see every request too
             self.environment.events.request.fire(
-                request_type="POST",
+                request_type=self.method,
                 name=self.deployment,
                 context={},
                 response_time=(done - sent) * 1000.0,
@@ -232,8 +239,8 @@ class _InferenceUser(FastHttpUser):
     def _post_locust(self, which: int) -> tuple[int, bool, int, str]:
         """Through Locust's client, which reports to Locust's statistics itself."""
         body, error = self.bodies[which], ""
-        with self.client.post(
-            self.path, data=body.data, headers=body.headers, name=self.deployment, catch_response=True
+        with self.client.request(
+            self.method, self.path, data=body.data, headers=body.headers, name=self.deployment, catch_response=True
         ) as response:
             status = response.status_code or 0  # 0: no HTTP answer (refused, reset, timed out)
             if status == 0:

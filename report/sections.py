@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 
+from latlab.loadtest.floor import floor_line, near_floor
 from latlab.loadtest.results import Deployment, Run, Step
 from latlab.report.bench_pivot import gpu_speedup, pivot
 from latlab.common.machine import key as machine_key
@@ -30,6 +31,8 @@ def environment_section(runs: list[Run], bench_docs: list[dict]) -> str:
                 servers.append(server)
         details = f"load generator: {_details(run.machine or {})}"
         details += "".join(f" | server: {server}" for server in servers) or " | server: environment not recorded"
+        if run.generator_floor:
+            details += f" | {floor_line(run.generator_floor)}"
         row = _machine_row(f"run {run.run_id}", run.reference, run.machine or {}, details)
         if row not in rows:  # a lab run writes one results file per model, all from the same machines
             rows.append(row)
@@ -209,6 +212,7 @@ def steps_table(curve: Deployment) -> str:
             + (f" (too few samples: {samples_text(s)})" if s.too_few_samples else "")
             + (" (server-bound)" if server_bound(s, curve) else "")
             + ("" if s.stable else " (unstable)")
+            + (" (near the generator's floor)" if near_floor(s, curve.generator_floor) else "")
         )
         if s.server_interrupted:
             flags += f" (server interrupted: {s.interruption})"
@@ -231,7 +235,7 @@ def steps_table(curve: Deployment) -> str:
         f"<th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>p99 {_level(curve)} interval ms</th><th>max ms</th>"
         "<th>errors</th><th>dropped</th>"
         f"<th>avg batch</th><th>sent late p50 / p99 ms</th><th>generator CPU, flags</th></tr>{''.join(rows)}"
-        "</table></details>"
+        f"</table><p>{esc(floor_line(curve.generator_floor))}</p></details>"
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from latlab.loadtest.floor import only_the_floor_breaks
 from latlab.loadtest.results import Deployment, Step
 from latlab.loadtest.search import FLAT, NEVER, slo_met
 
@@ -64,20 +65,37 @@ def bracket_of(curve: Deployment, slo_s: float) -> dict | None:
 
 def unmet_text(curves: list[Deployment], slo_s: float) -> str:
     """What a table says for deployments none of whose steps met the SLO: "never" only when one request at a
-    time broke it for every one of them (with the fastest such p99), else where the search stopped."""
+    time broke it for every one of them (with the fastest such p99), else where the search stopped; either with
+    what the generator's own floor accounts for, where only the floor breaks the bound (floor_clause)."""
     singles = [c.single_request for c in curves]
     brackets = [bracket_of(c, slo_s) for c in curves]
     if curves and all(b and b["meaning"] == NEVER for b in brackets) and all(singles):
         fastest = min((s["p99_s"] for s in singles if s.get("p99_s") is not None), default=None)
-        return "never" + (f" (p99 {fastest * 1e3:.0f} ms one request at a time)" if fastest is not None else "")
+        said = "never" + (f" (p99 {fastest * 1e3:.0f} ms one request at a time)" if fastest is not None else "")
+        return said + floor_clause(curves, slo_s, fastest, None)
     flat = [b for b in brackets if b and b["meaning"].startswith(FLAT)]
     if flat:
-        return min(flat, key=lambda b: b["broke_rps"] or 0)["meaning"]
+        lowest = min((s for c in curves for s in c.steps if s.p99_s is not None), key=_target, default=None)
+        said = min(flat, key=lambda b: b["broke_rps"] or 0)["meaning"]
+        return said + (floor_clause(curves, slo_s, lowest.p99_s, _target(lowest)) if lowest else "")
     below = [b["broke_rps"] for b in brackets if b and b["broke_rps"] and b["meaning"] != NEVER]
     if below:
         return f"< {min(below):.3g} (met only below the lowest rate measured)"
     lowest = min((_target(s) for c in curves for s in c.steps), default=None)
     return f"not met at ≥ {lowest:g}" if lowest else "not measured"
+
+
+def floor_clause(curves: list[Deployment], slo_s: float, p99_s: float | None, rate: float | None) -> str:
+    """'; within the generator's floor: ...' where the p99 that broke the bound, less what the generator itself
+    adds at that rate (loadtest/floor.py), would meet it: the instrument, not the deployment, may break it."""
+    floors = [c.generator_floor for c in curves if c.generator_floor]
+    row = next((r for f in floors if (r := only_the_floor_breaks(p99_s, slo_s, f, rate))), None)
+    if row is None:
+        return ""
+    return (
+        f"; within the generator's floor: it adds p99 {row['p99_s'] * 1e3:.2f} ms on its own here "
+        f"(GET of a trivial route at {row['target_rps']:.0f} req/s), so the deployment itself may meet the bound"
+    )
 
 
 def unmet_clause(curves: list[Deployment], slo_s: float) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -78,3 +79,30 @@ def test_cli_exits_zero_and_prints_the_report() -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0].startswith("cpu:")
     assert "CPUExecutionProvider" in result.stdout and "Traceback" not in result.stderr
+
+
+def test_the_doctor_measures_the_generators_floor_against_a_server_it_is_given() -> None:
+    from tests.loadtest.stub_server import StubModel, stub_server
+
+    with stub_server(StubModel()) as url:
+        line = doctor.report(generator=True, host=url).splitlines()[-1]
+    assert line.startswith("generator:    adds p50 ")
+    assert f"GET /v2/health/live of {url}" in line
+    assert line.count(" req/s ") == 2  # the lab's low end and near the generator's own limit
+
+
+def test_latlab_doctor_measures_the_floor_against_a_server_of_its_own_and_stops_it() -> None:
+    done = subprocess.run([sys.executable, "-m", "latlab.cli", "doctor"], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.splitlines()[-1]
+    assert line.startswith("generator:    adds p50 ") and line.endswith("(latlab serve of a one-Add model)")
+    port = int(line.split("http://127.0.0.1:")[1].split()[0])
+    with pytest.raises(OSError):  # the server it started is gone
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+def test_a_server_that_does_not_answer_leaves_the_floor_not_measured_and_says_why() -> None:
+    from latlab.common import procs
+
+    line = doctor.generator_line(f"http://127.0.0.1:{procs.free_port()}")
+    assert line.startswith("not measured: ")

@@ -148,7 +148,7 @@ def _app(model: StubModel, standard_only: bool = False, triton_metrics_path: str
             response = Response("", content_type="text/plain")
         elif path == "/v2" and standard_only:
             response = Response(json.dumps(SERVER), content_type="application/json")
-        elif path in ("/v2/health/ready", "/v2/health/live", "/v2/models/m/ready") and standard_only:
+        elif path in ("/v2/health/ready", "/v2/health/live", "/v2/models/m/ready"):
             response = Response("", status=200)
         elif path == "/v2/models/m":
             response = Response(json.dumps(METADATA), content_type="application/json")
