@@ -1,0 +1,118 @@
+"""Closed-loop throughput of latlab's generator against wrk's, on the same server, the same body, side by side.
+
+    .venv/bin/python benchmarks/closed_vs_wrk.py [--users 16] [--seconds 10] [--rounds 2]
+
+Serves the lab's mlp with batching <= 64 / 2 ms (one ORT thread) on a free port and, alternating the order per
+round, runs `wrk -t1 -cUSERS` (a POST of one JSON infer body, the first the generator itself would send) and
+`latlab loadtest --mode closed --users USERS` for the same seconds. Prints each tool's requests/s, its own CPU
+(% of one core: wrk's from its process times, latlab's the busiest generator process as the results record it),
+and latlab's rate over wrk's per round. wrk is Debian's `wrk` (apt-get install wrk)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import batching, export_zoo, loadtest, serving, write_config  # noqa: E402
+
+from latlab.common import procs  # noqa: E402
+from latlab.loadtest.payloads import request_bodies  # noqa: E402
+
+DEPLOYMENT = "mlp-b64"
+
+
+def wrk_rate(url: str, body: bytes, users: int, seconds: float, work: Path) -> tuple[float, float]:
+    """wrk's requests/s and its CPU (% of one core) over the run."""
+    script = work / "post.lua"
+    script.write_text(
+        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+        f"wrk.body = {json.dumps(body.decode())}\n"
+    )
+    args = ["wrk", "-t1", f"-c{users}", f"-d{seconds:g}s", "-s", str(script), f"{url}/v2/models/{DEPLOYMENT}/infer"]
+    began = time.monotonic()
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    watched = psutil.Process(process.pid)
+    cpu = 0.0
+    while process.poll() is None:
+        try:
+            times = watched.cpu_times()
+            cpu = times.user + times.system
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.2)
+    out = process.communicate()[0]
+    elapsed = time.monotonic() - began
+    found = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    if not found or "Non-2xx" in out:
+        raise RuntimeError(f"wrk did not measure: {out}")
+    return float(found.group(1)), 100.0 * cpu / elapsed
+
+
+def latlab_rate(url: str, users: int, seconds: float, out: Path) -> tuple[float, float]:
+    (curve,) = loadtest(
+        url,
+        [DEPLOYMENT],
+        out,
+        "--mode",
+        "closed",
+        "--users",
+        str(users),
+        "--step-seconds",
+        f"{seconds:g}",
+        "--warmup-seconds",
+        "1",
+        "--max-windows",
+        "3",
+    )
+    step = curve.steps[-1]
+    return step.achieved_rps, step.generator_cpu_percent or 0.0
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--users", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--models-dir", type=Path, default=Path("models/bench"))
+    parser.add_argument("--out", type=Path, default=Path("runs") / f"closed-vs-wrk-{time.strftime('%Y%m%d-%H%M%S')}")
+    args = parser.parse_args(argv)
+    if not shutil.which("wrk"):
+        sys.exit("wrk is not installed: apt-get install wrk")
+    work = args.out.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    mlp = export_zoo(args.models_dir.resolve(), "mlp")
+    port = procs.free_port()
+    config = write_config(work / "mlp.toml", port, {DEPLOYMENT: (mlp, batching(64, 2.0))})
+    rows = []
+    with serving(config, port, work / "server.log") as served:
+        metadata = requests.get(f"{served.url}/v2/models/{DEPLOYMENT}", timeout=10).json()
+        body = request_bodies(metadata, seed=0)[0].data
+        print("round  tool    req/s  own CPU %")
+        for k in range(args.rounds):
+            measured = {}
+            for tool in ("wrk", "latlab") if k % 2 == 0 else ("latlab", "wrk"):
+                if tool == "wrk":
+                    measured[tool] = wrk_rate(served.url, body, args.users, args.seconds, work)
+                else:
+                    measured[tool] = latlab_rate(served.url, args.users, args.seconds, work / f"latlab-{k}")
+                print(f"{k:5d}  {tool:6s} {measured[tool][0]:7.0f}  {measured[tool][1]:9.0f}", flush=True)
+            ratio = measured["latlab"][0] / measured["wrk"][0]
+            print(f"{k:5d}  latlab / wrk: {ratio:.3f}", flush=True)
+            figures = {tool: {"rps": rps, "cpu_percent": cpu} for tool, (rps, cpu) in measured.items()}
+            rows.append({"round": k, "users": args.users, **figures, "ratio": ratio})
+    (work / "closed_vs_wrk.json").write_text(json.dumps(rows, indent=1))
+    print(f"written: {work / 'closed_vs_wrk.json'}")
+
+
+if __name__ == "__main__":
+    main()
