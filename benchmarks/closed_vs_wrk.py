@@ -1,12 +1,14 @@
 """Closed-loop throughput of latlab's generator against wrk's, on the same server, the same body, side by side.
 
-    .venv/bin/python benchmarks/closed_vs_wrk.py [--users 16] [--seconds 10] [--rounds 2]
+    .venv/bin/python benchmarks/closed_vs_wrk.py [--users 16] [--seconds 8] [--rounds 6] [--max-batch 1]
 
-Serves the lab's mlp with batching <= 64 / 2 ms (one ORT thread) on a free port and, alternating the order per
-round, runs `wrk -t1 -cUSERS` (a POST of one JSON infer body, the first the generator itself would send) and
-`latlab loadtest --mode closed --users USERS` for the same seconds. Prints each tool's requests/s, its own CPU
-(% of one core: wrk's from its process times, latlab's the busiest generator process as the results record it),
-and latlab's rate over wrk's per round. wrk is Debian's `wrk` (apt-get install wrk)."""
+Serves the lab's mlp at batching off (or `--max-batch N`, waiting up to 2 ms; one ORT thread) on a free port
+and, alternating the order per round, runs `wrk -t1 -cUSERS` (a POST of one JSON infer body, the first the
+generator itself would send) and `latlab loadtest --mode closed --users USERS` for the same seconds. Prints each
+tool's requests/s, its own CPU (% of one core: wrk's from its process times, latlab's the busiest generator
+process as the results record it), latlab's rate over wrk's per round, and their median over the rounds (this
+machine's rate drifts between rounds far more than the two tools differ: only pairs side by side compare). wrk
+is Debian's `wrk` (apt-get install wrk)."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from harness import batching, export_zoo, loadtest, serving, write_config  # noq
 from latlab.common import procs  # noqa: E402
 from latlab.loadtest.payloads import request_bodies  # noqa: E402
 
-DEPLOYMENT = "mlp-b64"
+DEPLOYMENT = "mlp"
 
 
 def wrk_rate(url: str, body: bytes, users: int, seconds: float, work: Path) -> tuple[float, float]:
@@ -81,8 +83,11 @@ def latlab_rate(url: str, users: int, seconds: float, out: Path) -> tuple[float,
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, default=16)
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument(
+        "--max-batch", type=int, default=1, help="the batcher's max batch size (its wait: 2 ms above 1)"
+    )
     parser.add_argument("--models-dir", type=Path, default=Path("models/bench"))
     parser.add_argument("--out", type=Path, default=Path("runs") / f"closed-vs-wrk-{time.strftime('%Y%m%d-%H%M%S')}")
     args = parser.parse_args(argv)
@@ -92,7 +97,9 @@ def main(argv: list[str] | None = None) -> None:
     work.mkdir(parents=True, exist_ok=True)
     mlp = export_zoo(args.models_dir.resolve(), "mlp")
     port = procs.free_port()
-    config = write_config(work / "mlp.toml", port, {DEPLOYMENT: (mlp, batching(64, 2.0))})
+    config = write_config(
+        work / "mlp.toml", port, {DEPLOYMENT: (mlp, batching(args.max_batch, 2.0 if args.max_batch > 1 else 0.0))}
+    )
     rows = []
     with serving(config, port, work / "server.log") as served:
         metadata = requests.get(f"{served.url}/v2/models/{DEPLOYMENT}", timeout=10).json()
@@ -110,6 +117,11 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{k:5d}  latlab / wrk: {ratio:.3f}", flush=True)
             figures = {tool: {"rps": rps, "cpu_percent": cpu} for tool, (rps, cpu) in measured.items()}
             rows.append({"round": k, "users": args.users, **figures, "ratio": ratio})
+    ratios = sorted(row["ratio"] for row in rows)
+    print(
+        f"latlab / wrk over {len(rows)} rounds: median {ratios[len(ratios) // 2]:.3f}, "
+        f"range {ratios[0]:.3f}-{ratios[-1]:.3f}"
+    )
     (work / "closed_vs_wrk.json").write_text(json.dumps(rows, indent=1))
     print(f"written: {work / 'closed_vs_wrk.json'}")
 
