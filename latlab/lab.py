@@ -98,8 +98,8 @@ def frontends_for(plan: LabPlan, share: CpuShare) -> int:
     """Front-end processes of the lab's server ([server] frontends): one on a CPU plan or a small machine (on 2
     cores a second process only adds the hop's CPU: docs/performance.md); on a GPU plan with MANY_CORES or more,
     every core the load generator's workers and the engine leave, up to MAX_LAB_FRONTENDS, so that the front end
-    is not what caps a CUDA deployment (the 24 Nov H100 run: one process held minilm-cuda-batch to ~7% of the
-    device). The deployments are measured one at a time, so the front ends do not take cores from a CPU
+    is not what caps a CUDA deployment (one process held a batched CUDA deployment to a small share of an H100:
+    docs/gpu-findings.md). The deployments are measured one at a time, so the front ends do not take cores from a CPU
     deployment's ORT threads while they compute."""
     if plan.providers == ("cpu",) or share.cores < MANY_CORES:
         return 1

@@ -133,8 +133,9 @@ class LabPlan:
     """At most this many extra steps per deployment for the SLO brackets, each spent on the widest bracket left (a
     bracket left wider says so). Four SLOs in brackets of 10x need up to five each alone; shared steps need fewer."""
     slo_seconds: float = 40.0
-    """No bracket step starts after this many seconds of them per deployment: ten steps at 3000 req/s take ~40 s,
-    four at 5 req/s (60 s each to hold the 299 requests a p99 "met" needs) took 170 s (run 20261125-155030)."""
+    """No bracket step starts after this many seconds of them per deployment: enough for about ten steps at a
+    fast deployment's rates; a slow one's low-rate steps need far longer each to hold the 299 requests a p99 "met"
+    needs, and this bound keeps them from taking the lab's time (docs/performance.md)."""
     resolution: float = 0.1
     """Each SLO's highest rate is found to within this fraction: the sweep measures between the last rate that
     met it and the first that broke it until they are this close (`latlab loadtest --slos`)."""

@@ -22,8 +22,8 @@ DELAYS_MS = (0.0, 0.5, 2.0, 5.0)
 nothing)."""
 MIN_GAIN = 0.1
 """A neighbour replaces the current configuration only when it holds this fraction more: the probes' resolution,
-below which two probes cannot tell the two apart and the climb wanders (at 5% mlp's climb ran 13 rounds, 55
-probes, where at 10% it stopped after one and its choice held 0.93 of the brute force's: docs/tuning.md)."""
+below which two probes cannot tell the two apart and the climb wanders (a finer gain made the climb run many
+more rounds for no better choice: docs/tuning.md)."""
 FINALISTS = 3
 """How many of the screening's best are measured again side by side (Model Analyzer: full sweeps of the best
 few)."""

@@ -29,8 +29,7 @@ longer hides which of two close configurations holds more."""
 FLOOR_SHARE = 0.25
 """A probe stops halving the rate below this share of the best rate so far: a configuration that cannot hold a
 quarter of the best is out of the running, and resolving it costs the slowest steps (at a few req/s a step
-needs tens of seconds for its requests: the zoo cnn in FP32 breaks p99 <= 50 ms even at 1 req/s here, and
-its first probe took 129 s)."""
+needs tens of seconds for its requests)."""
 
 
 NEAR_GROWTH = 1.25

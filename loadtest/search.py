@@ -244,7 +244,9 @@ def bracket_record(
         meaning = NEVER
     elif bracket.met is None and bracket.broke is not None and flat is not None:
         meaning = (
-            f"{FLAT} {_rate(flat):.3g} req/s: the p99 stopped falling with the load ({flat.p99_s * 1e3:.1f} ms there)"
+            f"{FLAT} {_rate(flat):.3g} req/s: the p99 stopped falling with the load ({flat.p99_s * 1e3:.1f} ms there"
+            + ("; under the bound, on too few requests to show it met" if flat.p99_s <= bracket.slo_p99_s else "")
+            + ")"
         )
     elif bracket.met is None:
         meaning = (

@@ -153,3 +153,13 @@ def test_the_floor_accounts_for_what_the_generator_adds_to_a_known_service_time(
     assert service <= step.p50_s <= service + 2 * row["p50_s"]
     assert service <= step.mean_s <= service + 2 * row["mean_s"]
     assert run.deployments[0].generator_floor == run.generator_floor  # read into every deployment
+
+
+def test_a_flat_tail_under_the_bound_says_why_it_is_not_met() -> None:
+    from latlab.loadtest.search import Bracket, bracket_record
+
+    low = simulated(target_rps=25, p99_s=0.0077, p50_s=0.003)
+    said = bracket_record(Bracket(0.010, None, low), None, 0.1, 5, flat=low)["meaning"]
+    assert said.startswith(FLAT) and "7.7 ms there; under the bound, on too few requests to show it met)" in said
+    broke = simulated(target_rps=25, p99_s=0.015, p50_s=0.003)
+    assert "under the bound" not in bracket_record(Bracket(0.010, None, broke), None, 0.1, 5, flat=broke)["meaning"]
