@@ -130,6 +130,8 @@ def probe_args(job: TuneJob, host: str, folder: Path, count: int, resolution: fl
         f"{max(1.0, start * FLOOR_SHARE):g}",  # from the first round on: its start stands for the best
         "--slo-growth",
         f"{NEAR_GROWTH if job.start_rate else 2.0:g}",
+        "--calibrate-seconds",  # probes rank configurations side by side: the generator's floor is the same
+        "0",  # for all of them, and measuring it in each probe would spend the search's budget
         *step_args(plan, model, job.work),
     ]
     for k in range(count):

@@ -303,3 +303,13 @@ def test_a_first_rounds_probe_stops_halving_at_a_quarter_of_its_start(tmp_path):
     args = probe_args(job, "http://127.0.0.1:9", tmp_path, 2)
     assert float(args[args.index("--slo-floor") + 1]) == 48.0 * FLOOR_SHARE
     assert float(args[args.index("--slo-growth") + 1]) == NEAR_GROWTH
+
+
+def test_probes_leave_the_generators_floor_to_the_sweeps(tmp_path):
+    """A search's probes rank configurations side by side; a calibration in each would spend its budget."""
+    from latlab.lab_plan import CNN, PLANS
+    from latlab.tune_run import TuneJob, probe_args
+
+    job = TuneJob(PLANS["cpu"], CNN, {"fp32": tmp_path / "m.onnx"}, "cpu", 0.05, tmp_path)
+    args = probe_args(job, "http://127.0.0.1:9", tmp_path, 2)
+    assert float(args[args.index("--calibrate-seconds") + 1]) == 0
