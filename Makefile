@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: lab test bench-wsgi clean
+.PHONY: lab test check bench-wsgi clean
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "latlab needs Python >= 3.11")'
@@ -26,6 +26,13 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q
+
+# The fast lane: lint and every test that starts no process and opens no socket (tests/conftest.py skips the
+# rest where they would start one), to check a change before the full suite; CI runs `make test`.
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	LATLAB_FAST_LANE=1 $(BIN)/python -m pytest -q
 
 bench-wsgi: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[bench]'

@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import onnxruntime as ort
 
-from latlab.server.batcher import DynamicBatcher
+from latlab.server.batching.batcher import DynamicBatcher
 from latlab.server.config import BatcherSettings
 
 CASES = (("adaptive (max 2 ms)", True, 2.0), ("fixed 2 ms", False, 2.0), ("fixed 0 ms", False, 0.0))

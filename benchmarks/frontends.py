@@ -48,7 +48,8 @@ LAYOUTS = {"one process": (1, False), "1 front end + engine": (1, True), "2 fron
 
 def start(config: Path, log: Path, frontends: int, engine: bool) -> subprocess.Popen:
     code = (
-        f"from latlab.server.wsgi import serve; serve({str(config)!r}, frontends={frontends}, separate_engine={engine})"
+        "from latlab.server.processes.wsgi import serve; "
+        f"serve({str(config)!r}, frontends={frontends}, separate_engine={engine})"
     )
     return procs.start([sys.executable, "-c", code], log_path=log)
 
@@ -61,7 +62,7 @@ def server_cpu(pid: int) -> dict[str, float]:
         times = process.cpu_times()
         seconds = times.user + times.system
         split["all"] += seconds
-        if "latlab.server.engine" in " ".join(process.cmdline()):
+        if "latlab.server.processes.engine" in " ".join(process.cmdline()):
             split["engine"] += seconds
         elif process.pid != root.pid:
             split["front ends"] += seconds
@@ -182,10 +183,10 @@ def engine_alone(folder: Path, model: Path, seconds: float = 8.0, threads: int =
     import signal
     import threading
 
-    from latlab.server.frontend import EngineClient
-    from latlab.server.hop import tensor_frames
-    from latlab.server.shared import EngineStatus
-    from latlab.server.supervisor import run_folder
+    from latlab.server.processes.frontend import EngineClient
+    from latlab.server.processes.hop import tensor_frames
+    from latlab.server.processes.shared import EngineStatus
+    from latlab.server.processes.supervisor import run_folder
 
     config = write_config(
         folder / "engine.toml",
@@ -195,7 +196,14 @@ def engine_alone(folder: Path, model: Path, seconds: float = 8.0, threads: int =
     run_dir = run_folder(1)
     status = EngineStatus(run_dir)
     engine = subprocess.Popen(
-        [sys.executable, "-m", "latlab.server.engine", str(config), str(run_dir), f"127.0.0.1:{procs.free_port()}"],
+        [
+            sys.executable,
+            "-m",
+            "latlab.server.processes.engine",
+            str(config),
+            str(run_dir),
+            f"127.0.0.1:{procs.free_port()}",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

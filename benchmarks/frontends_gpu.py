@@ -39,7 +39,7 @@ from harness import build_cheap_model, export_zoo, loadtest  # noqa: E402
 
 from latlab.common import procs  # noqa: E402
 from latlab.server.config import save_config  # noqa: E402
-from latlab.bench_backends import BackendUnavailable, gpu_name, ort_cuda_session  # noqa: E402
+from latlab.bench.backends import BackendUnavailable, gpu_name, ort_cuda_session  # noqa: E402
 
 BATCHER = {"max_batch_size": 32, "max_queue_delay_ms": 3.0}
 

@@ -22,7 +22,7 @@ from onnx import TensorProto, helper
 from latlab.common import procs
 from latlab.loadtest.results import RESULTS_FILE, Deployment, read_results
 from latlab.server.config import BatcherSettings, load_config, save_config
-from latlab.server.runtime import OnnxModel
+from latlab.server.runtime.model import OnnxModel
 
 CLI = [sys.executable, "-m", "latlab.cli"]
 

@@ -10,10 +10,11 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
-from latlab.cli_options import parse_slos
+from latlab.common.user_input import parse_slos
 from latlab.loadtest.results import RESULTS_FILE, Deployment, read_results
 from latlab.loadtest.search import slo_verdict
-from latlab.report.verdict import label, max_rate_under, rate_text
+from latlab.report.naming import label
+from latlab.report.rates import max_rate_under, rate_text
 
 
 def curves(run_dir: Path) -> list[Deployment]:

@@ -32,8 +32,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import batching, build_cheap_model, in_process_infer, json_infer_body, write_config  # noqa: E402
 
-from latlab.server import fastpath  # noqa: E402
-from latlab.server.app import create_app  # noqa: E402
+from latlab.server.http import fastpath  # noqa: E402
+from latlab.server.http.app import create_app  # noqa: E402
 from latlab.server.config import load_config  # noqa: E402
 from latlab.server.protocol import decode_request  # noqa: E402
 

@@ -18,9 +18,9 @@ import orjson
 import requests
 
 from latlab.common import procs
-from latlab.server.batcher import DynamicBatcher
+from latlab.server.batching.batcher import DynamicBatcher
 from latlab.server.config import load_config, save_config
-from latlab.server.runtime import OnnxModel
+from latlab.server.runtime.model import OnnxModel
 
 N = 2000
 

@@ -30,7 +30,7 @@ from harness import (
 )
 
 from latlab.common import procs  # noqa: E402
-from latlab.server.runtime import OnnxModel  # noqa: E402
+from latlab.server.runtime.model import OnnxModel  # noqa: E402
 
 IMAGE = [3, 224, 224]
 

@@ -26,8 +26,8 @@ from harness import export_zoo, loadtest, serving  # noqa: E402
 from latlab.common import procs  # noqa: E402
 from latlab.loadtest.sentences import sentence  # noqa: E402
 from latlab.server.config import load_config, save_config  # noqa: E402
-from latlab.server.runtime import OnnxModel  # noqa: E402
-from latlab.server.text import TextFrontEnd  # noqa: E402
+from latlab.server.runtime.model import OnnxModel  # noqa: E402
+from latlab.server.runtime.text import TextFrontEnd  # noqa: E402
 
 DEPLOYMENTS = ("minilm-ids", "minilm-text")
 

@@ -46,7 +46,7 @@ def commands(port: int) -> dict[str, list[str]]:
             str(port),
             "--blocking-threads",
             str(THREADS),
-            "latlab.server.wsgi:app_from_env",
+            "latlab.server.processes.wsgi:app_from_env",
         ],
         "gunicorn gthread": [
             str(BIN / "gunicorn"),
@@ -58,7 +58,7 @@ def commands(port: int) -> dict[str, list[str]]:
             str(THREADS),
             "-b",
             f"127.0.0.1:{port}",
-            "latlab.server.wsgi:app_from_env()",
+            "latlab.server.processes.wsgi:app_from_env()",
         ],
         "waitress": [
             str(BIN / "waitress-serve"),
@@ -67,7 +67,7 @@ def commands(port: int) -> dict[str, list[str]]:
             "--listen",
             f"127.0.0.1:{port}",
             "--call",
-            "latlab.server.wsgi:app_from_env",
+            "latlab.server.processes.wsgi:app_from_env",
         ],
     }
 

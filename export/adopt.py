@@ -23,7 +23,7 @@ from latlab.export.onnx_export import (
     staged,
     write_metadata,
 )
-from latlab.export.zoo import ZooModel
+from latlab.export.zoo_model import ZooModel
 
 NO_PARITY = "not applicable (no PyTorch source)"
 # sizes given to symbolic non-batch axes (a sequence) when the adopted model is run once to prove it loads

@@ -11,7 +11,7 @@ from latlab.export.accuracy import Bound
 from latlab.export.onnx_export import ExportError, ParityError, export
 
 if TYPE_CHECKING:
-    from latlab.export.zoo import ZooModel
+    from latlab.export.zoo_model import ZooModel
 
 # which command-line options each zoo builder takes (the others are left to the builder's defaults)
 ZOO_OPTIONS = {

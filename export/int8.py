@@ -43,7 +43,7 @@ from latlab.export.onnx_export import (
     staged_variant,
     write_metadata,
 )
-from latlab.export.zoo import ZooModel
+from latlab.export.zoo_model import ZooModel
 
 INT8_SUFFIX = "-int8"
 WEIGHTED_OPS = ("MatMul", "Gemm", "Conv")

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from latlab.export.zoo import ZooModel
+from latlab.export.zoo_model import ZooModel
 
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json", "special_tokens_map.json")
 PAD_ID, CLS_ID, SEP_ID = 0, 101, 102

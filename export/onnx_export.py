@@ -26,7 +26,7 @@ from latlab.export import fp16 as half
 from latlab.export import samples
 from latlab.export.accuracy import Bound, compare, run
 from latlab.export.flops import flops_per_sample
-from latlab.export.zoo import ZooModel
+from latlab.export.zoo_model import ZooModel
 
 OPSET = 18
 PARITY_BATCHES = (1, 7)

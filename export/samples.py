@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from latlab.export.zoo import ZooModel
+from latlab.export.zoo_model import ZooModel
 
 Batches = list[dict[str, np.ndarray]]
 

@@ -40,7 +40,7 @@ def provider_check(model: Path, provider: str) -> str:
     """'loads' when a session really runs on the provider, otherwise why not or what ORT did instead."""
     import onnxruntime as ort
 
-    from latlab.server.providers import provider_load_error
+    from latlab.server.runtime.providers import provider_load_error
 
     if provider not in ort.get_available_providers():
         return f"does not load: this onnxruntime build ({ort.get_device()}) has no {provider}"

@@ -9,12 +9,11 @@ from typing import Callable
 
 import gevent
 
-from latlab.loadtest.driver import WORKER_LAG_S, LoadDriver
+from latlab.loadtest.driver import LoadDriver
 from latlab.loadtest.floor import CALIBRATION, ROUTE, calibration_rates, floor_line
 
 
 WARMUP_S = 0.5
-ANSWER_GRACE_S = 1.0
 
 
 def calibrate(
@@ -22,7 +21,6 @@ def calibrate(
 ) -> dict:
     """Measure the floor at calibration_rates through the driver's users; the record a results file keeps."""
     recorder = driver.state.recorder
-    lag = WORKER_LAG_S if driver.distributed else 0.05
     rows = []
     for rate in calibration_rates(loads, max_rate, driver.processes, seconds):
         driver.set_load(CALIBRATION, rate, route=ROUTE)
@@ -32,10 +30,8 @@ def calibrate(
         gevent.sleep(seconds)
         cpu = driver.generator_cpu()
         end = start + seconds
-        gevent.sleep(lag)
-        deadline = time.time() + ANSWER_GRACE_S
-        while recorder.outstanding_before(end) and time.time() < deadline:
-            gevent.sleep(0.02)
+        gevent.sleep(driver.lag_s)
+        driver.await_answers(end)
         stats, _, _ = recorder.window_detail(start, end, time.time())
         recorder.forget_before(end)
         figures = stats.as_dict()

@@ -13,7 +13,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import gevent
 import locust.runners
@@ -25,14 +25,14 @@ from latlab.common import procs
 from latlab.loadtest import users
 from latlab.loadtest.payloads import options_of
 from latlab.loadtest.loadgen_metrics import LoadGenMetrics
-
-if TYPE_CHECKING:
-    from latlab.loadtest.sweep import SweepPlan
+from latlab.loadtest.plan import SweepPlan
 
 # A worker silent for HEARTBEAT_LIVENESS + 1 heartbeats (1 s each) is missing: 3 s instead of Locust's 4 s.
 locust.runners.HEARTBEAT_LIVENESS = 2
 WATCH_INTERVAL_S = 0.5  # how often the master checks its workers (processes and heartbeats)
 WORKER_LAG_S = 1.5  # workers ship samples every second: wait this long before closing a window
+LOCAL_LAG_S = 0.05  # one process records samples as requests complete: a short pause lets the last ones land
+ANSWER_GRACE_S = 1.0  # a step's figures wait this long at most for answers to its last requests
 
 
 class LoadDriver:
@@ -148,13 +148,27 @@ class LoadDriver:
             for client_id in self.live_workers:
                 self.runner.send_message(users.LOAD_MESSAGE, message, client_id=client_id)
 
+    @property
+    def lag_s(self) -> float:
+        """How long after a window's end its samples take to reach the recorder (WORKER_LAG_S with workers)."""
+        return WORKER_LAG_S if self.distributed else LOCAL_LAG_S
+
+    def await_answers(self, before: float) -> None:
+        """Let requests sent before `before` (a step's end) be answered, ANSWER_GRACE_S at most: achieved counts by
+        intended send time, so a healthy step must not lose the requests that were simply still in flight; a
+        saturated server's backlog outlasts the grace and still shows as not achieved."""
+        recorder = self.state.recorder
+        deadline = time.time() + ANSWER_GRACE_S
+        while recorder.outstanding_before(before) and time.time() < deadline:
+            gevent.sleep(0.02)
+
     def drain(self, timeout_s: float = 30.0) -> None:
         """Pause arrivals until every outstanding request has been answered (bounded)."""
         if not self.deployment or self.plan.mode != "open":
             return
         self._send_rate(self.deployment, load=1e-3 * max(self.processes, 1))
         deadline = time.monotonic() + timeout_s
-        gevent.sleep(WORKER_LAG_S if self.distributed else 0.05)
+        gevent.sleep(self.lag_s)
         while self.state.recorder.outstanding and time.monotonic() < deadline:
             gevent.sleep(0.1)
 

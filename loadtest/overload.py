@@ -84,7 +84,7 @@ def run_overload(
 
 
 def admitted_backlog(info: dict) -> int | None:
-    """The most infer requests the deployment admits at once (server/admission.py): max_queue_size + instances
+    """The most infer requests the deployment admits at once (server/batching/admission.py): max_queue_size + instances
     x max_batch_size; None when its config does not say (a server other than latlab's)."""
     batcher = info.get("batcher") or {}
     if "max_queue_size" not in batcher:

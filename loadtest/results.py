@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -177,8 +178,13 @@ def write_results(path: Path, run: Run) -> None:
     tmp.replace(path)  # a reader never sees half a file
 
 
+def new_run_id() -> str:
+    """A new run's id, which names its folder under runs/: the time it started, to the second."""
+    return time.strftime("%Y%m%d-%H%M%S")
+
+
 SEARCH_FOLDER = "search"
-"""A run folder's configuration search (latlab/lab_search.py) keeps its probe rounds under this folder: short SLO
+"""A run folder's configuration search (latlab/tune/lab_search.py) keeps its probe rounds under this folder: short SLO
 searches that rank configurations, not curves of the run, so reading the run leaves them out."""
 
 

@@ -4,10 +4,12 @@ process, not the device, is what limits a deployment (the server-bound rule)."""
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 
 from latlab.loadtest.results import Deployment, Step
 from latlab.report.costs import cpu_threads
-from latlab.report.verdict import is_gpu, label, machine_name, max_rate_under, server_name
+from latlab.report.findings import Findings
+from latlab.report.naming import is_gpu, label, machine_name, server_name
 
 PARTS = ("queue", "preprocess", "input_transfer", "compute", "output_transfer", "rest")
 """The stacked bar's parts, bottom to top."""
@@ -69,13 +71,14 @@ def server_bound(step: Step, curve: Deployment) -> bool | None:
     return cpu >= SERVER_BOUND_CPU * usable_cores(curve, share) and share < DEVICE_IDLE_BELOW
 
 
-def bars(curves: list[Deployment], slos_s: list[float]) -> list[dict]:
+def bars(findings: Findings) -> list[dict]:
     """Per deployment and SLO: the step at its highest rate meeting the SLO, with its server-side parts,
     client-measured mean and p99, and the server-bound flag. Steps without server figures are left out."""
     found = []
-    for curve in curves:
-        for slo in sorted(slos_s):
-            step = max_rate_under(curve.steps, slo)
+    by_slo = sorted(findings.by_slo, key=lambda at: at.slo_s)
+    for i, curve in enumerate(findings.curves):
+        for at in by_slo:
+            slo, step = at.slo_s, at.measured[i].step
             split = parts(step.server or {}) if step else None
             if split is None or any(b["step"] is step for b in found):
                 continue  # the same step can be the highest under two SLOs: one bar
@@ -93,7 +96,7 @@ def bars(curves: list[Deployment], slos_s: list[float]) -> list[dict]:
     return found
 
 
-def client_only(curves: list[Deployment]) -> str:
+def client_only(curves: Sequence[Deployment]) -> str:
     """Which deployments were measured from the client side only because their server exports no figures latlab
     reads (their run recorded why, in `server_metrics`), in one sentence; "" when none was."""
     missing = [c for c in curves if c.server_metrics is not None and not c.server_metrics.get("kind")]

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 from latlab.loadtest.results import Deployment
-from latlab.report.verdict import is_gpu, provider_of
+from latlab.report.naming import is_gpu, provider_of
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from latlab.loadtest.results import Deployment  # noqa: E402
 from latlab.report.costs import fleet_cost_per_million, rate_grid  # noqa: E402
-from latlab.report.verdict import machine_name, server_name  # noqa: E402
+from latlab.report.naming import machine_name, server_name  # noqa: E402
 
 
 def curve_png(model: str, curves: list[Deployment], slos_s: list[float]) -> bytes:

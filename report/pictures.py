@@ -1,47 +1,44 @@
-"""The report's second screen per model, as HTML with inlined PNGs: the cost picture (cost per million
-inferences against sustained rate, crossover marked) and where a request's time goes inside the server."""
+"""The report's second screen per model, as HTML with inlined PNGs, rendered from its findings (findings.py): the
+cost picture (cost per million inferences against sustained rate, crossover marked) and where a request's time
+goes inside the server."""
 
 from __future__ import annotations
 
 import base64
 import html
 
-from latlab.loadtest.results import Deployment
-from latlab.report import answer, best, breakdown
+from latlab.report import answer, breakdown
+from latlab.report.best import best_rate_text
 from latlab.report.figures import breakdown_png, cost_png
-from latlab.report.verdict import is_cpu, is_gpu
+from latlab.report.findings import AtSlo, Findings
 
 
 def img(png: bytes, alt: str) -> str:
     return f"<img alt='{html.escape(alt)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
 
 
-def cost_lines(curves: list[Deployment], slo_s: float, prices: dict) -> tuple[list[dict], dict | None]:
-    """Per provider, the best deployment's staircase inputs; and the CPU-vs-GPU crossover when both exist."""
-    rows = [r for r in best.best_per_provider(curves, slo_s, prices) if r.rate > 0 and r.price is not None]
-    lines = [
+def cost_lines(at: AtSlo) -> list[dict]:
+    """Per provider that met the SLO and has a price, its best deployment's staircase inputs."""
+    return [
         {
             "label": f"{r.group}: {answer.side([r.curve])}, {answer.settings(r.curve)} "
-            f"({best.best_rate_text(r)} req/s each, {r.price.basis})",
+            f"({best_rate_text(r)} req/s each, {r.price.basis})",
             "capacity_rps": r.rate,
             "price_per_hour": r.price.per_hour,
             "row": r,
         }
-        for r in rows
+        for r in at.priced
     ]
-    cpu = max((r for r in rows if is_cpu(r.curve)), key=lambda r: r.rate, default=None)
-    gpu = max((r for r in rows if is_gpu(r.curve)), key=lambda r: r.rate, default=None)
-    found = answer.cost_crossover(cpu, gpu) if cpu and gpu else None
-    return lines, found
 
 
-def cost_section(model: str, curves: list[Deployment], slos_s: list[float], prices: dict) -> tuple[str, bytes | None]:
-    """The cost picture at the headline SLO (the one the sentence speaks of); (html, png or None)."""
-    slo = answer.headline_slo(curves, slos_s)
+def cost_section(findings: Findings) -> tuple[str, bytes | None]:
+    """The cost picture at the headline SLO (the one the sentence speaks of), crossover marked; (html, png or
+    None)."""
+    model, at = findings.model, findings.headline
     title = f"<h3>{html.escape(model)}: cost against sustained rate</h3>"
-    if slo is None:
+    if at is None:
         return title + "<p>No deployment meets any SLO: nothing to price.</p>", None
-    lines, found = cost_lines(curves, slo, prices)
+    slo, lines, found = at.slo_s, cost_lines(at), at.priced_crossover
     if not lines:
         return title + "<p>No priced deployment meets the SLO: give prices with --price.</p>", None
     top = found["top_rps"] if found else 4 * max(line["capacity_rps"] for line in lines)
@@ -62,11 +59,12 @@ def cost_section(model: str, curves: list[Deployment], slos_s: list[float], pric
     return text, png
 
 
-def time_section(model: str, curves: list[Deployment], slos_s: list[float]) -> tuple[str, bytes | None]:
+def time_section(findings: Findings) -> tuple[str, bytes | None]:
     """Where the time goes for every deployment step that has server figures; (html, png or None)."""
+    model = findings.model
     title = f"<h3>{html.escape(model)}: where the time goes</h3>"
-    found = breakdown.bars(curves, slos_s)
-    client_only = breakdown.client_only(curves)
+    found = breakdown.bars(findings)
+    client_only = breakdown.client_only(findings.curves)
     if not found and client_only:
         return (
             title + "<p>No server figures in these results: the report shows the client side only (the latency "

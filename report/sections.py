@@ -1,4 +1,5 @@
-"""HTML pieces of the report: environment, SLO and cost tables, prediction vs measurement, step details."""
+"""HTML pieces of the report: environment, SLO and cost tables (rendered from a model's findings, findings.py),
+prediction vs measurement, step details."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from latlab.loadtest.results import Deployment, Run, Step
 from latlab.report.bench_pivot import gpu_speedup, pivot
 from latlab.common.machine import key as machine_key
 from latlab.report.breakdown import server_bound
+from latlab.report.findings import Findings
+from latlab.report.naming import label, machine_name, server_name
 from latlab.report.predict import ASSUMPTIONS, predict_deployment
-from latlab.report.best import best_per_provider
-from latlab.report.verdict import label, machine_name, max_rate_under, rate_text, server_name, sustained_rate
+from latlab.report.rates import rate_text
 
 MACHINE_KEYS = ("cpu", "cores", "memory_gib", "os", "gpu", "ort_version", "torch_version", "threads", "python")
 
@@ -62,14 +64,12 @@ def _details(machine: dict) -> str:
     return "; ".join(f"{k}: {machine[k]}" for k in keys) or "not recorded"
 
 
-def slo_table(curves: list[Deployment], slos_s: list[float]) -> str:
+def slo_table(findings: Findings) -> str:
     """Highest measured rate under each SLO per deployment, labelled with its run and machine."""
-    head = "".join(f"<th>max req/s at p99 ≤ {s * 1e3:g} ms</th>" for s in slos_s)
+    head = "".join(f"<th>max req/s at p99 ≤ {s * 1e3:g} ms</th>" for s in findings.slos_s)
     rows = []
-    for curve in curves:
-        cells = []
-        for slo in slos_s:
-            cells.append(f"<td>{esc(rate_text(curve, max_rate_under(curve.steps, slo), slo))}</td>")
+    for i, curve in enumerate(findings.curves):
+        cells = [f"<td>{esc(at.measured[i].text)}</td>" for at in findings.by_slo]
         rows.append(
             f"<tr><td>{esc(label(curve))}</td><td>{esc(curve.run_id)} on {esc(machine_name(curve))}</td>"
             f"{''.join(cells)}</tr>"
@@ -77,12 +77,14 @@ def slo_table(curves: list[Deployment], slos_s: list[float]) -> str:
     return f"<table><tr><th>deployment</th><th>run on machine</th>{head}</tr>{''.join(rows)}</table>"
 
 
-def provider_table(curves: list[Deployment], slos_s: list[float], prices: dict[str, float]) -> str:
+def provider_table(findings: Findings) -> str:
     """Per SLO and provider: the best batcher settings found, their rate and cost per million inferences."""
     rows = []
-    for slo in slos_s:
-        for row in best_per_provider(curves, slo, prices):
-            rate = esc(rate_text(row.curve, row.step, slo))
+    for at in findings.by_slo:
+        slo = at.slo_s
+        for row in at.best:
+            # Without a rate: why, for the row's own deployment (the answer table says it for the whole group).
+            rate = esc(rate_text(row.curve, row.step, slo) if row.step else at.of(row.curve).unmet)
             best = label(row.curve) if row.rate > 0 else "none meets it"
             price = f"${row.price.per_hour:.2f}" if row.price is not None else "no price"
             cost = f"${row.cost:.3f}" if row.cost is not None else "–"
@@ -98,24 +100,19 @@ def provider_table(curves: list[Deployment], slos_s: list[float], prices: dict[s
     )
 
 
-def prediction_section(
-    model: str,
-    curves: list[Deployment],
-    slos_s: list[float],
-    fits: list[dict],
-    overheads: dict[str, float] | None = None,
-) -> str:
+def prediction_section(findings: Findings, fits: list[dict], overheads: dict[str, float] | None = None) -> str:
     """Predicted beside measured SLO-bounded max rate, with the relative error, where a bench fit exists.
     `overheads`: serving work per request by machine (machine.key; predict.request_overheads)."""
     rows, missing = [], []
-    for curve in curves:
+    for i, curve in enumerate(findings.curves):
         overhead = (overheads or {}).get(machine_key(curve.machine or {}), 0.0)
-        for slo in slos_s:
+        for at in findings.by_slo:
+            slo = at.slo_s
             predicted = predict_deployment(curve, fits, slo, overhead)
             if predicted is None:
                 missing.append(curve)
                 break
-            measured = sustained_rate(curve, slo)
+            measured = at.measured[i].rate
             error = f"{(predicted['rate'] - measured) / measured:+.0%}" if measured > 0 else "–"
             fit = predicted["fit"]
             rows.append(
@@ -126,7 +123,7 @@ def prediction_section(
                 f"<td>{predicted['rate']:.0f}</td><td>{measured:.0f}</td><td>{error}</td>"
                 f"<td>{esc(_prediction_caveats(curve, predicted))}</td></tr>"
             )
-    text = f"<h3>{esc(model)}: predicted vs measured</h3>"
+    text = f"<h3>{esc(findings.model)}: predicted vs measured</h3>"
     if rows:
         text += (
             "<table class='prediction'><tr><th>deployment</th><th>machine</th><th>SLO</th>"

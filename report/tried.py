@@ -11,7 +11,7 @@ from pathlib import Path
 
 from latlab.loadtest.results import SEARCH_FOLDER, Deployment
 from latlab.report.sections import esc
-from latlab.report.verdict import max_rate_under, rate_text
+from latlab.report.rates import max_rate_under, rate_text
 
 
 def read_searches(run_dirs: list[Path]) -> tuple[list[dict], dict[str, dict]]:

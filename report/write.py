@@ -1,4 +1,5 @@
-"""The report: one self-contained HTML page (plus PNGs) over one or more runs, from one or more machines."""
+"""The report: one self-contained HTML page (plus PNGs) over one or more runs, from one or more machines. It reads
+the runs, builds each model's findings once (findings.py) and hands them to the renderers."""
 
 from __future__ import annotations
 
@@ -10,33 +11,27 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from latlab.report import answer
-from latlab.report import pictures, sections
-from latlab.report.tried import tried_section
+from latlab.loadtest.results import Deployment, Run, read_results
+from latlab.report import answer, pictures, sections
+from latlab.report.bench_crossover import size_crossover
 from latlab.report.bench_plot import plot_bench
 from latlab.report.costs import price_amount_and_unit, price_unit
 from latlab.report.figures import curve_png
+from latlab.report.findings import Findings, findings_of
+from latlab.report.naming import PROVIDER_HINT, UNKNOWN, is_gpu, label, machine_name, provider_of, tag_servers
 from latlab.report.predict import bench_fits, request_overheads
-from latlab.loadtest.results import Deployment, Run, read_results
-from latlab.report.best import provider_verdict
-from latlab.report.verdict import (
-    DEFAULT_PRICES,
-    GPU_HINT,
-    PROVIDER_HINT,
-    UNKNOWN,
-    is_gpu,
-    label,
-    machine_name,
-    provider_of,
-    size_crossover,
-    tag_servers,
-    verdict,
-)
+from latlab.report.prices import DEFAULT_PRICES
+from latlab.report.tried import tried_section
+from latlab.report.verdict import provider_verdict, verdict
 
 REPORT_FILE = "report.html"
 BENCH_SCHEMA = "latlab.bench/1"
 REFERENCE_DIR = Path(__file__).parent / "reference"
 """Measurements committed with the code (e.g. from a GPU machine), merged in with --with-reference."""
+GPU_HINT = (
+    "run `latlab bench` and the lab on a GPU box and merge with `latlab report CPU_RUN GPU_RUN` "
+    "(or add `--with-reference` when GPU reference data are committed under report/reference/)"
+)
 
 
 def _curves(runs: list[Run]) -> list[Deployment]:
@@ -100,8 +95,8 @@ def write_report(
     by_model: dict[str, list[Deployment]] = defaultdict(list)
     for curve in curves:
         by_model[curve.model or curve.name].append(curve)
-    # A model whose curves come from more than one server is compared by server (verdict.tag_servers).
-    by_model = {model: tag_servers(group) for model, group in by_model.items()}
+    # A model whose curves come from more than one server is compared by server (naming.tag_servers).
+    models = [findings_of(model, tag_servers(group), slos_s, prices) for model, group in by_model.items()]
     # First screen: the answer. Then the pictures, then the details (folded where long).
     bench_gpu = any(
         p.get("backend", "").endswith("cuda")
@@ -109,15 +104,15 @@ def write_report(
         for e in d.get("experiments", [])
         for p in e.get("points", [])
     )
-    body = [answer.answer_section(by_model, slos_s, prices, _prices_line(prices, example_prices), bench_gpu)]
+    body = [answer.answer_section(models, _prices_line(prices, example_prices), bench_gpu)]
     searched = tried_section(run_dirs, curves, slos_s)
     body += [searched] if searched else []
-    body += _pictures(by_model, slos_s, prices, out)
-    body.append(_gpu_notice([c for group in by_model.values() for c in group], bench, with_reference, reference_dir))
-    for model, model_curves in by_model.items():
-        png = curve_png(model, model_curves, slos_s)
-        (out / f"curve-{_slug(model)}.png").write_bytes(png)
-        body.append(_model_section(model, model_curves, slos_s, prices, fits, overheads, png))
+    body += _pictures(models, out)
+    body.append(_gpu_notice([c for found in models for c in found.curves], bench, with_reference, reference_dir))
+    for found in models:
+        png = curve_png(found.model, list(found.curves), slos_s)
+        (out / f"curve-{_slug(found.model)}.png").write_bytes(png)
+        body.append(_model_section(found, fits, overheads, png))
     body.append(sections.environment_section(results, bench))
     body.append(f"<details><summary>How the predictions are made</summary>{sections.assumptions_list()}</details>")
     body.append(_bench_section(bench, out))
@@ -129,16 +124,16 @@ def write_report(
     return page
 
 
-def _pictures(by_model: dict[str, list[Deployment]], slos_s: list[float], prices: dict, out: Path) -> list[str]:
+def _pictures(models: list[Findings], out: Path) -> list[str]:
     """Per model the cost picture and where the time goes, their PNGs also written beside the page."""
     body = []
-    for model, model_curves in by_model.items():
+    for found in models:
         for kind, (text, png) in (
-            ("cost", pictures.cost_section(model, model_curves, slos_s, prices)),
-            ("time", pictures.time_section(model, model_curves, slos_s)),
+            ("cost", pictures.cost_section(found)),
+            ("time", pictures.time_section(found)),
         ):
             if png:
-                (out / f"{kind}-{_slug(model)}.png").write_bytes(png)
+                (out / f"{kind}-{_slug(found.model)}.png").write_bytes(png)
             body.append(text)
     return body
 
@@ -197,17 +192,10 @@ def _price_text(value: object) -> str:
     return f"${amount:.2f}/h" if unit == "machine-hour" else f"${amount:.3g} per {unit}"
 
 
-def _model_section(
-    model: str,
-    curves: list[Deployment],
-    slos_s: list[float],
-    prices: dict[str, float],
-    fits: list[dict],
-    overheads: dict[str, float],
-    png: bytes,
-) -> str:
-    verdicts = "".join(f"<li>{html.escape(provider_verdict(model, curves, s, prices))}</li>" for s in slos_s)
-    verdicts += "".join(f"<li>{html.escape(verdict(model, curves, s))}</li>" for s in slos_s)
+def _model_section(findings: Findings, fits: list[dict], overheads: dict[str, float], png: bytes) -> str:
+    model, curves, slos_s = findings.model, findings.curves, findings.slos_s
+    verdicts = "".join(f"<li>{html.escape(provider_verdict(findings, s))}</li>" for s in slos_s)
+    verdicts += "".join(f"<li>{html.escape(verdict(findings, s))}</li>" for s in slos_s)
     verdicts += "".join(
         f"<li>SLO search, {html.escape(c.name)}: {html.escape(_search_line(c.search))}</li>" for c in curves if c.search
     )
@@ -215,7 +203,7 @@ def _model_section(
         f"<li>{html.escape(c.name)}: {html.escape(c.overload['summary'])}</li>" for c in curves if c.overload
     )
     bound = [
-        f"{c.name} on {sections.machine_name(c)} at {s.offered_rps:.0f} req/s offered"
+        f"{c.name} on {machine_name(c)} at {s.offered_rps:.0f} req/s offered"
         for c in curves
         for s in c.steps
         if s.generator_bound
@@ -230,11 +218,11 @@ def _model_section(
     return (
         f"<h3>{html.escape(model)}: latency against throughput</h3>"
         f"<img alt='latency vs throughput for {html.escape(model)}' src='data:image/png;base64,{image}'>{flagged}"
-        f"<h4>Max throughput under each SLO</h4>{sections.slo_table(curves, slos_s)}"
+        f"<h4>Max throughput under each SLO</h4>{sections.slo_table(findings)}"
         f"<details><summary>{html.escape(model)}: best settings per provider and cost, every verdict</summary>"
-        f"{sections.provider_table(curves, slos_s, prices)}<ul class='verdict'>{verdicts}</ul></details>"
+        f"{sections.provider_table(findings)}<ul class='verdict'>{verdicts}</ul></details>"
         f"<details><summary>{html.escape(model)}: predicted vs measured</summary>"
-        f"{sections.prediction_section(model, curves, slos_s, fits, overheads)}</details>"
+        f"{sections.prediction_section(findings, fits, overheads)}</details>"
         f"{''.join(sections.steps_table(c) for c in curves)}"
     )
 

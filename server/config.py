@@ -8,12 +8,10 @@ import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import tomli_w
 
-from latlab.server.admission import auto_threads, check_threads
-from latlab.server.shared import MAX_FRONTENDS
 from latlab.server.errors import ConfigError
 
 PROVIDERS = ("cpu", "cuda", "tensorrt")
@@ -24,6 +22,12 @@ ARENA_EXTEND_STRATEGIES = ("next_power_of_two", "same_as_requested")
 LOAD_FAILURE_POLICIES = ("fail", "skip")
 BUCKET_SESSIONS = ("auto", "shared", "per_bucket")
 AUTH_TOKEN_ENV = "LATLAB_AUTH_TOKEN"
+FRONTENDS_ENV = "LATLAB_FRONTENDS"
+"""Overrides [server] frontends (as `latlab serve --frontends` does, which wins): a container's setting, and how
+the suite runs every test of the real server with several front ends."""
+MAX_FRONTENDS = 64
+"""Front-end processes a server may run (the [server] frontends bound): each owns one row of the admission counts
+the processes share (server/processes/shared.py)."""
 MIN_TOKEN_LENGTH = 16
 # RFC 6750's b64token: what may follow "Bearer " in an Authorization header.
 _TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")
@@ -47,7 +51,7 @@ class BatcherSettings:
     preferred_batch_sizes: tuple[int, ...] = ()
     """Batch sizes worth sending at once, without waiting out the delay (Triton's preferred_batch_size)."""
     adaptive: bool = False
-    """Wait for a batch to fill only while waiting is predicted to pay (see server/latency_model.py): a lone
+    """Wait for a batch to fill only while waiting is predicted to pay (see server/batching/latency_model.py): a lone
     request at low load is sent at once; max_queue_delay_ms stays the upper bound on any wait."""
     priority_levels: int = 1
     """Priority levels (Triton's): a request's `parameters.priority` 1 (highest) .. priority_levels is served
@@ -82,7 +86,7 @@ class PaddingSettings:
 
 @dataclass(frozen=True)
 class TokenizerSettings:
-    """A text deployment's tokenizer: the model then takes a BYTES input of UTF-8 sentences (see text.py)."""
+    """A text deployment's tokenizer: the model then takes a BYTES input of UTF-8 sentences (see runtime/text.py)."""
 
     file: Path = Path()
     """The model's own tokenizer.json (Hugging Face `tokenizers`), relative to the config file's folder."""
@@ -206,12 +210,11 @@ class ServerConfig:
     frontends: int = 1
     """HTTP processes. 1: one process reads requests, batches and runs the model. N >= 2: N front-end processes
     read, decode and tokenize requests and encode answers, and hand the tensors to one engine process that owns
-    the batchers and sessions (server/engine.py), so batches still form from every request. Admission, routes
+    the batchers and sessions (server/processes/engine.py), so batches still form from every request. Admission, routes
     and /metrics are the same either way; docs/performance.md measures when more than one pays."""
     threads: int = 0
     """Request threads (of each front end). 0: one for every infer request the deployments admit (max_queue_size
-    + instances x max_batch_size each) plus 4 spare (server/admission.py). Set by hand, it must exceed those
-    requests."""
+    + instances x max_batch_size each) plus SPARE_THREADS (4). Set by hand, it must exceed those requests."""
     admission: bool = True
     """Refuse an infer request with 503 + Retry-After, before reading its body, when its deployment already
     holds max_queue_size + instances x max_batch_size requests. false drops that bound and the check of
@@ -246,6 +249,14 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> S
     if token:
         doc["server"] = {**_table(doc.get("server", {}), "[server]"), "auth_token": token}
     return parse_config(doc, base_dir=path.parent)
+
+
+def served_config(config_path: str | Path, frontends: int | None = None) -> ServerConfig:
+    """The config file with `frontends` (the command line's), else LATLAB_FRONTENDS, over [server] frontends: what
+    every process of a server serves with."""
+    config = load_config(config_path)
+    frontends = frontends or int(os.environ.get(FRONTENDS_ENV) or 0) or None
+    return config if frontends is None else with_overrides(config, frontends=frontends)
 
 
 def parse_config(doc: dict, base_dir: Path = Path(".")) -> ServerConfig:
@@ -321,6 +332,45 @@ def with_overrides(config: ServerConfig, **server: Any) -> ServerConfig:
     replaced = dataclasses.replace(config, **server)
     _check_server(replaced)
     return replaced
+
+
+# Request threads. Granian hands each request to one of a fixed number of Python threads; a request that finds none
+# free waits in Granian's own queue, where no metric, no queue bound and no Retry-After sees it (docs/overload.md).
+# So every request a deployment admits (server/batching/admission.py) must have a thread, with threads to spare for
+# refusing the rest and for the other routes: the bound is per deployment, and `threads` must exceed their sum.
+
+SPARE_THREADS = 4
+"""Request threads beyond the admitted requests: they refuse the excess (tens of µs each, under the GIL) and
+answer the other routes on the main port. More only contend for the GIL: under a storm of refusals 16 spares
+refused fewer requests per second than 4 and slowed /metrics on the observer port (docs/overload.md)."""
+
+
+def admitted_bound(batcher: BatcherSettings) -> int:
+    """The most infer requests a deployment holds at once: a full queue plus its largest batches in flight
+    (a request carries at least one sample, so a batch of max_batch_size samples holds at most that many)."""
+    return batcher.max_queue_size + batcher.instances * batcher.max_batch_size
+
+
+def auto_threads(deployments: Iterable[DeploymentConfig]) -> int:
+    """Request threads for every admitted request of every deployment, plus SPARE_THREADS."""
+    return sum(admitted_bound(d.batcher) for d in deployments) + SPARE_THREADS
+
+
+def check_threads(threads: int, deployments: Iterable[DeploymentConfig]) -> None:
+    """Refuse a thread count that admitted requests could use up: the excess would then wait unseen."""
+    deployments = tuple(deployments)
+    admitted = sum(admitted_bound(d.batcher) for d in deployments)
+    if threads <= admitted:
+        parts = ", ".join(
+            f"'{d.name}' {d.batcher.max_queue_size} + {d.batcher.instances} x {d.batcher.max_batch_size}"
+            for d in deployments
+        )
+        raise ConfigError(
+            f"[server]: threads = {threads} must exceed the {admitted} infer requests the deployments "
+            f"admit (max_queue_size + instances x max_batch_size: {parts}), or requests past the "
+            f"threads wait where nothing refuses them; leave threads unset "
+            f"({admitted + SPARE_THREADS}) or lower max_queue_size"
+        )
 
 
 def _with_threads(config: ServerConfig) -> ServerConfig:

@@ -1,7 +1,10 @@
-"""Shared fixtures: a tiny ONNX model built in tmp_path and a ServerConfig factory."""
+"""Shared fixtures: a tiny ONNX model built in tmp_path and a ServerConfig factory; the fast lane's guard."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
 from pathlib import Path
 from typing import Callable
 
@@ -61,3 +64,21 @@ def server_config(model_path: Path | str, name: str = "tiny", **batcher: object)
 def make_config() -> Callable[..., ServerConfig]:
     """The `server_config` factory, for tests that prefer a fixture to an import."""
     return server_config
+
+
+FAST_LANE = os.environ.get("LATLAB_FAST_LANE") == "1"
+"""`make check` sets it: the tests that start no process and open no listening socket run, the rest skip where
+they would start one. The line is drawn by what a test does, so no list of slow tests needs keeping."""
+
+
+def _starts_something(what: str):
+    def refuse(*args, **kwargs):
+        pytest.skip(f"fast lane: {what} (make test runs it)")
+
+    return refuse
+
+
+def pytest_configure(config):
+    if FAST_LANE:
+        subprocess.Popen.__init__ = _starts_something("starts a process")
+        socket.socket.bind = _starts_something("opens a socket")

@@ -1,5 +1,7 @@
 """The stages import one way: server/ no other stage, loadtest/ neither the server nor the report, report/
-never the server; the serving box needs only onnxruntime (server/ and loadtest/ never pull in torch)."""
+never the server; the serving box needs only onnxruntime (server/ and loadtest/ never pull in torch). Inside the
+stages no module reaches back to one that imports it, not even through an import inside a function, and the
+subpackages of a stage import one way too."""
 
 from __future__ import annotations
 
@@ -34,8 +36,8 @@ package's own `latlab.__version__` belongs to no stage. No two stages import eac
 @pytest.mark.parametrize(
     "module, forbidden",
     [
-        ("latlab.server.app", ["torch"]),
-        ("latlab.server.wsgi", ["torch"]),
+        ("latlab.server.http.app", ["torch"]),
+        ("latlab.server.processes.wsgi", ["torch"]),
         ("latlab.loadtest.sweep", ["torch", "onnxruntime", "latlab.server", "latlab.report"]),
         ("latlab.loadtest.driver", ["torch", "onnxruntime", "latlab.server", "latlab.report"]),
         ("latlab.loadtest.overload", ["torch", "onnxruntime", "latlab.server", "latlab.report"]),
@@ -55,16 +57,77 @@ def test_module_does_not_import(module, forbidden):
 def stage_imports(stage: str) -> dict[str, set[str]]:
     """Per module of the stage's folder, the other stages it imports (at any depth of the file: lazy imports too)."""
     found = {}
-    for path in sorted((ROOT / STAGES[stage]).glob("*.py")):
-        names = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module == "latlab":  # from latlab import procs
-                names.update(f"latlab.{alias.name}" for alias in node.names if not alias.name.startswith("__"))
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names.add(node.module)
-            elif isinstance(node, ast.Import):
-                names.update(alias.name for alias in node.names)
-        found[path.name] = {_stage_of(name) for name in names} - {None, stage}
+    for name, path in MODULES.items():
+        if _stage_of(name) == stage:
+            found[str(path.relative_to(ROOT))] = {_stage_of(target) for target in imported(name)} - {None, stage}
+    return found
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of ours by its installed name (`latlab.server.http.app`), from the folders' package map."""
+    modules = {}
+    for stage, folder in STAGES.items():
+        package = "latlab" if stage == "latlab" else f"latlab.{stage}"
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join([package, *parts])] = path
+    return modules
+
+
+MODULES = _modules()
+
+
+def imported(module: str) -> set[str]:
+    """The modules of ours that `module` imports, wherever the import stands (top level or inside a function)."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    targets = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # from . import x, from ..batching import y
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:  # `from latlab.server import config` names a module, `from x import f` not
+                targets.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base)
+        elif isinstance(node, ast.Import):
+            targets.update(alias.name for alias in node.names)
+    found = set()
+    for target in targets:
+        while target and target not in MODULES:
+            target = target.rpartition(".")[0]
+        if target and target not in (module, "latlab"):
+            found.add(target)
+    return found
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one node (Tarjan), each sorted: every one is a cycle."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph.get(node, ()):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = []
+            while not group or group[-1] != node:
+                group.append(stack.pop())
+                on_stack.discard(group[-1])
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
     return found
 
 
@@ -87,3 +150,37 @@ def test_stages_import_only_the_stages_below_them(stage):
         if other - ALLOWED[stage]
     }
     assert not wrong, f"{stage}/ imports what its layer may not: {wrong}"
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    """An import inside a function hides a cycle from Python's import machinery, not from this test."""
+    found = cycles({module: imported(module) for module in MODULES})
+    assert not found, f"import cycles (counting imports inside functions): {found}"
+
+
+def subpackage_of(module: str) -> str:
+    """`latlab.server.http.app` -> `latlab.server.http`; a module at a stage's top level is its own unit."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return module
+    depth = 2 if parts[1] in ALLOWED and parts[1] != "latlab" else 1
+    return ".".join(parts[: depth + 1])
+
+
+def test_subpackages_import_one_way():
+    """Within a stage, if server/http uses server/batching then nothing in server/batching uses server/http."""
+    graph: dict[str, set[str]] = {}
+    for module in MODULES:
+        unit = subpackage_of(module)
+        graph.setdefault(unit, set()).update(
+            subpackage_of(t) for t in imported(module) if _stage_of(t) == _stage_of(module)
+        )
+    for unit, others in graph.items():
+        others.discard(unit)
+    found = cycles(graph)
+    assert not found, f"subpackages that import each other: {found}"

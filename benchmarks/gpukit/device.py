@@ -35,7 +35,7 @@ ARCHIVE_SUFFIX = ".tar.gz"
 GPU_TEST_MARK = "@pytest.mark.gpu"
 IMPORTS = (
     "onnxruntime flask granian orjson locust zmq tomli_w msgpack prometheus_client psutil pynvml requests "
-    "onnxscript safetensors matplotlib onnx numpy torch latlab.cli latlab.server.wsgi"
+    "onnxscript safetensors matplotlib onnx numpy torch latlab.cli latlab.server.processes.wsgi"
 )
 """What latlab imports on the device: checked right after the install, before anything is measured."""
 
@@ -148,7 +148,7 @@ import json, sys
 import numpy as np
 import onnxruntime as ort
 ort.preload_dlls()
-from latlab.server.providers import provider_load_error
+from latlab.server.runtime.providers import provider_load_error
 from onnx import TensorProto, helper, numpy_helper
 rng = np.random.default_rng(0)
 w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")

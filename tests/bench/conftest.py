@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from latlab.bench import BenchSettings, MeasureSettings
+from latlab.bench.experiments import BenchSettings, MeasureSettings
 
 
 def tiny_settings(cache_dir: Path, **overrides: object) -> BenchSettings:

@@ -74,7 +74,7 @@ def test_user_errors_are_one_line_and_exit_2(
 def _settings(*argv: str):
     import argparse
 
-    from latlab.bench_cli import add_arguments, settings_from_args
+    from latlab.cli.bench import add_arguments, settings_from_args
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

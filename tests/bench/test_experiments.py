@@ -10,8 +10,8 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from latlab import bench_backends as bb
-from latlab.bench import SCHEMA, run_bench, run_seed_experiment, run_zoo_experiment, write_run
+from latlab.bench import backends as bb
+from latlab.bench.experiments import SCHEMA, run_bench, run_seed_experiment, run_zoo_experiment, write_run
 from latlab.report.bench_plot import plot_bench
 
 POINT_KEYS = {"backend", "batch_size", "params", "median_s", "min_s", "max_s", "repeats"}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from latlab.bench import BenchError, BenchSettings, MeasureSettings, fixed_params_width, grid, measure
-from latlab.bench_cli import parse_ints
+from latlab.bench.experiments import BenchError, BenchSettings, MeasureSettings, fixed_params_width, grid, measure
+from latlab.cli.bench import parse_ints
 
 
 class FakeClock:

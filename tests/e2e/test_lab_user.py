@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from latlab import cli
-from latlab.lab_plan import PLANS
+from latlab.lab.plan import PLANS
 from latlab.loadtest.results import Run, read_results
 
 pytestmark = pytest.mark.e2e

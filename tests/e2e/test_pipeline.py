@@ -118,8 +118,8 @@ def test_locust_sweep_against_the_real_server(server, tmp_path, encoding):
 
 
 def test_lab_runs_end_to_end_and_stops_everything(tmp_path):
-    from latlab.lab import run_lab
-    from latlab.lab_plan import LabPlan, ModelPlan
+    from latlab.lab.run import run_lab
+    from latlab.lab.plan import LabPlan, ModelPlan
 
     plan = LabPlan(
         models=(
@@ -194,7 +194,7 @@ def test_ctrl_c_or_kill_stops_the_lab_and_everything_it_started(tmp_path, sent, 
 
     # The CLI's own interrupt handling (exit 130) around a small plan, so the test need not export the zoo.
     script = (
-        "import sys; from latlab.cli import main; from latlab.lab_plan import PLANS, LabPlan, ModelPlan; "
+        "import sys; from latlab.cli import main; from latlab.lab.plan import PLANS, LabPlan, ModelPlan; "
         "PLANS['cpu'] = LabPlan(models=(ModelPlan('mlp', rates=(50,) * 40),), bench=False); "
         f"sys.exit(main(['lab', '--runs-dir', {str(tmp_path / 'runs')!r}, '--models-dir', "
         f"{str(tmp_path / 'models')!r}]))"

@@ -13,8 +13,8 @@ import requests
 
 from latlab import cli
 from latlab.common import procs
-from latlab.lab import start_server
-from latlab.lab_plan import PLANS
+from latlab.lab.children import start_server
+from latlab.lab.plan import PLANS
 from latlab.server.config import load_config, save_config
 from tests.e2e.test_lab_user import scorer
 

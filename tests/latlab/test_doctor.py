@@ -15,7 +15,7 @@ import pytest
 from latlab import doctor
 from latlab.common.machine import cpu_model
 from latlab.server.gpu import GpuInfo
-from latlab.server.providers import provider_load_error
+from latlab.server.runtime.providers import provider_load_error
 
 
 def test_report_has_one_line_per_fact() -> None:

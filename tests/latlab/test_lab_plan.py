@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from latlab.lab import frontends_for, sweep_args, write_config
-from latlab.lab_plan import FFN, PLANS, cpu_share
+from latlab.lab.run import frontends_for, sweep_args, write_config
+from latlab.lab.plan import FFN, PLANS, cpu_share
 from latlab.server.config import load_config
 
 

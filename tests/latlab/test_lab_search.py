@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from latlab.lab_plan import CNN, MINILM
-from latlab.lab_search import plan_start
-from latlab.tune import Candidate, space_for
+from latlab.lab.plan import CNN, MINILM
+from latlab.tune.lab_search import plan_start
+from latlab.tune.search import Candidate, space_for
 
 
 def test_the_lab_climb_starts_at_the_plans_batching_in_the_providers_variant():
@@ -20,8 +20,8 @@ def test_the_lab_climb_starts_at_the_plans_batching_in_the_providers_variant():
 
 
 def test_the_lab_probes_with_the_short_steps_tune_takes():
-    from latlab.lab_plan import PLANS
-    from latlab.lab_search import probe_timing
+    from latlab.lab.plan import PLANS
+    from latlab.tune.lab_search import probe_timing
 
     probing = probe_timing(PLANS["cpu"])
     quick = PLANS["quick"]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from latlab.lab import write_config
-from latlab.lab_plan import MINILM, MLP, PLANS, LabPlan
+from latlab.lab.run import write_config
+from latlab.lab.plan import MINILM, MLP, PLANS, LabPlan
 from latlab.server.config import load_config
 from tests.text_models import TOKENIZER
 

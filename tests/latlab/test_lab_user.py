@@ -12,9 +12,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from latlab import cli
-from latlab.lab import sweep_args, write_samples
-from latlab.lab_plan import PLANS, cpu_share
-from latlab.lab_user import UserModel, default_rates, plan_user_model
+from latlab.lab.children import write_samples
+from latlab.lab.run import sweep_args
+from latlab.lab.plan import PLANS, cpu_share
+from latlab.lab.user import UserModel, default_rates, plan_user_model
 from latlab.loadtest.payloads import load_samples
 
 F, I64, I32 = TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32

@@ -1,4 +1,4 @@
-"""latlab/lab_variants.py: the variants the lab's search may serve are made from this very export and checked
+"""latlab/lab/variants.py: the variants the lab's search may serve are made from this very export and checked
 against it; one below its bound is refused with its figure and never served; the server labels what it serves."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from latlab.export import accuracy
-from latlab.lab import ensure_models
-from latlab.lab_plan import PLANS, ModelPlan
-from latlab.lab_variants import ensure_variants, variants_on_disk
-from latlab.server.deployment import variant_of
+from latlab.lab.run import ensure_models
+from latlab.lab.plan import PLANS, ModelPlan
+from latlab.lab.variants import ensure_variants, variants_on_disk
+from latlab.server.runtime.deployment import variant_of
 
 
 def mlp_plan():

@@ -1,6 +1,6 @@
-"""latlab.tune: the configuration space, the quick search against configurations of known capacity, and its budget.
-The probe here returns each configuration's known rate; the real probe (a server per round) is tested end to end in
-tests/e2e/test_tune.py."""
+"""latlab.tune.search: the configuration space, the quick search against configurations of known capacity, and its
+budget. The probe here returns each configuration's known rate; the real probe (a server per round) is tested end to
+end in tests/e2e/test_tune.py."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from latlab.server.config import dumps_config, load_config
 import math
 import random
 
-from latlab.tune import (
+from latlab.tune.search import (
     Candidate,
     Space,
     brute_force,
@@ -291,8 +291,8 @@ def test_the_variants_round_is_measured_again_side_by_side_when_the_budget_pays_
 def test_a_first_rounds_probe_stops_halving_at_a_quarter_of_its_start(tmp_path):
     """Before any rate is known the probe starts at the model's highest listed rate, and its floor follows from that
     start (a run's first round went down to 1 req/s for the cnn in FP32, a third of the lab's search budget)."""
-    from latlab.lab_plan import CNN, PLANS
-    from latlab.tune_run import FLOOR_SHARE, NEAR_GROWTH, TuneJob, probe_args
+    from latlab.lab.plan import CNN, PLANS
+    from latlab.tune.run import FLOOR_SHARE, NEAR_GROWTH, TuneJob, probe_args
 
     job = TuneJob(PLANS["cpu"], CNN, {"fp32": tmp_path / "m.onnx"}, "cpu", 0.05, tmp_path)
     args = probe_args(job, "http://127.0.0.1:9", tmp_path, 2)
@@ -307,8 +307,8 @@ def test_a_first_rounds_probe_stops_halving_at_a_quarter_of_its_start(tmp_path):
 
 def test_probes_leave_the_generators_floor_to_the_sweeps(tmp_path):
     """A search's probes rank configurations side by side; a calibration in each would spend its budget."""
-    from latlab.lab_plan import CNN, PLANS
-    from latlab.tune_run import TuneJob, probe_args
+    from latlab.lab.plan import CNN, PLANS
+    from latlab.tune.run import TuneJob, probe_args
 
     job = TuneJob(PLANS["cpu"], CNN, {"fp32": tmp_path / "m.onnx"}, "cpu", 0.05, tmp_path)
     args = probe_args(job, "http://127.0.0.1:9", tmp_path, 2)

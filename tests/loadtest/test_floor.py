@@ -14,7 +14,7 @@ from latlab.loadtest.recorder import MIN_SAMPLES_P99
 from latlab.loadtest.results import Deployment, read_results
 from latlab.loadtest.search import FLAT
 from latlab.report.sections import steps_table
-from latlab.report.verdict import unmet_text
+from latlab.report.rates import unmet_text
 
 from .steps import simulated
 from .stub_server import StubModel, stub_server
@@ -100,6 +100,16 @@ def test_a_bound_only_the_floor_breaks_is_not_reported_as_not_met_without_saying
     assert said.startswith(FLAT) and "within the generator's floor" in said and "p99 2.00 ms" in said
     assert "generator's floor" not in unmet_text([flat_curve(0.014, floor)], 0.010)
     assert "generator's floor" not in unmet_text([flat_curve(0.011, None)], 0.010)
+
+
+def test_a_flat_tail_s_floor_clause_reads_the_curve_whose_bracket_it_says() -> None:
+    floor = floor_of((10, 0.0009, 0.002), (50, 0.0009, 0.002))
+    flat = flat_curve(0.011, floor)  # only the floor breaks its 10 ms bound at its lowest rate, 50 req/s
+    # Another deployment, with no bracket, whose lowest rate (10 req/s) is below the flat curve's and far over it.
+    slow = Deployment(name="slow", model="ffn", provider="cpu", steps=[simulated(target_rps=10, p99_s=0.030)])
+    slow.generator_floor = floor
+    said = unmet_text([slow, flat], 0.010)
+    assert said.startswith(f"{FLAT} 50 req/s") and "within the generator's floor" in said
 
 
 def test_the_step_details_mark_steps_near_the_floor_and_state_it() -> None:

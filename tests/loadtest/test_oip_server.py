@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from latlab.report import breakdown, pictures
+from latlab.report.findings import findings_of
 from latlab.loadtest.results import Deployment
 from latlab.loadtest.scrape import (
     MetricsSource,
@@ -197,7 +198,7 @@ def test_the_report_says_client_side_only_where_the_server_has_no_figures() -> N
         steps=[step],
         server_metrics={"url": None, "kind": None, "note": "GET http://h/metrics answered 404"},
     )
-    text, png = pictures.time_section("m", [curve], [0.01])
+    text, png = pictures.time_section(findings_of("m", [curve], [0.01]))
     assert png is None and "the report shows the client side only" in text
     assert "GET http://h/metrics answered 404" in text and "--server-metrics" in text
 

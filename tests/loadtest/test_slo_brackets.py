@@ -208,7 +208,7 @@ def test_a_step_with_decisions_is_judged_by_them_not_by_its_sample_p99():
 
 
 def test_tables_show_a_wide_bracket_and_an_undecided_upper_end():
-    from latlab.report.verdict import rate_text
+    from latlab.report.rates import rate_text
 
     step = simulated(target_rps=100, offered_rps=100, achieved_rps=101, p99_s=0.005, errors=0)
     bracket = {
@@ -262,7 +262,7 @@ def test_the_search_below_stops_where_the_p99_stops_falling():
     found = bracket_slos((0.010,), steps, measure, lambda: single, 0.1, 5.0, 12)
     (record,) = found["slo_brackets"]
     assert asked == [100, 500, 50] and record["meaning"].startswith("not met down to 50 req/s")
-    from latlab.report.verdict import rate_text
+    from latlab.report.rates import rate_text
 
     assert rate_text(Deployment("m", steps=steps, slo_brackets=[record]), None, 0.010).startswith("not met down to 50")
 

@@ -69,7 +69,7 @@ class Server:
         """The process holding the models: Granian's one worker, or the engine of a server with several front
         ends (LATLAB_FRONTENDS=2 runs these tests so)."""
         children = psutil.Process(self.process.pid).children()
-        engines = [c for c in children if "latlab.server.engine" in " ".join(c.cmdline())]
+        engines = [c for c in children if "latlab.server.processes.engine" in " ".join(c.cmdline())]
         if engines:
             return engines[0]
         (child,) = children

@@ -15,8 +15,8 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry
 
-from latlab.server.app import create_app
-from latlab.server.deployment import Deployment
+from latlab.server.http.app import create_app
+from latlab.server.runtime.deployment import Deployment
 
 from tests.conftest import server_config
 from tests.reliability.conftest import (

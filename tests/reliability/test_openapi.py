@@ -20,8 +20,8 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from latlab.server.app import create_app
-from latlab.server.openapi import OPENAPI_PATH, openapi_spec
+from latlab.server.http.app import create_app
+from latlab.server.http.openapi import OPENAPI_PATH, openapi_spec
 
 from tests.conftest import build_tiny_model, server_config
 from tests.reliability.conftest import COUNTS, Server, running_server

@@ -13,10 +13,10 @@ import psutil
 import pytest
 
 import latlab.server
-from latlab.server import guards
+from latlab.server.http import guards
 from latlab.server.config import BatcherSettings, ServerConfig, load_config, parse_config
 from latlab.server.errors import ConfigError, Unauthorized
-from latlab.server.wsgi import bind_warning
+from latlab.server.processes.wsgi import bind_warning
 
 from tests.conftest import build_tiny_model
 from tests.reliability.conftest import COUNTS, Server, assert_error, output_of, running_server, tiny_body, tiny_y
@@ -227,7 +227,7 @@ def test_every_limit_has_a_safe_default() -> None:
     assert config.host == "127.0.0.1" and config.auth_token == "" and config.on_load_failure == "fail"
     assert 0 < config.max_body_bytes <= 64 * 1024 * 1024
     assert batcher.max_batch_size == 1 and 0 < batcher.max_queue_size <= 1024
-    # bounded by what the deployment admits at the door (server/admission.py), plus a few spare threads
+    # bounded by what the deployment admits at the door (server/batching/admission.py), plus a few spare threads
     assert config.admission and 0 < config.threads <= batcher.max_queue_size + batcher.max_batch_size + 16
     assert 0 < batcher.timeout_ms <= 60_000 and batcher.max_queue_delay_ms >= 0
     assert not config.deployments[0].allow_non_finite

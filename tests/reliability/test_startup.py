@@ -13,7 +13,7 @@ import pytest
 from latlab.common import procs
 from latlab.server.config import parse_config
 from latlab.server.errors import ConfigError
-from latlab.server.providers import provider_load_error
+from latlab.server.runtime.providers import provider_load_error
 
 from tests.conftest import build_tiny_model
 from tests.reliability.conftest import CLI, assert_error, running_server, tiny_body, write_config

@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 
 from latlab import cli
-from latlab.cli_options import UserError, parse_rates, parse_slos
+from latlab.common.user_input import UserError, parse_rates, parse_slos
 from latlab.report import write as report_module
 from latlab.loadtest.search import NEVER
 from latlab.report.write import REPORT_FILE, write_report
-from latlab.report.verdict import max_rate_under, verdict
+from latlab.report.findings import findings_of
+from latlab.report.rates import max_rate_under
+from latlab.report.verdict import verdict
 from latlab.loadtest.results import RESULTS_FILE, SCHEMA, Deployment, Run, Step, read_results, write_results
 
 from .report_fixtures import bare_step
@@ -119,13 +121,13 @@ def test_max_rate_under_skips_empty_windows_and_none_when_nothing_meets() -> Non
 
 
 def test_verdict_names_better_deployment_and_ratio() -> None:
-    sentence = verdict("ffn", [B1, BATCHED], 0.025)
+    sentence = verdict(findings_of("ffn", [B1, BATCHED], [0.025]), 0.025)
     assert sentence.startswith("ffn at p99 ≤ 25 ms: ffn-batch (cpu, batch ≤ 64, wait ≤ 2 ms) sustains 398 req/s")
     assert "ffn-b1 (cpu, batching off) 198 req/s (2.0× less)" in sentence
 
 
 def test_verdict_says_which_deployment_never_meets_slo() -> None:
-    sentence = verdict("ffn", [B1, BATCHED], 0.009)
+    sentence = verdict(findings_of("ffn", [B1, BATCHED], [0.009]), 0.009)
     assert "ffn-batch" in sentence.split(":")[1] and "sustains 100 req/s" in sentence
     assert "ffn-b1 (cpu, batching off) does not meet it at the rates measured (not met at ≥ 100)" in sentence
     assert "never" not in sentence  # no one-at-a-time evidence in these results: "never" would be a guess
@@ -142,12 +144,17 @@ def test_verdict_says_never_only_with_the_single_request_evidence() -> None:
         "floor_rps": 5.0,
         "meaning": NEVER,
     }
-    sentence = verdict("ffn", [replace(B1, single_request=single, slo_brackets=[bracket]), BATCHED], 0.009)
+    sentence = verdict(
+        findings_of("ffn", [replace(B1, single_request=single, slo_brackets=[bracket]), BATCHED], [0.009]), 0.009
+    )
     assert "ffn-b1 (cpu, batching off) never meets it (p99 12 ms one request at a time)" in sentence
 
 
 def test_verdict_when_no_deployment_meets_slo() -> None:
-    assert verdict("ffn", [B1, BATCHED], 0.001) == "ffn: no deployment met p99 ≤ 1 ms at any measured load."
+    assert (
+        verdict(findings_of("ffn", [B1, BATCHED], [0.001]), 0.001)
+        == "ffn: no deployment met p99 ≤ 1 ms at any measured load."
+    )
 
 
 # --- results file ----------------------------------------------------------------------------------
@@ -248,7 +255,7 @@ def test_verdict_survives_a_zero_throughput_step_that_meets_the_slo():
         Deployment(name="a", steps=[bare_step(100.0, 0.01)]),
         Deployment(name="b", steps=[bare_step(0.0, 0.002)]),
     ]
-    sentence = verdict("m", curves, 0.025)
+    sentence = verdict(findings_of("m", curves, [0.025]), 0.025)
     # no provider recorded (another server's deployment, no --provider): said as such, never "?"
     assert "a (" in sentence and "b (provider unknown, batcher settings unknown) does not meet it" in sentence
 

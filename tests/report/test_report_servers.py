@@ -11,11 +11,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from latlab.report import best
-from latlab.report.best import provider_verdict
 from latlab.report.write import write_report
 from latlab.loadtest.results import Deployment, Run, Step, read_results, write_results
 from latlab.loadtest.scrape import triton_provider
-from latlab.report.verdict import by_server, label, server_name, tag_servers, verdict
+from latlab.report.findings import findings_of
+from latlab.report.naming import by_server, label, server_name, tag_servers
+from latlab.report.verdict import provider_verdict, verdict
 
 from .report_fixtures import CPU_NAME, cpu_run, curve, gpu_run, step
 
@@ -133,10 +134,11 @@ def test_an_unknown_provider_reads_the_same_in_every_text(tmp_path: Path) -> Non
 
 def test_a_provider_given_with_the_run_counts_it_as_a_cpu_deployment() -> None:
     known, unknown = mlserver("cpu"), mlserver()
-    assert provider_verdict("minilm", [known], 0.05, {"cpu": 0.1}).startswith(
+    assert provider_verdict(findings_of("minilm", [known], [0.05], {"cpu": 0.1}), 0.05).startswith(
         "minilm, p99 ≤ 50 ms: the CPU sustains up to 100 req/s (minilm (cpu, batcher settings unknown)"
     )
-    mixed = provider_verdict("minilm", tag_servers([known, replace(triton(), name="tri")]), 0.05, {"cpu": 0.1})
+    tagged = tag_servers([known, replace(triton(), name="tri")])
+    mixed = provider_verdict(findings_of("minilm", tagged, [0.05], {"cpu": 0.1}), 0.05)
     assert mixed.startswith("minilm, p99 ≤ 50 ms: the CPU sustains up to 100 req/s")
     assert "Provider unknown: tri (Triton, provider unknown, dynamic batcher ≤ 32, wait ≤ 2 ms) on " in mixed
     assert "sustains up to 380 req/s; whether on a CPU or a GPU is not recorded" in mixed
@@ -150,7 +152,7 @@ def test_server_names_and_tags() -> None:
     assert server_name(Deployment("d", server={"name": "my-oip"})) == "my-oip"
     tagged = tag_servers([mlserver(), triton()])
     assert all(c.by_server for c in tagged) and by_server(tagged)
-    assert verdict("minilm", tagged, 0.05).startswith(
+    assert verdict(findings_of("minilm", tagged, [0.05]), 0.05).startswith(
         "minilm at p99 ≤ 50 ms: minilm (Triton, provider unknown, dynamic batcher ≤ 32, wait ≤ 2 ms) sustains 380 req/s"
     )
     assert [r.group for r in best.best_per_provider(tagged, 0.05, {})] == [

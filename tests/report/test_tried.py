@@ -10,7 +10,7 @@ from pathlib import Path
 
 from latlab.loadtest.results import Run, read_results, write_results
 from latlab.report.write import write_report
-from latlab.tune import Candidate
+from latlab.tune.search import Candidate
 
 from .report_fixtures import CPU_NAME, curve, step
 

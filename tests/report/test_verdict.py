@@ -1,4 +1,4 @@
-"""latlab.report.verdict and best: costs, best settings per provider and the CPU-vs-GPU verdict in words."""
+"""latlab.report.verdict, best and prices: costs, best settings per provider and the CPU-vs-GPU verdict in words."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ import pytest
 
 from latlab.loadtest.results import Deployment, Step
 from latlab.report import costs
-from latlab.report.best import Best, best_per_provider, provider_verdict
-from latlab.report.verdict import DEFAULT_PRICES, PriceError, human, parse_prices, size_crossover, verdict
+from latlab.report.bench_crossover import human, size_crossover
+from latlab.report.best import Best, best_per_provider
+from latlab.report.findings import findings_of
+from latlab.report.prices import DEFAULT_PRICES, PriceError, parse_prices
+from latlab.report.verdict import provider_verdict, verdict
 
 from .report_fixtures import bare_step
 
@@ -102,7 +105,7 @@ def test_best_per_provider_without_a_price_has_no_cost() -> None:
 
 
 def test_cpu_only_says_what_is_known_and_that_gpu_data_are_missing() -> None:
-    sentence = provider_verdict("ffn", [CPU_B1, CPU_BATCH], 0.025, PRICES)
+    sentence = provider_verdict(findings_of("ffn", [CPU_B1, CPU_BATCH], [0.025], PRICES), 0.025)
     assert sentence.startswith(
         "ffn, p99 ≤ 25 ms: the CPU sustains up to 800 req/s (ffn-batch (cpu, batch ≤ 64, "
         "wait ≤ 2 ms) on cpubox, $0.035 per 1M inferences)."
@@ -111,7 +114,7 @@ def test_cpu_only_says_what_is_known_and_that_gpu_data_are_missing() -> None:
 
 
 def test_cpu_and_gpu_with_a_crossover() -> None:
-    sentence = provider_verdict("ffn", [CPU_B1, CPU_BATCH, GPU_BATCH], 0.025, PRICES)
+    sentence = provider_verdict(findings_of("ffn", [CPU_B1, CPU_BATCH, GPU_BATCH], [0.025], PRICES), 0.025)
     assert (
         "ffn, p99 ≤ 25 ms: below 800 req/s the CPU meets it at lower cost ($0.10/h against $2.50/h); "
         "above it only the GPU does, up to 8000 req/s, at 10.0× the throughput"
@@ -122,42 +125,42 @@ def test_cpu_and_gpu_with_a_crossover() -> None:
 
 
 def test_crossover_when_the_gpu_is_cheap_enough_to_pay_off() -> None:
-    sentence = provider_verdict("ffn", [CPU_BATCH, GPU_BATCH], 0.025, {"cpu": 0.50, "cuda": 2.50})
+    sentence = provider_verdict(findings_of("ffn", [CPU_BATCH, GPU_BATCH], [0.025], {"cpu": 0.50, "cuda": 2.50}), 0.025)
     assert "10 CPU machines would match that rate for $5.00/h against the GPU's $2.50/h: the GPU pays off" in sentence
 
 
 def test_crossover_without_a_gpu_price_does_not_compare_cost() -> None:
-    sentence = provider_verdict("ffn", [CPU_BATCH, GPU_BATCH], 0.025, {"cpu": 0.10})
+    sentence = provider_verdict(findings_of("ffn", [CPU_BATCH, GPU_BATCH], [0.025], {"cpu": 0.10}), 0.025)
     assert "cost not compared" in sentence and "CPU machines would" not in sentence
 
 
 def test_gpu_slower_than_cpu_does_not_pay_off() -> None:
     slow_gpu = curve("ffn-gpu", "cuda", 1, steps((100, 8), (300, 20), (600, 80)), host="gpubox")
-    sentence = provider_verdict("ffn", [CPU_BATCH, slow_gpu], 0.025, PRICES)
+    sentence = provider_verdict(findings_of("ffn", [CPU_BATCH, slow_gpu], [0.025], PRICES), 0.025)
     assert "the CPU meets it up to 800 req/s" in sentence and "only up to 300 req/s" in sentence
     assert sentence.endswith("the GPU does not pay off here.")
 
 
 def test_only_the_gpu_meets_a_tight_slo() -> None:
-    sentence = provider_verdict("ffn", [CPU_B1, CPU_BATCH, GPU_BATCH], 0.004, PRICES)
+    sentence = provider_verdict(findings_of("ffn", [CPU_B1, CPU_BATCH, GPU_BATCH], [0.004], PRICES), 0.004)
     assert sentence.startswith("ffn, p99 ≤ 4 ms: only the GPU meets it, up to 1000 req/s")
     assert "no CPU deployment met it" in sentence
 
 
 def test_none_meets_the_slo() -> None:
     assert (
-        provider_verdict("ffn", [CPU_B1, GPU_BATCH], 0.001, PRICES)
+        provider_verdict(findings_of("ffn", [CPU_B1, GPU_BATCH], [0.001], PRICES), 0.001)
         == "ffn, p99 ≤ 1 ms: neither the CPU nor the GPU met it at any measured load."
     )
-    cpu_only = provider_verdict("ffn", [CPU_B1], 0.001, PRICES)
+    cpu_only = provider_verdict(findings_of("ffn", [CPU_B1], [0.001], PRICES), 0.001)
     assert "no CPU deployment met it at any measured load" in cpu_only and "No GPU measurements" in cpu_only
 
 
 def test_ranking_names_machines_when_runs_are_merged() -> None:
-    merged = verdict("ffn", [CPU_BATCH, GPU_BATCH], 0.025)
+    merged = verdict(findings_of("ffn", [CPU_BATCH, GPU_BATCH], [0.025]), 0.025)
     assert merged.startswith("ffn at p99 ≤ 25 ms: ffn-gpu (cuda, batch ≤ 64, wait ≤ 2 ms) on gpubox sustains 8000")
     assert "ffn-batch (cpu, batch ≤ 64, wait ≤ 2 ms) on cpubox 800 req/s (10.0× less)" in merged
-    assert " on cpubox" not in verdict("ffn", [CPU_B1, CPU_BATCH], 0.025)
+    assert " on cpubox" not in verdict(findings_of("ffn", [CPU_B1, CPU_BATCH], [0.025]), 0.025)
 
 
 # --- model-size crossover from bench ---------------------------------------------------------------
@@ -203,7 +206,7 @@ def test_human_counts() -> None:
 
 def test_an_unsaturated_maximum_shows_as_a_lower_bound_in_the_tables() -> None:
     from latlab.report.sections import slo_table
-    from latlab.report.verdict import rate_text
+    from latlab.report.rates import rate_text
 
     steps = [bare_step(t - 1, 0.005, target=t) for t in (100, 200)]
     curve = Deployment(
@@ -216,15 +219,15 @@ def test_an_unsaturated_maximum_shows_as_a_lower_bound_in_the_tables() -> None:
         saturated=False,
     )
     assert rate_text(curve, steps[1]) == "≥ 199 (not saturated)" and rate_text(curve, steps[0]) == "99"
-    assert "<td>≥ 199 (not saturated)</td>" in slo_table([curve], [0.025])
-    assert "<td>199</td>" in slo_table([replace(curve, saturated=True)], [0.025])
+    assert "<td>≥ 199 (not saturated)</td>" in slo_table(findings_of("ffn", [curve], [0.025]))
+    assert "<td>199</td>" in slo_table(findings_of("ffn", [replace(curve, saturated=True)], [0.025]))
     assert rate_text(curve, None) == "–"
 
 
 def test_machines_are_named_by_what_they_are_never_by_hostname() -> None:
     """Every lab VM is called `vm`: a merged report names machines by --machine-name, GPU or CPU model."""
     from latlab.common import machine
-    from latlab.report.verdict import machine_name
+    from latlab.report.naming import machine_name
 
     here = machine.describe()
     assert "name" not in here and here["hostname"]

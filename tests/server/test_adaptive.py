@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from latlab.server.batch_queue import BatchQueue, Pending
-from latlab.server.batcher import DynamicBatcher
+from latlab.server.batching.batch_queue import BatchQueue, Pending
+from latlab.server.batching.batcher import DynamicBatcher
+from latlab.server.batching.latency_model import ArrivalRate, LatencyModel, adaptive_wait
 from latlab.server.config import BatcherSettings, parse_config
 from latlab.server.errors import ConfigError
-from latlab.server.latency_model import ArrivalRate, LatencyModel, adaptive_wait
 
 A, B = 0.0001, 0.002  # synthetic batch time: 0.1 ms per sample + 2 ms per batch
 

@@ -1,4 +1,4 @@
-"""latlab.server.admission: the bound at the door, the request threads it calls for, and the config checks."""
+"""latlab.server.batching.admission: the bound at the door; the request threads it calls for (config) and checks."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from latlab.server.admission import SPARE_THREADS, Admission, admitted_bound, auto_threads
-from latlab.server.config import BatcherSettings, parse_config
+from latlab.server.batching.admission import Admission
+from latlab.server.config import SPARE_THREADS, BatcherSettings, admitted_bound, auto_threads, parse_config
 from latlab.server.errors import ConfigError, QueueFull
 
 

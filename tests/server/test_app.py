@@ -1,4 +1,4 @@
-"""latlab.server.app: the Open Inference Protocol routes over a tiny ONNX model, errors and /metrics."""
+"""latlab.server.http.app: the Open Inference Protocol routes over a tiny ONNX model, errors and /metrics."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from flask import Flask
 from prometheus_client import CollectorRegistry
 
 import latlab
-from latlab.server.app import create_app
 from latlab.server.config import ServerConfig, parse_config
 from latlab.server.errors import ConfigError
+from latlab.server.http.app import create_app
 from latlab.server.protocol import HEADER_LENGTH
 
 from tests.conftest import tiny_weights

@@ -1,4 +1,4 @@
-"""latlab.server.batch_queue: the pure dispatch rule, BatchQueue on plain floats as the clock, and Slot."""
+"""latlab.server.batching.batch_queue: the pure dispatch rule, BatchQueue on plain floats as the clock, and Slot."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from concurrent.futures import CancelledError
 import numpy as np
 import pytest
 
-from latlab.server.batch_queue import BatchQueue, Pending, Slot, batch_to_send
+from latlab.server.batching.batch_queue import BatchQueue, Pending, Slot, batch_to_send
 from latlab.server.config import BatcherSettings
 from latlab.server.errors import BadRequest, ComputeError, QueueFull
 

@@ -1,4 +1,4 @@
-"""latlab.server.batcher: DynamicBatcher on real threads (the queue and its rule: test_batch_queue.py)."""
+"""latlab.server.batching.batcher: DynamicBatcher on real threads (the queue and its rule: test_batch_queue.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from latlab.server.batcher import DynamicBatcher
+from latlab.server.batching.batcher import DynamicBatcher
 from latlab.server.config import BatcherSettings
 from latlab.server.errors import BadRequest, ComputeError, ModelNotReady, QueueFull, RequestTimeout
 

@@ -12,12 +12,21 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from prometheus_client import CollectorRegistry
 
-from latlab.server.buckets import bucket_for, capture_refusal, cut_rows, has_conv, op_types, pad_rows, session_mode
 from latlab.server.config import parse_config
-from latlab.server.deployment import Deployment
-from latlab.server.graphs import CudaGraphRunner
 from latlab.server.metrics import ServerMetrics
-from latlab.server.runtime import OnnxModel
+from latlab.server.runtime.buckets import (
+    bucket_for,
+    capture_refusal,
+    cut_rows,
+    has_conv,
+    op_types,
+    pad_rows,
+    session_mode,
+)
+from latlab.server.runtime.deployment import Deployment
+from latlab.server.runtime.graphs import CudaGraphRunner
+from latlab.server.runtime.model import OnnxModel
+
 from tests.conftest import build_tiny_model, tiny_weights
 from tests.server.test_padding import build_token_model
 

@@ -84,7 +84,7 @@ def test_load_config_accepts_a_string_path(tmp_path: Path) -> None:
 
 def test_defaults() -> None:
     config = parse_config({"deployments": [{"name": "a", "model_path": "/models/x/model.onnx"}]})
-    # threads: one per admitted request (256 queued + 1 running) plus 4 spare (server/admission.py)
+    # threads: one per admitted request (256 queued + 1 running) plus 4 spare (server/batching/admission.py)
     assert (config.host, config.port, config.threads, config.max_body_bytes) == ("127.0.0.1", 8000, 261, 64 << 20)
     assert (config.metrics_port, config.admission) == (0, True)
     [deployment] = config.deployments

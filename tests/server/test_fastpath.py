@@ -1,4 +1,4 @@
-"""latlab.server.fastpath: the infer route in front of Flask, answering as Flask would; fast refusals."""
+"""latlab.server.http.fastpath: the infer route in front of Flask, answering as Flask would; fast refusals."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from flask import Flask, request
 from prometheus_client import CollectorRegistry
 from werkzeug.test import Client
 
-from latlab.server.app import create_app
 from latlab.server.config import ServerConfig, parse_config
+from latlab.server.http.app import create_app
 from latlab.server.protocol import HEADER_LENGTH
 
 from tests.reliability.conftest import running_server

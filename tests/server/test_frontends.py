@@ -29,7 +29,7 @@ FRONTENDS = 2
 def processes(server: Server) -> tuple[list[psutil.Process], psutil.Process | None]:
     """(front ends, engine) of a running server: Granian's workers and the engine process under the supervisor."""
     children = psutil.Process(server.process.pid).children()
-    engine = [c for c in children if "latlab.server.engine" in " ".join(c.cmdline())]
+    engine = [c for c in children if "latlab.server.processes.engine" in " ".join(c.cmdline())]
     return [c for c in children if c not in engine], (engine[0] if engine else None)
 
 
@@ -311,7 +311,7 @@ def test_sigterm_drains_every_process(tmp_path):
 def engines_of(server: Server) -> dict[str, psutil.Process]:
     """The engine processes by their index (the last argument of their command line)."""
     children = psutil.Process(server.process.pid).children()
-    return {c.cmdline()[-1]: c for c in children if "latlab.server.engine" in " ".join(c.cmdline())}
+    return {c.cmdline()[-1]: c for c in children if "latlab.server.processes.engine" in " ".join(c.cmdline())}
 
 
 def test_each_engine_serves_its_deployments_and_fails_alone(tmp_path):

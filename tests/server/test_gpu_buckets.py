@@ -11,8 +11,9 @@ import pytest
 
 from latlab.server.config import parse_config
 from latlab.server.errors import ConfigError
-from latlab.server.providers import provider_load_error
-from latlab.server.runtime import OnnxModel
+from latlab.server.runtime.model import OnnxModel
+from latlab.server.runtime.providers import provider_load_error
+
 from tests.conftest import build_tiny_model, tiny_weights
 from tests.server.test_buckets import conv_model, if_model
 from tests.server.test_runtime import tokens

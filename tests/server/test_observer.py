@@ -1,4 +1,4 @@
-"""latlab.server.observer: /metrics, health, metadata and config on a port and threads of their own."""
+"""latlab.server.http.observer: /metrics, health, metadata and config on a port and threads of their own."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ import requests
 from prometheus_client import CollectorRegistry
 
 from latlab.common import procs
-from latlab.server.app import create_app
 from latlab.server.config import parse_config
 from latlab.server.errors import ConfigError
-from latlab.server.observer import CLIENT_TIMEOUT_S, THREADS, Observer, observer_port
+from latlab.server.http.app import create_app
+from latlab.server.http.observer import CLIENT_TIMEOUT_S, THREADS, Observer, observer_port
 
 from tests.reliability.conftest import running_server, tiny_body, write_config
 

@@ -12,13 +12,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from prometheus_client import CollectorRegistry
 
-from latlab.server.batcher import DynamicBatcher
+from latlab.server.batching.batcher import DynamicBatcher
+from latlab.server.batching.tensors import merge, pad_to, request_length, shape_key, split
 from latlab.server.config import BatcherSettings, PaddingSettings, parse_config
-from latlab.server.deployment import Deployment
 from latlab.server.errors import BadRequest, ConfigError
 from latlab.server.metrics import ServerMetrics
 from latlab.server.protocol import InferRequest
-from latlab.server.tensors import merge, pad_to, request_length, shape_key, split
+from latlab.server.runtime.deployment import Deployment
 
 VOCAB, WIDTH = 11, 4
 PADDING = PaddingSettings(axis=1, values={"input_ids": 0, "attention_mask": 0})

@@ -10,11 +10,11 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
-from latlab.server.app import create_app
-from latlab.server.batch_queue import BatchQueue, Pending
-from latlab.server.batcher import DynamicBatcher
+from latlab.server.batching.batch_queue import BatchQueue, Pending
+from latlab.server.batching.batcher import DynamicBatcher
 from latlab.server.config import BatcherSettings, parse_config
 from latlab.server.errors import BadRequest, ConfigError, QueueFull
+from latlab.server.http.app import create_app
 
 WAIT_S = 5.0
 

@@ -10,10 +10,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from latlab.server.config import CpuOptions, CudaOptions, TensorrtOptions, parse_config
-from latlab.server.deployment import Deployment
 from latlab.server.errors import ConfigError
 from latlab.server.metrics import ServerMetrics
-from latlab.server.providers import (
+from latlab.server.runtime.deployment import Deployment
+from latlab.server.runtime.model import OnnxModel
+from latlab.server.runtime.providers import (
     check_no_fallback,
     create_session,
     cuda_provider_options,
@@ -23,7 +24,7 @@ from latlab.server.providers import (
     session_options,
     tensorrt_provider_options,
 )
-from latlab.server.runtime import OnnxModel
+
 from tests.conftest import build_tiny_model, tiny_weights
 from tests.server.test_runtime import two_outputs
 

@@ -1,4 +1,4 @@
-"""latlab.server.runtime: output selection, I/O binding on the CPU device, CUDA graph buffers, BYTES, warm-up."""
+"""latlab.server.runtime.model: output selection, I/O binding on the CPU device, CUDA graph buffers, BYTES, warm-up."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from onnx import TensorProto, helper
 
 from latlab.server.config import DeploymentConfig, parse_config
 from latlab.server.errors import BadRequest
-from latlab.server.buckets import capture_refusal
-from latlab.server.runtime import WARMUP_LENGTH, CudaGraphRunner, OnnxModel, RunTimings, run_bound
+from latlab.server.runtime.buckets import capture_refusal
+from latlab.server.runtime.model import WARMUP_LENGTH, CudaGraphRunner, OnnxModel, RunTimings, run_bound
 
 
 def save(path: Path, nodes: list, inputs: list, outputs: list) -> Path:

@@ -1,10 +1,11 @@
-"""latlab.server.tensors: merging requests into one batch and splitting its outputs back (padding: test_padding.py)."""
+"""latlab.server.batching.tensors: merging requests into one batch and splitting its outputs back (padding:
+test_padding.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from latlab.server.tensors import merge, split
+from latlab.server.batching.tensors import merge, split
 
 
 def test_merge_and_split_are_inverse() -> None:

@@ -14,11 +14,12 @@ from prometheus_client import CollectorRegistry
 from tokenizers import Tokenizer
 
 from latlab.loadtest.payloads import HEADER_LENGTH, text_body
-from latlab.server.app import create_app
 from latlab.server.config import PaddingSettings, TokenizerSettings, parse_config
 from latlab.server.errors import BadRequest, ConfigError
+from latlab.server.http.app import create_app
 from latlab.server.protocol import decode_request
-from latlab.server.text import TextFrontEnd
+from latlab.server.runtime.text import TextFrontEnd
+
 from tests.text_models import TOKENIZER, WIDTH, token_model
 
 
@@ -241,7 +242,7 @@ def test_decoded_text_reaches_the_tokenizer_as_sent() -> None:
 @pytest.mark.gpu
 def test_a_text_deployment_on_cuda_equals_the_cpu_one(tmp_path: Path) -> None:
     """The tokenizer runs on the host either way; the token tensors go to the device through I/O binding."""
-    from latlab.server.providers import provider_load_error
+    from latlab.server.runtime.providers import provider_load_error
 
     if provider_load_error("CUDAExecutionProvider"):
         pytest.skip("CUDAExecutionProvider does not load here")

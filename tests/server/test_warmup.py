@@ -11,14 +11,15 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
-import latlab.server.deployment as deployment_module
+import latlab.server.runtime.deployment as deployment_module
 from latlab.common.machine import cpu_model
-from latlab.server.app import create_app
 from latlab.server.config import parse_config
-from latlab.server.deployment import Deployment
+from latlab.server.http.app import create_app
 from latlab.server.metrics import ServerMetrics
 from latlab.server.protocol import HEADER_LENGTH
-from latlab.server.runtime import OnnxModel
+from latlab.server.runtime.deployment import Deployment
+from latlab.server.runtime.model import OnnxModel
+
 from tests.server.test_runtime import strings, two_outputs
 
 WARMUP = "latlab_server_model_warmup_seconds"

@@ -1,0 +1,322 @@
+"""`latlab lab`: a built-in plan end to end: export, bench, search (a step the caller gives), serve, sweep, report;
+stops all it started."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from latlab.common import procs
+from latlab.common.user_input import parse_slos
+from latlab.lab.children import start_server, step_args, write_samples
+from latlab.lab.plan import MANY_CORES, PLANS, CpuShare, LabPlan, ModelPlan, available_cores, cpu_share
+from latlab.loadtest.results import new_run_id
+from latlab.server.config import dumps_config, save_config
+
+GRAFANA_DIR = Path(__file__).resolve().parents[2] / "grafana"
+
+SearchStep = Callable[[Path, Path, LabPlan, dict[str, Path], CpuShare, Callable[[str], None]], LabPlan]
+"""The lab's search step (latlab/tune/lab_search.py, `search_plan`): the run folder, the models folder, the plan, its
+model files, the CPU share and where to say progress; returns the plan with each best as a tuned deployment."""
+
+
+def _say(message: str) -> None:
+    print(f"[lab {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def ensure_models(models_dir: Path, plan: LabPlan) -> dict[str, Path]:
+    """Export the plan's zoo models unless an export with the same settings is already there; the user's own
+    models (ModelPlan.onnx) are served from their file as they are."""
+    from latlab.export.onnx_export import export, load_metadata
+    from latlab.export.zoo import BUILDERS
+
+    paths = {}
+    for model in plan.models:
+        if model.onnx is not None:
+            paths[model.name] = model.onnx.resolve()
+            _say(f"model {model.name}: your model, served as it is from {paths[model.name]}")
+            continue
+        path = models_dir / model.name / "model.onnx"
+        try:
+            current = load_metadata(models_dir / model.name).get("config", {})
+        except FileNotFoundError:
+            current = None
+        zoo = BUILDERS[model.name](**model.settings)
+        if current == zoo.config and path.is_file():
+            _say(f"model {model.name} up to date: {path}")
+        else:
+            started = time.perf_counter()
+            meta = export(model.name, zoo, models_dir, source=f"latlab zoo: {model.name}({zoo.config})")
+            _say(
+                f"exported {model.name} ({meta['params']:,} params, parity rel error "
+                f"{meta['parity']['max_rel_error']:.1e}) in {time.perf_counter() - started:.1f} s"
+            )
+        paths[model.name] = path.resolve()
+    return paths
+
+
+def write_config(
+    run_dir: Path, models: dict[str, Path], port: int, plan: LabPlan, share: CpuShare | None = None
+) -> Path:
+    """The lab's server config, run_dir/lab.toml (see config_document)."""
+    return save_config(config_document(models, port, plan, share), run_dir / "lab.toml")
+
+
+def config_text(models: dict[str, Path], port: int, plan: LabPlan, share: CpuShare | None = None) -> str:
+    """The lab's server config as TOML (see config_document)."""
+    return dumps_config(config_document(models, port, plan, share))
+
+
+def config_document(models: dict[str, Path], port: int, plan: LabPlan, share: CpuShare | None = None) -> dict:
+    """The lab's server config, as latlab.server.config writes it: every model on every provider of the plan,
+    batching off and on; CPU deployments on the share's threads (by default this machine's fair share, see
+    cpu_share)."""
+    share = share or cpu_share(available_cores())
+    cpu = {"intra_op_threads": share.cpu_threads, **plan.cpu}
+    deployments = []
+    for model in plan.models:
+        for name, provider, batcher in plan.deployments(model):
+            text = plan.is_text(model, name)
+            deployments.append(
+                {
+                    "name": name,
+                    "model": model.name,
+                    "model_path": models[model.name],
+                    "provider": provider,
+                    "cpu": cpu if provider == "cpu" else None,
+                    "batcher": batcher,
+                    "tokenizer": tokenizer_table(models[model.name]) if text else None,
+                }
+            )
+        deployments += list(model.tuned)
+    server = {"host": "127.0.0.1", "port": port}
+    frontends = frontends_for(plan, share)
+    if frontends > 1:
+        server["frontends"] = frontends
+    return {"server": server, "deployments": deployments}
+
+
+MAX_LAB_FRONTENDS = 8
+
+
+def frontends_for(plan: LabPlan, share: CpuShare) -> int:
+    """Front-end processes of the lab's server ([server] frontends): one on a CPU plan or a small machine (on 2
+    cores a second process only adds the hop's CPU: docs/performance.md); on a GPU plan with MANY_CORES or more,
+    every core the load generator's workers and the engine leave, up to MAX_LAB_FRONTENDS, so that the front end
+    is not what caps a CUDA deployment (one process held a batched CUDA deployment to a small share of an H100:
+    docs/gpu-findings.md). The deployments are measured one at a time, so the front ends do not take cores from a CPU
+    deployment's ORT threads while they compute."""
+    if plan.providers == ("cpu",) or share.cores < MANY_CORES:
+        return 1
+    return max(1, min(MAX_LAB_FRONTENDS, share.cores - max(1, share.load_workers) - 1))
+
+
+def tokenizer_table(model_path: Path) -> dict:
+    """A text deployment's [deployments.tokenizer], as the model's export describes it (text_deployment)."""
+    meta = json.loads((model_path.parent / "metadata.json").read_text())
+    # exports from before text deployments carry only the tokenizer's folder and sentence-transformers' limit
+    text = meta.get("text_deployment", {}).get("tokenizer") or {
+        "file": f"{meta['tokenizer']['folder']}/tokenizer.json",
+        "max_length": meta["tokenizer"]["max_seq_length"],
+    }
+    return {"file": model_path.parent / text["file"], "max_length": text["max_length"]}
+
+
+def start_prometheus(run_dir: Path, jobs: dict[str, list[str]]) -> subprocess.Popen | None:
+    """A real Prometheus scraping the server and the load generator every second, storing into the run
+    folder; without Debian's `prometheus` the lab goes on and says so."""
+    from latlab.common import prometheus
+
+    if prometheus.find_binary() is None:
+        _say(prometheus.NOT_FOUND)
+        return None
+    # 9090 is where grafana/provisioning's datasource looks; another free port if it is taken.
+    port = 9090 if procs.port_free(9090) else procs.free_port()
+    rules = sorted((GRAFANA_DIR / "rules").glob("*.yml"))
+    config = prometheus.write_config(run_dir / "prometheus.yml", jobs, interval_s=1.0, rule_files=rules)
+    process = prometheus.start(config, run_dir / "prometheus", port, run_dir / "prometheus.log")
+    url = prometheus.base_url(port)
+    prometheus.wait_ready(url, process, log_path=run_dir / "prometheus.log")
+    _say(
+        f"Prometheus on {url} (data: {run_dir / 'prometheus'}); e.g. "
+        f"{url}/graph?g0.expr=latlab_loadtest_step_p99_seconds"
+    )
+    grafana = "http://127.0.0.1:3000"
+    if not procs.port_free(3000):
+        _say(
+            f"Grafana seems to run on {grafana}: dashboards Serving, Load test, CPU vs GPU "
+            f"(datasource {'ok' if port == 9090 else f'expects :9090, set it to {url}'})"
+        )
+    else:
+        _say("Grafana: not running; see grafana/README.md to start it with the shipped dashboards")
+    (run_dir / "prometheus.url").write_text(url + "\n")
+    return process
+
+
+def run_lab(
+    runs_dir: Path,
+    models_dir: Path,
+    plan: LabPlan | str = "cpu",
+    share: CpuShare | None = None,
+    machine_name: str | None = None,
+    prices: dict | None = None,
+    search: SearchStep | None = None,
+) -> Path:
+    """Run the whole plan; returns the report's path. Every child is stopped, also on Ctrl-C.
+    `machine_name` names this machine in results and reports (default: its CPU model, or GPU); `prices` are
+    the report's (`latlab report --price`; default: the example prices); `search` is the search step a plan
+    with search minutes runs (the CLI gives latlab.tune.lab_search.search_plan)."""
+    from latlab.report.write import write_report
+
+    plan = PLANS[plan] if isinstance(plan, str) else plan
+    if plan.search_minutes > 0 and search is None:
+        raise ValueError(f"the plan searches for {plan.search_minutes:g} min: give run_lab its search step")
+    share = share or cpu_share(available_cores())
+    started = time.perf_counter()
+    run_dir = runs_dir / new_run_id()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _say(f"run folder {run_dir}")
+    write_samples(run_dir, plan)
+    _say(share.describe())
+    if frontends_for(plan, share) > 1:
+        _say(f"the server runs {frontends_for(plan, share)} front-end processes feeding one engine process")
+    steps = 6 if plan.search_minutes > 0 else 5
+    _say(f"step 1/{steps}: exporting models")
+    models = ensure_models(models_dir, plan)
+    if plan.bench:
+        _say(f"step 2/{steps}: in-process batch-time curves (latlab bench --quick; feeds the report's prediction)")
+        run_bench(run_dir, models_dir, plan, share.cpu_threads)
+    else:
+        _say(f"step 2/{steps}: bench skipped by the plan")
+    if search is not None and plan.search_minutes > 0:
+        _say(f"step 3/{steps}: searching configurations and variants ({plan.search_minutes:g} min for all models)")
+        plan = search(run_dir, models_dir, plan, models, share, _say)
+    port = procs.free_port()
+    config = write_config(run_dir, models, port, plan, share)
+    host = f"http://127.0.0.1:{port}"
+    _say(f"step {steps - 2}/{steps}: starting the server on {host} (log: {run_dir / 'server.log'})")
+    server, observer_port = start_server(config, port, run_dir / "server.log")
+    prometheus_process = None
+    metrics_port = procs.free_port()
+    try:
+        prometheus_process = start_prometheus(
+            run_dir, {"latlab-server": [f"127.0.0.1:{observer_port}"], "latlab-loadgen": [f"127.0.0.1:{metrics_port}"]}
+        )
+        _say(f"step {steps - 1}/{steps}: sweeping offered load per deployment (Locust, open loop)")
+        for model in plan.models:
+            sweep_model(run_dir, plan, model, host, metrics_port, share.load_workers, machine_name)
+    finally:
+        for child in (server, prometheus_process):
+            if child is not None:
+                procs.stop(child)
+    _say(f"step {steps}/{steps}: writing the report")
+    report = write_report(run_dir, parse_slos(plan.slos), prices=prices)
+    _say(f"done in {time.perf_counter() - started:.0f} s")
+    print(f"report: {report.resolve()}")
+    return report
+
+
+def run_bench(run_dir: Path, models_dir: Path, plan: LabPlan, cpu_threads: int) -> None:
+    """The quick bench of the plan's models, into run_dir/bench/ where the report finds it; with the
+    servers' ORT thread count and sequence length, so its batch times predict the served deployments."""
+    backends = ["ort-cpu", "torch-cpu"] + (["ort-cuda"] if "cuda" in plan.providers else [])
+    args = [
+        sys.executable,
+        "-m",
+        "latlab.cli",
+        "bench",
+        "--quick",
+        "--models",
+        ",".join(m.name for m in plan.models),
+        "--backends",
+        ",".join(backends),
+        "--threads",
+        str(cpu_threads),
+        "--seq-len",
+        str(max(m.seq_len for m in plan.models)),
+        "--cache-dir",
+        str(models_dir / "bench"),
+        "--out",
+        str(run_dir / "bench"),
+    ]
+    _run_child(args, "bench")
+
+
+def sweep_model(
+    run_dir: Path,
+    plan: LabPlan,
+    model: ModelPlan,
+    host: str,
+    metrics_port: int,
+    load_workers: int = 0,
+    machine_name: str | None = None,
+) -> None:
+    """One Locust sweep over the model's deployments, with the model's loads and request encoding."""
+    _run_child(sweep_args(run_dir, plan, model, host, metrics_port, load_workers, machine_name), "load test")
+
+
+def sweep_args(
+    run_dir: Path,
+    plan: LabPlan,
+    model: ModelPlan,
+    host: str,
+    metrics_port: int,
+    load_workers: int = 0,
+    machine_name: str | None = None,
+) -> list[str]:
+    """The `latlab loadtest` command of one model's sweep; with load_workers, as a Locust master with that many
+    local worker processes. Past the model's rates it raises the load until each deployment saturates or
+    its p99 passes twice the plan's largest SLO (beyond that no SLO of the report can change)."""
+    largest_slo_ms = max(parse_slos(plan.slos)) * 1e3
+    args = [
+        sys.executable,
+        "-m",
+        "latlab.cli",
+        "loadtest",
+        "--host",
+        host,
+        "--out",
+        str(run_dir / model.name),
+        "--run-id",
+        run_dir.name,
+        "--rates",
+        ",".join(f"{r:g}" for r in model.rates),
+        "--max-rate",
+        f"{max(model.rates) * max(1.0, plan.raise_cap):g}",
+        "--slo",
+        f"p99={largest_slo_ms:g}ms",
+        "--sweep",
+        "--slos",
+        plan.slos,
+        "--resolution",
+        f"{plan.resolution:g}",
+        "--decide-windows",
+        str(plan.decide_windows),
+        "--slo-steps",
+        str(plan.slo_steps),
+        "--slo-seconds",
+        f"{plan.slo_seconds:g}",
+        "--refine-within",
+        f"{plan.refine_within:g}",
+        *step_args(plan, model, run_dir),
+        "--metrics-port",
+        str(metrics_port),
+        *(["--workers", str(load_workers)] if load_workers else []),
+        *(["--machine-name", machine_name] if machine_name else []),
+    ]
+    for name in plan.deployment_names(model):
+        args += ["--deployment", name]
+    return args
+
+
+def _run_child(args: list[str], what: str) -> None:
+    child = procs.start(args)
+    try:
+        if child.wait() != 0:
+            raise RuntimeError(f"{what} failed with status {child.returncode}")
+    finally:
+        procs.stop(child)

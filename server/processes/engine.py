@@ -1,0 +1,273 @@
+"""The engine process of a multi-front-end server ([server] frontends >= 2): it owns the deployments (ONNX Runtime
+sessions and batchers) and answers the front-end processes' requests over ZeroMQ, so that batches still form
+from every request the server receives.
+
+One thread does all the socket work (ZeroMQ sockets are not thread-safe): it reads requests from the ROUTER
+socket the front ends connect to, hands each to its deployment's batcher (`submit`: never waits) and sends the
+answers the batcher's workers leave in a queue, woken by a message on an in-process socket. GET requests a front
+end cannot answer alone (metadata, config, readiness, /metrics) are answered by the same Flask app a one-process
+server runs, and the observer port (/metrics of every process, health) is served from here.
+
+Started by its supervisor (supervisor.py) as `python -m latlab.server.processes.engine CONFIG RUN_DIR HOST:PORT`."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import zmq
+from flask import Flask
+from prometheus_client import CollectorRegistry
+from werkzeug.test import Client
+
+from latlab.server.config import engine_groups, served_config
+from latlab.server.errors import ConfigError, ModelNotReady, ServingError
+from latlab.server.http.app import ServerState, create_app
+from latlab.server.http.observer import Observer
+from latlab.server.metrics import multiprocess_registry, use_multiprocess_values
+from latlab.server.processes.frontend import Engines, Forward
+from latlab.server.processes.hop import error_header, pack, tensor_frames, tensors_from, unpack
+from latlab.server.processes.shared import LOG_FORMAT, EngineStatus, SharedAdmission, endpoint, metrics_folder
+from latlab.server.runtime.deployment import picked
+
+log = logging.getLogger("latlab.server.processes.engine")
+ANSWERS = "inproc://answers"
+DRAIN_LIMIT_S = 30.0
+"""Longest a stopping engine waits for the requests it holds to be answered."""
+POLL_MS = 100
+READ_AT_ONCE = 256
+NOBLOCK, POLLIN = int(zmq.NOBLOCK), int(zmq.POLLIN)
+"""As plain ints: combining pyzmq's enum flags costs more than the call they qualify."""
+
+
+class Engine:
+    """The request loop over `state`'s deployments; `app` answers forwarded GET requests."""
+
+    def __init__(self, app: Flask, run_dir: str | Path, engine: int = 0, context: zmq.Context | None = None) -> None:
+        self.app = app
+        self.state: ServerState = app.extensions["latlab"]
+        self.client = Client(app)
+        self.context = context or zmq.Context.instance()
+        self.router = self.context.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.bind(endpoint(run_dir, engine))
+        self.wake = self.context.socket(zmq.PULL)
+        self.wake.bind(ANSWERS)
+        self.answers: deque[list] = deque()
+        self.held = 0
+        """Requests submitted and not yet answered."""
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self.stopping = threading.Event()
+        self._loop_thread = 0
+
+    def run(self) -> None:
+        """Serve until stop(); then answer what is held (up to DRAIN_LIMIT_S) and return."""
+        self._loop_thread = threading.get_ident()
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        poller.register(self.wake, zmq.POLLIN)
+        drain_until = None
+        while True:
+            events = dict(poller.poll(POLL_MS))
+            if self.router in events:
+                self._read_requests()
+            if self.wake in events:
+                while self.wake.get(zmq.EVENTS) & POLLIN:  # asking is cheaper than a zmq.Again raised
+                    self.wake.recv(NOBLOCK)
+            self._send_answers()
+            if self.stopping.is_set():
+                drain_until = drain_until or time.monotonic() + DRAIN_LIMIT_S
+                if self.held == 0 or time.monotonic() > drain_until:
+                    return
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def close(self) -> None:
+        self.router.close(0)
+        self.wake.close(0)
+
+    def _read_requests(self) -> None:
+        """Every request waiting on the socket (up to READ_AT_ONCE, then answers get their turn), each handed to
+        its batcher. A request read alone may run on this thread (`run_here`), saving two thread hand-overs,
+        when its deployment has one instance: then nothing could start beside it anyway, and what arrives
+        meanwhile waits on the socket instead of in the queue, to be read and batched together next."""
+        messages = []
+        router = self.router
+        while len(messages) < READ_AT_ONCE and router.get(zmq.EVENTS) & POLLIN:
+            messages.append(router.recv_multipart(NOBLOCK, copy=False))
+        for message in messages:
+            identity, header = message[0], unpack(message[1])
+            try:
+                kind = header.get("kind")
+                if kind == "infer":
+                    self._infer(identity, header, message[2:], alone=len(messages) == 1)
+                elif kind == "http":
+                    self.answers.append([identity, pack(self._http(header))])
+                elif kind == "describe":
+                    self.answers.append([identity, pack({"id": header["id"], **self.describe()})])
+            except Exception as exc:  # noqa: BLE001 - a request's failure is its own answer
+                if not isinstance(exc, ServingError):
+                    log.exception("unexpected error in the engine")
+                self.answers.append([identity, pack(error_header(header.get("id", 0), exc))])
+
+    def _infer(self, identity, header: dict, frames: list, alone: bool) -> None:
+        if self.stopping.is_set():
+            raise ModelNotReady("the server is shutting down")
+        deployment = self.state.get(header["model"], header.get("version"))
+        outputs = header.get("outputs")
+        deployment.check_outputs(outputs)
+        inputs = tensors_from(header["inputs"], frames)
+        arguments = deployment.queued(inputs, outputs, header.get("parameters") or {}, set(header.get("finite", ())))
+        run_here = alone and deployment.config.batcher.instances == 1
+        slot = deployment.batcher.submit(*arguments, run_here=run_here)
+        with self._lock:
+            self.held += 1
+        request_id = header["id"]
+        slot.when_done(lambda done: self._answered(identity, request_id, done, outputs))
+
+    def _answered(self, identity, request_id: int, slot, outputs: list[str] | None) -> None:
+        """A batcher worker's callback: queue the answer and wake the socket thread."""
+        try:
+            described, frames = tensor_frames(picked(slot.result(0), outputs))
+            message = [identity, pack({"id": request_id, "outputs": described}), *frames]
+        except Exception as exc:  # noqa: BLE001 - the request's error is its answer
+            if not isinstance(exc, ServingError):
+                log.exception("unexpected error answering a request")
+            message = [identity, pack(error_header(request_id, exc))]
+        with self._lock:
+            self.held -= 1
+            first = not self.answers
+            self.answers.append(message)
+        if not first or threading.get_ident() == self._loop_thread:
+            return  # a wake-up is already on its way (the socket thread sends until the queue is empty), or
+            # this is the socket thread (run_here): it sends next
+        wake = getattr(self._local, "wake", None)
+        if wake is None:
+            wake = self._local.wake = self.context.socket(zmq.PUSH)
+            wake.connect(ANSWERS)
+        try:
+            wake.send(b"", zmq.NOBLOCK)
+        except zmq.Again:  # wake-ups already queued up to the high-water mark: the socket thread is coming
+            pass
+
+    def _send_answers(self) -> None:
+        """Send every queued answer. The queue goes empty only under the lock, so a worker that finds it empty
+        when it appends knows the socket thread must be woken (one wake-up per burst of answers, not each)."""
+        while True:
+            with self._lock:
+                if not self.answers:
+                    return
+                batch = list(self.answers)
+                self.answers.clear()
+            for message in batch:
+                self.router.send_multipart(message, copy=False)
+
+    def _http(self, header: dict) -> dict:
+        """A GET (or HEAD) a front end forwarded, answered by the server's Flask app."""
+        response = self.client.open(
+            header["path"],
+            method=header["method"],
+            query_string=header.get("query", ""),
+            headers=header.get("headers") or {},
+        )
+        return {
+            "id": header["id"],
+            "status": response.status_code,
+            "headers": [[k, v] for k, v in response.headers.items() if k.lower() != "content-length"],
+            "body": response.get_data(),
+        }
+
+    def describe(self) -> dict:
+        """What a front end needs to take requests for each deployment: its inputs' dtypes (to tokenize text),
+        and the deployments that failed to load."""
+        return {
+            "deployments": {
+                name: {"inputs": {spec.name: spec.dtype.str for spec in d.model.inputs}}
+                for name, d in self.state.deployments.items()
+            },
+            "failed": self.state.failed,
+        }
+
+
+def main(argv: list[str]) -> int:
+    """Engine `index` of a server: load its deployments (engine_groups), listen, say ready, serve until
+    SIGTERM/SIGINT or until the supervisor is gone. Engine 0 also serves the observer port, for every engine."""
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    config_path, run_dir, observer, index = argv[0], argv[1], argv[2], int(argv[3]) if len(argv) > 3 else 0
+    host, _, port = observer.rpartition(":")
+    supervisor = os.getppid()
+    use_multiprocess_values(metrics_folder(run_dir))
+    status = EngineStatus(Path(run_dir), index)
+    watcher = None
+    try:
+        config = served_config(config_path)
+        keys = engine_groups(config.deployments)
+        key = keys[index]
+        mine = dataclasses.replace(
+            config, metrics_port=int(port), deployments=tuple(d for d in config.deployments if d.engine_key == key)
+        )
+        shown = multiprocess_registry(metrics_folder(run_dir), supervisor)
+        # with on_load_failure = "skip", one engine of several may hold only deployments that failed: it answers
+        # for them (503, readiness false) as one process would
+        app = create_app(mine, CollectorRegistry(), shown, require_one=len(keys) == 1)
+        if index == 0:
+            engines = Engines(config, Path(run_dir))
+            # ready once a front end serves too: the observer port opens before the main port does
+            front_ends = SharedAdmission(Path(run_dir), len(config.deployments))
+            front = Forward(
+                engines,
+                local=app.wsgi_app,
+                local_index=0,
+                local_ready=lambda: app.extensions["latlab"].ready and front_ends.front_ends() > 0,
+            )
+            try:
+                watcher = Observer(front, host, int(port))
+            except OSError as exc:
+                app.extensions["latlab"].close()
+                raise ConfigError(f"cannot listen for /metrics and health on {host}:{port}: {exc.strerror}") from None
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    engine = Engine(app, run_dir, index)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: engine.stop())
+    threading.Thread(
+        target=_watch_supervisor, args=(supervisor, engine), daemon=True, name="latlab-engine-watch"
+    ).start()
+    status.set_ready(True)
+    log.info(
+        "engine %d (%s) serving %s on %s", os.getpid(), key, sorted(engine.state.deployments), endpoint(run_dir, index)
+    )
+    try:
+        engine.run()
+    finally:
+        status.set_ready(False)
+        if watcher is not None:
+            watcher.close()
+        engine.state.close()  # every batcher finishes what it holds
+        engine._send_answers()
+        engine.close()
+    return 0
+
+
+def _watch_supervisor(supervisor: int, engine: Engine) -> None:
+    """Stop when the supervisor is gone (killed without stopping us): an engine never outlives its server."""
+    while not engine.stopping.is_set():
+        if os.getppid() != supervisor:
+            log.warning("the server's supervisor %d is gone; stopping", supervisor)
+            engine.stop()
+            return
+        time.sleep(0.5)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

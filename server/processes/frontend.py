@@ -1,0 +1,329 @@
+"""A front-end process of a multi-front-end server: it answers HTTP, reads and decodes infer requests, tokenizes
+text and encodes responses, while the one engine process (server/processes/engine.py) batches and runs the model.
+
+The infer route is the one-process server's (fastpath.InferRoute) over deployments that forward to the engine:
+the same checks, statuses, headers and metrics. Admission counts across every front end (server/processes/shared.py).
+Every other route is forwarded to the engine, which answers it with the one-process server's Flask app, except
+liveness (this process answers) and readiness while the engine is down (not ready, at once)."""
+
+from __future__ import annotations
+
+import glob
+import itertools
+import logging
+import os
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterable
+from urllib.parse import quote
+
+import numpy as np
+import zmq
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import mark_process_dead
+
+from latlab.server.batching.admission import bound_detail
+from latlab.server.config import DeploymentConfig, ServerConfig, admitted_bound, engine_groups
+from latlab.server.errors import ModelNotReady, RequestTimeout, ServingError
+from latlab.server.http.app import ServerState
+from latlab.server.http.fastpath import InferRoute, error_answer, status_line
+from latlab.server.metrics import ServerMetrics, use_multiprocess_values
+from latlab.server.processes.hop import pack, raise_error, tensor_frames, tensors_from, unpack
+from latlab.server.processes.shared import EngineStatus, SharedAdmission, endpoint, metrics_folder
+from latlab.server.protocol import InferRequest
+from latlab.server.runtime.deployment import tokenized
+from latlab.server.runtime.text import text_front_end
+
+log = logging.getLogger("latlab.server.processes.frontend")
+POLL_MS = 50
+"""How often a request waiting on the engine looks whether the engine is still the one it asked."""
+CONNECT_WAIT_MS = 2000
+"""How long a thread's first request waits for its socket to connect to a running engine."""
+DESCRIBE_WAIT_S = 60.0
+FORWARD_WAIT_S = 30.0
+TIMEOUT_MARGIN_S = 5.0
+"""Past the request's own timeout (which the engine's batcher enforces), how long a front end still waits."""
+
+
+class EngineClient:
+    """Requests to the engine, from any thread: each thread has its own DEALER socket (ZeroMQ sockets are not
+    thread-safe) and waits on it for its own answer, so no thread hands answers out to the others."""
+
+    def __init__(self, run_dir: Path, status: EngineStatus, engine: int = 0) -> None:
+        self.address = endpoint(run_dir, engine)
+        self.status = status
+        self.context = zmq.Context()
+        self._ids = itertools.count(1)
+        self._local = threading.local()
+
+    def _socket(self) -> zmq.Socket:
+        sock = getattr(self._local, "socket", None)
+        if sock is None:
+            sock = self._local.socket = self.context.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for an engine not connected: refuse instead
+            sock.connect(self.address)
+        return sock
+
+    def call(self, header: dict, frames: list | tuple = (), wait_s: float = FORWARD_WAIT_S) -> tuple[dict, list]:
+        """Send one request and wait for its answer: (header, frames). ModelNotReady (503) when no engine runs,
+        or when the one asked stopped before answering (the request is not answered, never silently lost);
+        RequestTimeout when no answer came within `wait_s`."""
+        generation = self.status.up()
+        if generation is None:
+            raise ModelNotReady("the server's engine is not running (starting or restarting); retry shortly")
+        request_id = header["id"] = next(self._ids)
+        sock = self._socket()
+        message = [pack(header), *frames]
+        connect_until = time.monotonic() + CONNECT_WAIT_MS / 1000
+        while True:
+            try:
+                sock.send_multipart(message, zmq.NOBLOCK, copy=False)
+                break
+            except zmq.Again:  # a new socket still connecting, or the engine just died
+                sock.poll(POLL_MS, zmq.POLLOUT)
+                if self.status.up() != generation or time.monotonic() > connect_until:
+                    raise ModelNotReady("the server's engine is not reachable (restarting); retry shortly") from None
+        deadline = time.monotonic() + wait_s
+        while True:
+            if sock.poll(POLL_MS):
+                reply = sock.recv_multipart(copy=False)
+                answer = unpack(reply[0])
+                if answer.get("id") == request_id:
+                    return answer, reply[1:]
+                continue  # the late answer of a request this thread gave up on
+            if self.status.up() != generation:
+                raise ModelNotReady(
+                    "the server's engine stopped while it held this request, which was not "
+                    "computed or not answered; retry"
+                )
+            if time.monotonic() > deadline:
+                raise RequestTimeout(f"no answer from the engine within {wait_s:.3f} s")
+
+    def close(self) -> None:
+        self.context.destroy(0)
+
+
+class RemoteDeployment:
+    """A deployment as a front end sees it: what fastpath.InferRoute calls, with the model behind the engine."""
+
+    version = "1"
+
+    def __init__(
+        self,
+        config: DeploymentConfig,
+        index: int,
+        client: EngineClient,
+        metrics: ServerMetrics,
+        admission: SharedAdmission,
+        inputs: dict[str, str],
+        bounded: bool,
+    ) -> None:
+        self.config = config
+        self.client = client
+        labels = {"deployment": config.name, "model": config.model, "provider": config.provider}
+        self.metrics = metrics.for_deployment(labels)
+        self.admission = admission.for_deployment(
+            index,
+            admitted_bound(config.batcher) if bounded else None,
+            lambda: self.metrics.rejected("queue_full"),
+            bound_detail(config.batcher),
+        )
+        self.text = text_front_end(config, {name: np.dtype(dtype) for name, dtype in inputs.items()})
+        self._wait_s = config.batcher.timeout_ms / 1000 + TIMEOUT_MARGIN_S
+
+    @property
+    def ready(self) -> bool:
+        return self.client.status.up() is not None
+
+    def refuse_if_full(self) -> None:
+        """Nothing to look at here: the engine's queue is across the hop. Admission (across front ends) bounds the
+        queue; the engine's own check, at submit, refuses (503) what passes the door of a fuller queue."""
+
+    def infer(self, request: InferRequest) -> dict[str, np.ndarray]:
+        inputs = tokenized(self.text, self.metrics, request)
+        described, frames = tensor_frames(inputs)
+        header = {
+            "kind": "infer",
+            "model": self.config.name,
+            "inputs": described,
+            "outputs": request.outputs,
+            "parameters": request.parameters,
+            "finite": finite(inputs, request.finite),
+        }
+        answer, frames = self.client.call(header, frames, self._wait_s)
+        if "error" in answer:
+            raise_error(answer)
+        return tensors_from(answer["outputs"], frames)
+
+    def close(self) -> None:
+        pass
+
+
+def finite(inputs: dict[str, np.ndarray], known: set[str]) -> list[str]:
+    """The floating-point inputs that hold no NaN or infinity: known so from decoding JSON, or looked at here, in
+    one of the front ends, so that the engine (one interpreter for every front end) need not. An input that does
+    hold one is left for the engine to refuse, with the one-process server's message."""
+    return [
+        name
+        for name, array in inputs.items()
+        if name in known or (array.dtype.kind == "f" and bool(np.isfinite(array).all()))
+    ]
+
+
+class Engines:
+    """The engines of a server as a front end (or engine 0's observer port) reaches them: a client per engine, and
+    which engine serves each deployment (engine_groups)."""
+
+    def __init__(self, config: ServerConfig, run_dir: Path) -> None:
+        keys = engine_groups(config.deployments)
+        self.statuses = [EngineStatus(run_dir, index) for index in range(len(keys))]
+        self.clients = [EngineClient(run_dir, status, index) for index, status in enumerate(self.statuses)]
+        self.of = {d.name: keys.index(d.engine_key) for d in config.deployments}
+        """Deployment name -> engine index; any other name goes to engine 0, which says it is unknown."""
+
+    def client_for(self, name: str) -> EngineClient:
+        return self.clients[self.of.get(name, 0)]
+
+    def up(self) -> bool:
+        return all(status.up() is not None for status in self.statuses)
+
+    def close(self) -> None:
+        for client in self.clients:
+            client.close()
+        for status in self.statuses:
+            status.close()
+
+
+class FrontState(ServerState):
+    """ServerState's part the infer route reads (config, get), over RemoteDeployments."""
+
+    def __init__(self, config: ServerConfig, run_dir: Path) -> None:  # noqa: D107 - no ServerState.__init__: no models here
+        self.config = config
+        self.engines = Engines(config, run_dir)
+        self.admission = SharedAdmission(run_dir, len(config.deployments))
+        self.admission.claim()
+        forget_dead_processes(metrics_folder(run_dir))
+        self.metrics = ServerMetrics(CollectorRegistry(), process=False)
+        inputs: dict[str, dict] = {}
+        self.failed: dict[str, str] = {}
+        for client in self.engines.clients:
+            described, _ = client.call({"kind": "describe"}, wait_s=DESCRIBE_WAIT_S)
+            inputs.update({name: d["inputs"] for name, d in described["deployments"].items()})
+            self.failed.update(described["failed"])
+        self.deployments = {
+            d.name: RemoteDeployment(
+                d,
+                index,
+                self.engines.client_for(d.name),
+                self.metrics,
+                self.admission,
+                inputs[d.name],
+                config.admission,
+            )
+            for index, d in enumerate(config.deployments)
+            if d.name in inputs
+        }
+
+    def close(self) -> None:
+        self.admission.close()
+        self.engines.close()
+
+
+def forget_dead_processes(folder: str) -> None:
+    """Drop the live gauges (in-flight requests) of server processes that died, as prometheus_client's
+    multiprocess mode asks; a front end that replaces a dead one does it when it starts."""
+    pids = {int(path.rsplit("_", 1)[1].split(".")[0]) for path in glob.glob(os.path.join(folder, "gauge_live*.db"))}
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            mark_process_dead(pid, folder)
+        except PermissionError:
+            pass
+
+
+WSGIApp = Callable[[dict, Callable], Iterable[bytes]]
+
+
+MODEL_PATH = re.compile(r"/v2/models/([^/]+)")
+
+
+class Forward:
+    """Every route but infer, answered from the engines: liveness here; readiness when every engine is up and
+    says ready (at once "not ready" while one is down); a model's routes by that model's engine; the rest by
+    engine 0. `local`: the WSGI app of the engine this runs in (engine 0's observer port), called directly."""
+
+    def __init__(
+        self,
+        engines: Engines,
+        local: WSGIApp | None = None,
+        local_index: int | None = None,
+        local_ready: Callable[[], bool] | None = None,
+    ) -> None:
+        self.engines = engines
+        self.local, self.local_index, self.local_ready = local, local_index, local_ready
+
+    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO") or "/"
+        if path == "/v2/health/live":
+            return _answer(start_response, 200, [], b"")
+        if path == "/v2/health/ready":
+            return _answer(start_response, 200 if self._ready(environ) else 400, [], b"")
+        match = MODEL_PATH.match(path)
+        index = self.engines.of.get(match.group(1).encode("latin1").decode(errors="replace"), 0) if match else 0
+        if index == self.local_index:
+            return self.local(environ, start_response)
+        return _answer(start_response, *self._forward(index, environ))
+
+    def _ready(self, environ: dict) -> bool:
+        if not self.engines.up():
+            return False
+        for index in range(len(self.engines.clients)):
+            if index == self.local_index:
+                ready = self.local_ready()
+            else:
+                ready = self._forward(index, environ)[0] == 200
+            if not ready:
+                return False
+        return True
+
+    def _forward(self, index: int, environ: dict) -> tuple[int, list, bytes]:
+        path = environ.get("PATH_INFO") or "/"
+        headers = {
+            key[5:].replace("_", "-").title(): value for key, value in environ.items() if key.startswith("HTTP_")
+        }
+        if environ.get("CONTENT_TYPE"):
+            headers["Content-Type"] = environ["CONTENT_TYPE"]
+        # PATH_INFO is the path's bytes decoded as latin-1 (PEP 3333): quoted back to those bytes, the engine's
+        # WSGI environ gets exactly this one, whatever the client sent ('?', '%', bytes that are not UTF-8).
+        request = {
+            "kind": "http",
+            "method": environ.get("REQUEST_METHOD", "GET"),
+            "path": quote(path.encode("latin-1", errors="replace"), safe="/"),
+            "query": environ.get("QUERY_STRING", ""),
+            "headers": headers,
+        }
+        try:
+            answer, _ = self.engines.clients[index].call(request)
+            if "error" in answer:
+                raise_error(answer)
+        except Exception as exc:  # noqa: BLE001 - every failure is an answer, as on the infer route
+            if not isinstance(exc, ServingError):
+                log.exception("unexpected error forwarding %s", path)
+            return error_answer(exc)
+        return answer["status"], [tuple(h) for h in answer["headers"]], answer["body"]
+
+
+def _answer(start_response: Callable, status: int, headers: list, body: bytes) -> list[bytes]:
+    start_response(status_line(status), [*headers, ("Content-Length", str(len(body)))])
+    return [body]
+
+
+def create_frontend_app(config: ServerConfig, run_dir: Path) -> WSGIApp:
+    """A front end's WSGI app (Granian's factory target in each front-end process: server/processes/wsgi.py)."""
+    use_multiprocess_values(metrics_folder(run_dir))
+    state = FrontState(config, run_dir)
+    return InferRoute(Forward(state.engines), state)
