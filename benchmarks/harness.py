@@ -20,7 +20,9 @@ import requests
 from onnx import TensorProto, helper
 
 from latlab.common import procs
-from latlab.loadtest.results import RESULTS_FILE, Deployment, read_results
+from latlab.loadtest import child
+from latlab.loadtest.plan import SweepPlan
+from latlab.loadtest.results import RESULTS_FILE, Curve, read_results
 from latlab.server.config import BatcherSettings, load_config, save_config
 from latlab.server.runtime.model import OnnxModel
 
@@ -126,29 +128,27 @@ def loadtest(
     out: Path,
     *options: str,
     meanwhile: Callable[[subprocess.Popen], None] | None = None,
-) -> list[Deployment]:
-    """Run `latlab loadtest` and return its results' deployments; `meanwhile(process)`, when given, runs in
-    this process while the load test does (it should return once the process has ended)."""
-    args = [
-        *CLI,
-        "loadtest",
-        "--host",
-        url,
-        *(a for d in deployments for a in ("--deployment", d)),
-        "--out",
-        str(out),
-        *options,
-    ]
-    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
-        try:
-            if meanwhile is not None:
-                meanwhile(process)
-            stdout, stderr = process.communicate()
-        except BaseException:
-            process.kill()
-            raise
+) -> list[Curve]:
+    """A load test of `deployments` with these `latlab loadtest` options (read into a plan here, see
+    SweepPlan.from_options) into `out`; its results' deployments (see run_plan)."""
+    host = ["--host", url, *(a for d in deployments for a in ("--deployment", d))]
+    return run_plan(SweepPlan.from_options([*host, *options]), out, meanwhile)
+
+
+def run_plan(plan: SweepPlan, out: Path, meanwhile: Callable[[subprocess.Popen], None] | None = None) -> list[Curve]:
+    """Run the load test of `plan` in a child process into `out` and return its results' deployments;
+    `meanwhile(process)`, when given, runs in this process while the load test does (it should return once the
+    process has ended). The child's output goes to out/loadtest.log, whose end a failure shows."""
+    log = out / "loadtest.log"
+    process = child.start(plan, out, log_path=log)
+    try:
+        if meanwhile is not None:
+            meanwhile(process)
+        process.wait()
+    finally:
+        procs.stop(process)
     if process.returncode:
-        raise RuntimeError(f"{' '.join(args)} failed:\n{stdout[-2000:]}{stderr[-2000:]}")
+        raise RuntimeError(f"the load test of {out} failed:\n{log.read_text(errors='replace')[-4000:]}")
     return read_results(out / RESULTS_FILE)[0].deployments
 
 

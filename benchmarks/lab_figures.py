@@ -11,13 +11,13 @@ from collections import Counter
 from pathlib import Path
 
 from latlab.common.user_input import parse_slos
-from latlab.loadtest.results import RESULTS_FILE, Deployment, read_results
+from latlab.loadtest.results import RESULTS_FILE, Curve, read_results
 from latlab.loadtest.search import slo_verdict
 from latlab.report.naming import label
 from latlab.report.rates import max_rate_under, rate_text
 
 
-def curves(run_dir: Path) -> list[Deployment]:
+def curves(run_dir: Path) -> list[Curve]:
     """Every deployment of the run's results files, in the order the lab swept them."""
     found = []
     for path in sorted(run_dir.glob(f"*/{RESULTS_FILE}"), key=lambda p: p.stat().st_mtime):
@@ -25,7 +25,7 @@ def curves(run_dir: Path) -> list[Deployment]:
     return found
 
 
-def slo_table(deployments: list[Deployment], slos: list[float]) -> list[str]:
+def slo_table(deployments: list[Curve], slos: list[float]) -> list[str]:
     head = "| deployment | " + " | ".join(f"p99 ≤ {s * 1e3:g} ms" for s in slos) + " | steps (of them for brackets) |"
     lines = [head, "|---|" + "---:|" * (len(slos) + 1)]
     for curve in deployments:
@@ -34,7 +34,7 @@ def slo_table(deployments: list[Deployment], slos: list[float]) -> list[str]:
     return lines
 
 
-def decision_counts(deployments: list[Deployment], slos: list[float]) -> list[str]:
+def decision_counts(deployments: list[Curve], slos: list[float]) -> list[str]:
     steps = [s for c in deployments for s in c.steps]
     verdicts = Counter(slo_verdict(s, slo) for s in steps for slo in slos)
     fully = sum(all(slo_verdict(s, slo) != "undecided" for slo in slos) for s in steps)

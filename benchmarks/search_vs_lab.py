@@ -50,11 +50,7 @@ def prepared(models_dir: Path, plan, name: str, provider: str) -> tuple[dict[str
 def lab_two(plan, name: str, threads: int, variant: str) -> list[Candidate]:
     """The lab's two CPU deployments of a model (batching off, the plan's batching setting) as configurations."""
     (model,) = [m for m in plan.models if m.name == name]
-    on = model.batching
-    return [
-        Candidate(variant, 1, 0.0, False, 1, threads),
-        Candidate(variant, on["max_batch_size"], on.get("max_queue_delay_ms", 0.0), False, 1, threads),
-    ]
+    return [Candidate(variant, 1, 0.0, False, 1, threads), Candidate.serving(variant, model.batching, threads)]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,9 +2,9 @@
 
     .venv/bin/python benchmarks/sweep_honesty.py [--capacity 200] [--rounds 2]
 
-1. the saturation search: `latlab loadtest --rates C/3 --max-rate 15C` raises past the listed rate until the
-   stub saturates, then bisects; printed: the highest throughput achieved by a step that kept up (achieved
-   >= 90% of offered) over the true capacity;
+1. the saturation search: a sweep from C/3 with a rate cap of 15C (`latlab loadtest --rates C/3 --max-rate 15C`)
+   raises past the listed rate until the stub saturates, then bisects; printed: the highest throughput achieved
+   by a step that kept up (achieved >= 90% of offered) over the true capacity;
 2. short steps (0.5 s windows, as the quick plans use) at a low, a middle and a high rate below capacity:
    achieved over offered (counting by intended send time it can only fall short of offered, never exceed it),
    offered over the target (Poisson noise) and the samples behind each step's p99 (windows lengthen at low
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -25,35 +24,24 @@ sys.path.insert(0, str(ROOT))
 from tests.loadtest.stub_server import stub_process  # noqa: E402
 
 from latlab.common import procs  # noqa: E402
-from latlab.loadtest.results import RESULTS_FILE, Deployment, Step, read_results  # noqa: E402
+from latlab.loadtest import child  # noqa: E402
+from latlab.loadtest.plan import SweepPlan, Workload  # noqa: E402
+from latlab.loadtest.results import Curve, Step, read_results  # noqa: E402
+from latlab.loadtest.schedule import Schedule  # noqa: E402
 
 
-def loadtest(host: str, out: Path, *args: str) -> Deployment:
-    command = [
-        sys.executable,
-        "-m",
-        "latlab.cli",
-        "loadtest",
-        "--host",
-        host,
-        "--deployment",
-        "m",
-        "--out",
-        str(out),
-        "--warmup-seconds",
-        "0.5",
-        "--max-windows",
-        "3",
-        *args,
-    ]
-    subprocess.run(command, check=True, capture_output=True, timeout=600)
-    return read_results(out / RESULTS_FILE)[0].deployments[0]
+def loadtest(host: str, out: Path, rates: list[float], max_rate: float, step_seconds: float) -> Curve:
+    """The stub's one deployment swept at `rates` (then raised up to `max_rate`), in steps of 0.5 s of warm-up and
+    three windows of a third of `step_seconds`."""
+    schedule = Schedule(
+        loads=tuple(rates), max_rate=max_rate, window_seconds=step_seconds / 3, warmup_seconds=0.5, max_windows=3
+    )
+    results = child.run(SweepPlan(Workload(host, ("m",)), schedule), out, log_path=out.parent / f"{out.name}.log")
+    return read_results(results)[0].deployments[0]
 
 
 def saturation_round(host: str, out: Path, capacity: float) -> float:
-    curve = loadtest(
-        host, out, "--rates", f"{capacity / 3:g}", "--max-rate", f"{capacity * 15:g}", "--step-seconds", "3"
-    )
+    curve = loadtest(host, out, [capacity / 3], max_rate=capacity * 15, step_seconds=3)
     # the highest throughput of a step that kept up: what the report calls the deployment's max rate
     sustained = max(s.achieved_rps for s in curve.steps if s.achieved_rps >= 0.9 * s.offered_rps)
     probes = ", ".join(f"{s.target:.0f}" for s in sorted(curve.steps, key=lambda s: s.start_time))
@@ -65,16 +53,7 @@ def saturation_round(host: str, out: Path, capacity: float) -> float:
 
 
 def short_steps_round(host: str, out: Path, rates: list[float]) -> list[Step]:
-    curve = loadtest(
-        host,
-        out,
-        "--rates",
-        ",".join(f"{r:g}" for r in rates),
-        "--max-rate",
-        f"{max(rates):g}",
-        "--step-seconds",
-        "1.5",
-    )
+    curve = loadtest(host, out, rates, max_rate=max(rates), step_seconds=1.5)
     for step in curve.steps:
         print(
             f"  short steps at {step.target:>5.0f}/s: windows {step.window_seconds:.2f} s, "

@@ -1,7 +1,10 @@
 """What the user writes for a load, read once into numbers: offered rates ('100,200,400', req/s) and p99 bounds
-('25ms,0.1s', seconds). A mistake is a UserError: one line the user can act on (the CLI prints it and exits 2)."""
+('25ms,0.1s', seconds; a list of them is `Slos`). A mistake is a UserError: one line the user can act on (the CLI
+prints it and exits 2)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 
 class UserError(Exception):
@@ -43,3 +46,31 @@ def parse_slo_bound(text: str) -> float:
     if metric and metric.strip().lower() != "p99":
         raise UserError(f"--slo: only p99 bounds are supported, got {text!r}")
     return parse_slos(bound)[0]
+
+
+@dataclass(frozen=True)
+class Slos:
+    """p99 bounds in seconds, read once from what the user wrote ('10ms,25ms'), in the order written (the
+    report's columns follow it). Empty: no bound."""
+
+    seconds: tuple[float, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> Slos:
+        """'25ms,0.1s,50' -> Slos((0.025, 0.1, 0.05)); UserError on anything else (parse_slos)."""
+        return cls(tuple(parse_slos(text)))
+
+    def __bool__(self) -> bool:
+        return bool(self.seconds)
+
+    def ascending(self) -> Slos:
+        return Slos(tuple(sorted(self.seconds)))
+
+    @property
+    def largest(self) -> float:
+        return max(self.seconds)
+
+    @property
+    def middle(self) -> float:
+        """The bound in the middle of the list as written (the upper middle of an even count)."""
+        return self.seconds[len(self.seconds) // 2]

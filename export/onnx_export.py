@@ -1,7 +1,11 @@
 """Export a zoo model to ONNX: dynamic axes, checker, parity against PyTorch, metadata file (+ fp16 variant).
 
 Variants (fp16 here, int8 in export/int8.py) are also held to an accuracy bound against the FP32 model
-(export/accuracy.py); one that misses it is refused and no folder of it is left to serve."""
+(export/accuracy.py); one that misses it is refused and no folder of it is left to serve.
+
+Somewhat over 400 lines on purpose: the FP32 export and its FP16 variant share the staging folder, the writer
+(external data past a size), the parity check and the metadata, and `export(fp16=True)` writes both; split,
+the variant would import the export and the export the variant."""
 
 from __future__ import annotations
 

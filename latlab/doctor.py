@@ -9,8 +9,11 @@ import tempfile
 from pathlib import Path
 
 from latlab.common import machine, procs
+from latlab.loadtest import child
 from latlab.loadtest.floor import floor_at, floor_figures
+from latlab.loadtest.plan import SweepPlan, Workload
 from latlab.loadtest.results import read_results
+from latlab.loadtest.schedule import Schedule
 
 PROVIDERS = ("CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider")
 """Checked on every machine, whether or not this onnxruntime build lists them."""
@@ -87,7 +90,7 @@ def nvidia_smi_gpus() -> list[str]:
     return [line.strip() for line in out.splitlines() if line.strip()]
 
 
-GENERATOR_RATES = "50,1000"
+GENERATOR_RATES = (50.0, 1000.0)
 """The doctor's calibration rates: a lab's low end, and about where one generator process nears its limit."""
 CLI = [sys.executable, "-m", "latlab.cli"]
 
@@ -115,15 +118,16 @@ def generator_line(host: str | None = None) -> str:
 
 
 def _floor_against(host: str, tmp: Path) -> str:
-    done = subprocess.run(
-        [*CLI, "loadtest", "--host", host, "--calibrate-only", "--rates", GENERATOR_RATES, "--out", str(tmp / "cal")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    if done.returncode != 0:
-        said = (done.stderr or done.stdout).strip().splitlines()
-        return f"not measured: {said[-1] if said else f'latlab loadtest exited {done.returncode}'}"
+    plan = SweepPlan(Workload(host), Schedule(loads=GENERATOR_RATES, calibrate_only=True))
+    log = tmp / "cal.log"
+    calibration = child.start(plan, tmp / "cal", log_path=log)
+    try:
+        status = calibration.wait(timeout=120)
+    finally:
+        procs.stop(calibration)
+    if status != 0:
+        said = log.read_text(errors="replace").strip().splitlines()
+        return f"not measured: {said[-1] if said else f'latlab loadtest exited {status}'}"
     (run,) = read_results(tmp / "cal")
     floor = run.generator_floor
     if floor_at(floor, None) is None:

@@ -23,9 +23,8 @@ from locust.runners import STATE_MISSING
 
 from latlab.common import procs
 from latlab.loadtest import users
-from latlab.loadtest.payloads import options_of
 from latlab.loadtest.loadgen_metrics import LoadGenMetrics
-from latlab.loadtest.plan import SweepPlan
+from latlab.loadtest.plan import DEFAULT_MASTER_PORT, SweepPlan
 
 # A worker silent for HEARTBEAT_LIVENESS + 1 heartbeats (1 s each) is missing: 3 s instead of Locust's 4 s.
 locust.runners.HEARTBEAT_LIVENESS = 2
@@ -38,15 +37,24 @@ ANSWER_GRACE_S = 1.0  # a step's figures wait this long at most for answers to i
 class LoadDriver:
     """Locust's environment and runner: local, or a master with worker processes (spawned or remote).
 
-    `events` lists what happened to the fleet (a worker lost or back), each with its time and reason."""
+    `events` lists what happened to the fleet (a worker lost or back), each with its time and reason; local
+    workers write their logs into `log_dir` (none: their output is this process's)."""
 
-    def __init__(self, plan: SweepPlan, metrics: LoadGenMetrics, progress: Callable[[str], None] = print) -> None:
+    def __init__(
+        self,
+        plan: SweepPlan,
+        metrics: LoadGenMetrics,
+        progress: Callable[[str], None] = print,
+        log_dir: Path | None = None,
+    ) -> None:
         self.plan = plan
+        self.mode = plan.schedule.mode
         self.metrics = metrics
         self.progress = progress
-        user_class = users.OpenLoopUser if plan.mode == "open" else users.ClosedLoopUser
-        self.state = users.LoadState("", 0.0, poisson=plan.poisson)
-        self.env = Environment(user_classes=[user_class], host=plan.host, events=locust.events)
+        self.log_dir = log_dir
+        user_class = users.OpenLoopUser if self.mode == "open" else users.ClosedLoopUser
+        self.state = users.LoadState("", 0.0, poisson=plan.schedule.poisson)
+        self.env = Environment(user_classes=[user_class], host=plan.workload.host, events=locust.events)
         self.env.latlab = self.state
         self.workers: list = []
         self.events: list[dict] = []
@@ -57,9 +65,13 @@ class LoadDriver:
         self.route = ""
         self.floor: dict | None = None
         """What this generator adds to every latency, once calibrated (floor.py)."""
-        self.distributed = bool(plan.workers or plan.expect_workers)
+        workers = plan.workers
+        self.distributed = workers.distributed
+        # the default port stands for a free one when the workers are local: two sweeps at once must not collide
+        local_default = workers.local and workers.master_port == DEFAULT_MASTER_PORT
+        self.master_port = procs.free_port() if local_default else workers.master_port
         if self.distributed:
-            self.runner = self.env.create_master_runner(plan.master_bind_host, plan.master_port)
+            self.runner = self.env.create_master_runner(workers.master_bind_host, self.master_port)
         else:
             self.runner = self.env.create_local_runner()
         self.env.events.init.fire(environment=self.env, runner=self.runner, web_ui=None)
@@ -88,8 +100,8 @@ class LoadDriver:
         locustfile = Path(users.__file__).parent / (
             "locustfile.py" if user_class is users.OpenLoopUser else "locustfile_closed.py"
         )
-        for i in range(self.plan.workers):
-            log = self.plan.log_dir / f"worker-{i}.log" if self.plan.log_dir else None
+        for i in range(self.plan.workers.local):
+            log = self.log_dir / f"worker-{i}.log" if self.log_dir else None
             self.workers.append(
                 procs.start(
                     [
@@ -102,12 +114,12 @@ class LoadDriver:
                         "--master-host",
                         "127.0.0.1",
                         "--master-port",
-                        str(self.plan.master_port),
+                        str(self.master_port),
                     ],
                     log_path=log,
                 )
             )
-        expected = self.plan.workers or self.plan.expect_workers
+        expected = self.plan.workers.local or self.plan.workers.remote
         deadline = time.monotonic() + 60
         while len(self.runner.clients.ready) < expected:
             if time.monotonic() > deadline:
@@ -121,26 +133,26 @@ class LoadDriver:
         if deployment != self.deployment and self.deployment:
             self.runner.stop()
             gevent.sleep(0.5)
-        if self.plan.mode == "open":
-            user_count = self.plan.users_per_process * max(self.processes, 1)
+        if self.mode == "open":
+            user_count = self.plan.workers.users_per_process * max(self.processes, 1)
         else:
             user_count = int(load)
         self.load = load
         self.route = route
         self._send_rate(deployment)
-        if deployment != self.deployment or self.plan.mode == "closed":
+        if deployment != self.deployment or self.mode == "closed":
             self.runner.start(user_count, spawn_rate=max(user_count, 1))
         self.deployment = deployment
 
     def _send_rate(self, deployment: str, load: float | None = None) -> None:
         """Tell every process its share of the arrivals (open loop; closed loop sends rate 0)."""
         load = self.load if load is None else load
-        rate = load / max(self.processes, 1) if self.plan.mode == "open" else 0.0
+        rate = load / max(self.processes, 1) if self.mode == "open" else 0.0
         message = {
             "deployment": deployment,
             "rate": rate,
-            "poisson": self.plan.poisson,
-            "payload": asdict(options_of(self.plan)),
+            "poisson": self.plan.schedule.poisson,
+            "payload": asdict(self.plan.workload.payload),
             "route": self.route,
         }
         self.state.update(message)
@@ -164,7 +176,7 @@ class LoadDriver:
 
     def drain(self, timeout_s: float = 30.0) -> None:
         """Pause arrivals until every outstanding request has been answered (bounded)."""
-        if not self.deployment or self.plan.mode != "open":
+        if not self.deployment or self.mode != "open":
             return
         self._send_rate(self.deployment, load=1e-3 * max(self.processes, 1))
         deadline = time.monotonic() + timeout_s
@@ -220,7 +232,7 @@ class LoadDriver:
     def _lose(self, client_id: str, reason: str) -> None:
         self.lost.add(client_id)
         # A silent (not dead) worker reads this when it wakes: it must not add its old share to the others'.
-        pause = {"deployment": self.deployment, "rate": 1e-3, "poisson": self.plan.poisson}
+        pause = {"deployment": self.deployment, "rate": 1e-3, "poisson": self.plan.schedule.poisson}
         self.runner.send_message(users.LOAD_MESSAGE, pause, client_id=client_id)
         in_flight = self.state.recorder.forget_source(client_id)
         left = self.processes
@@ -235,10 +247,10 @@ class LoadDriver:
             "requests_in_flight_lost": in_flight,
             "workers_left": left,
         }
-        if self.plan.mode == "open" and self.deployment and left:
+        if self.mode == "open" and self.deployment and left:
             self._send_rate(self.deployment)
             event["load"] = f"its share of {self.load:g} req/s now goes to {left} worker(s): {self.load / left:g} each"
-        elif self.plan.mode == "closed":
+        elif self.mode == "closed":
             event["load"] = "its users are not replaced: the remaining workers keep theirs"
         else:
             event["load"] = "no worker left"

@@ -11,7 +11,8 @@ import math
 import time
 from collections import defaultdict
 
-from latlab.loadtest.results import Deployment, Run, Step
+from latlab.common.settings import BatcherSettings
+from latlab.loadtest.results import Curve, Run, Step
 from latlab.common.prometheus import query, sample_value
 
 UNKNOWN = "from prometheus"
@@ -51,12 +52,12 @@ def step_ends(url: str, run_id: str, lookback: str = "30d") -> dict[tuple[str, i
     return {(s["metric"]["deployment"], int(s["metric"]["step"])): sample_value(s) for s in result}
 
 
-def _deployment(url: str, run_id: str, name: str, steps: list[tuple[int, float]]) -> Deployment:
-    return Deployment(
+def _deployment(url: str, run_id: str, name: str, steps: list[tuple[int, float]]) -> Curve:
+    return Curve(
         name=name,
         model=name,
         provider="?",
-        batcher={},
+        batcher=BatcherSettings.partial(),  # none known
         steps=[rebuild_step(url, run_id, name, step, end) for step, end in steps],
         stop_reason="rebuilt from Prometheus",
     )

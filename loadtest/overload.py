@@ -22,9 +22,10 @@ callable (the sweep supplies it; with `spans` the step carries the pooled figure
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable
 
+from latlab.common.settings import admitted_bound
+from latlab.loadtest.plan import OverloadPlan
 from latlab.loadtest.recorder import MIN_SAMPLES_P99
 from latlab.loadtest.results import Step
 from latlab.loadtest.search import SATURATED_BELOW
@@ -33,22 +34,6 @@ NORMAL_P99_FACTOR = 2.0  # pooled recovery requests are normal when their p99 is
 MAX_CAPACITY_PROBES = 5
 TAIL_REQUESTS = 2 * MIN_SAMPLES_P99
 """Requests the recovery phase holds after the expected drain: enough for two pooled runs to judge."""
-
-
-@dataclass
-class OverloadPlan:
-    """How hard and how long to overload, and how the recovery is measured."""
-
-    factor: float = 3.0
-    """Offered load during the burst, as a multiple of the capacity."""
-    burst_seconds: float = 60.0
-    capacity_rps: float | None = None
-    """The deployment's capacity; None: measured, as the rate served while saturated (from --rates[0] up)."""
-    recovery_load: float = 0.6
-    """Load before and after the burst, as a fraction of the capacity."""
-    baseline_seconds: float = 3.0
-    recovery_seconds: float = 8.0
-    recovery_window_seconds: float = 0.5
 
 
 def run_overload(
@@ -86,10 +71,10 @@ def run_overload(
 def admitted_backlog(info: dict) -> int | None:
     """The most infer requests the deployment admits at once (server/batching/admission.py): max_queue_size + instances
     x max_batch_size; None when its config does not say (a server other than latlab's)."""
-    batcher = info.get("batcher") or {}
-    if "max_queue_size" not in batcher:
+    batcher = info.get("batcher")
+    if batcher is None or not batcher.says("max_queue_size"):
         return None
-    return int(batcher["max_queue_size"] + batcher.get("instances", 1) * batcher.get("max_batch_size", 1))
+    return int(admitted_bound(batcher))
 
 
 def drain_seconds(info: dict, capacity: float, recovery_load: float) -> float | None:
@@ -127,7 +112,8 @@ def overload_figures(
     fraction of the capacity (for the expected drain time)."""
     by_status = burst.by_status
     rejected, accepted = by_status.get("503", {}), by_status.get("200", {})
-    timeout_s = (info.get("batcher") or {}).get("timeout_ms", float("nan")) / 1000.0
+    batcher = info.get("batcher")
+    timeout_s = batcher.timeout_ms / 1000.0 if batcher is not None and batcher.says("timeout_ms") else math.nan
     recovery_s, good_after = recovery_time(recovery, baseline.p99_s)
     figures = {
         "factor": factor,

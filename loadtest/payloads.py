@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from latlab.loadtest.plan import PayloadOptions
 from latlab.loadtest.sentences import sentence, token_length
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -34,40 +35,6 @@ _NUMPY_TYPES = {
     "FP32": np.float32,
     "FP64": np.float64,
 }
-
-
-@dataclass(frozen=True)
-class PayloadOptions:
-    """How requests are built and sent: the encoding, the size of dynamic non-batch dimensions
-    (e.g. a token sequence's length) and the HTTP client."""
-
-    binary: bool = False
-    """Send inputs with the binary tensor extension and ask for binary outputs."""
-    seq_len: int = 8
-    """Length given to every dynamic dimension after the batch one."""
-    client: str = "lean"
-    """How infer requests are sent: "lean" (loadtest/lean_http.py, for http:// hosts) or "locust"
-    (Locust's FastHttpSession: https, or to compare the two generators' costs)."""
-    text: bool = False
-    """The deployment must take text (a BYTES input of sentences); refused with a clear error otherwise.
-    A BYTES input gets sentences of `seq_len` tokens either way."""
-    seq_len_max: int = 0
-    """When above seq_len: each sentence's length in tokens is drawn uniformly from seq_len..seq_len_max."""
-    inputs: str = ""
-    """An .npz file of sample inputs sent instead of random ones, one request per row (see sample_bodies);
-    "" for random inputs. It must exist where each load-generator process runs."""
-
-
-def options_of(plan) -> PayloadOptions:
-    """The payload options a sweep plan (SweepPlan) asks for: what every load-generator user sends."""
-    return PayloadOptions(
-        binary=plan.binary,
-        seq_len=plan.seq_len,
-        client=plan.client,
-        text=plan.text,
-        seq_len_max=plan.seq_len_max,
-        inputs=plan.inputs,
-    )
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,8 @@
-"""The one results format, typed: a run (`Run`) holds its deployments (`Deployment`), each its measured steps
-(`Step`); written and read here only, as JSON (`latlab.results/2`). Files of `latlab.results/1` still read: the
-fields are the same, /1 only lacked the ones added since (they take their defaults)."""
+"""The one results format, typed: a run (`Run`) holds one curve (`Curve`) per deployment it measured, each its
+measured steps (`Step`); written and read here only, as JSON (`latlab.results/2`). Files of `latlab.results/1`
+still read: the fields are the same, /1 only lacked the ones added since (they take their defaults). A curve's
+batcher, provider and padding settings are common/settings.py's types, read from whatever keys the record has and
+written back with exactly those."""
 
 from __future__ import annotations
 
@@ -11,6 +13,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from latlab.common.settings import (
+    TABLES,
+    BatcherSettings,
+    CpuOptions,
+    CudaOptions,
+    PaddingSettings,
+    Settings,
+    TensorrtOptions,
+)
 
 SCHEMA = "latlab.results/2"
 OLDER = ("latlab.results/1",)
@@ -84,8 +96,9 @@ class Step:
 
 
 @dataclass
-class Deployment:
-    """One deployment's curve: its settings as the server described them, its steps, and how the sweep ended."""
+class Curve:
+    """One deployment's measured curve: its settings as the server described them, its steps, and how the sweep
+    ended."""
 
     name: str
     steps: list[Step] = field(default_factory=list)
@@ -93,17 +106,18 @@ class Deployment:
     model: str | None = None
     provider: str | None = None
     model_path: str | None = None
-    batcher: Figures | None = None
-    cpu: Figures | None = None
-    cuda: Figures | None = None
-    tensorrt: Figures | None = None
+    batcher: BatcherSettings | None = None
+    """As the server said them: all of latlab's, a few from Triton's model config, none from other servers."""
+    cpu: CpuOptions | None = None
+    cuda: CudaOptions | None = None
+    tensorrt: TensorrtOptions | None = None
     io_binding: bool | None = None
     bucket_runs: Figures | None = None
     warmup: bool | None = None
     allow_non_finite: bool | None = None
     environment: Figures | None = None
     tokenizer: Figures | None = None
-    padding: Figures | None = None
+    padding: PaddingSettings | None = None
     """[padding]: which inputs are padded to share a batch (values per input name, axis, bucket)."""
     variant: Figures | None = None
     """The model file's variant of its export (name "int8" or "fp16", precision, accuracy against FP32); None for
@@ -143,7 +157,7 @@ class Run:
 
     run_id: str
     machine: Figures
-    deployments: list[Deployment] = field(default_factory=list)
+    deployments: list[Curve] = field(default_factory=list)
     created: str | None = None
     host: str | None = None
     mode: str | None = None
@@ -216,14 +230,16 @@ def from_dict(doc: dict) -> Run:
     if schema != SCHEMA and schema not in OLDER:
         raise ValueError(f"not a latlab results file (schema {schema!r})")
     strict = schema == SCHEMA
-    deployments = [_deployment(d, strict, i) for i, d in enumerate(doc.get("deployments") or [])]
+    deployments = [_curve(d, strict, i) for i, d in enumerate(doc.get("deployments") or [])]
     run = _build(Run, {**doc, "deployments": deployments}, strict, "the run")
     return run.context()
 
 
 def to_dict(record: Any) -> Any:
-    """The JSON form of a run, deployment or step: every field but the context ones (and a deployment's machine
-    where it is its run's)."""
+    """The JSON form of a run, curve or step: every field but the context ones (and a curve's machine where it is
+    its run's); settings as the record they were read from."""
+    if isinstance(record, Settings):
+        return record.as_dict()
     if isinstance(record, Run):
         doc = _fields(record)
         for deployment in doc["deployments"]:
@@ -242,10 +258,21 @@ def _fields(record: Any) -> dict:
     return {name: to_dict(getattr(record, name)) for name in written}
 
 
-def _deployment(doc: dict, strict: bool, index: int) -> Deployment:
+def _curve(doc: dict, strict: bool, index: int) -> Curve:
+    if not isinstance(doc, dict):
+        raise ValueError(f"deployment {index} is not a JSON object")
     where = f"deployment {doc.get('name', index)!r}"
     steps = [_step(s, strict, f"step {k} of {where}") for k, s in enumerate(doc.get("steps") or [])]
-    return _build(Deployment, {**doc, "steps": steps}, strict, where)
+    settings = {
+        key: _settings(cls, doc[key], f"{key} of {where}") for key, cls in TABLES.items() if doc.get(key) is not None
+    }
+    return _build(Curve, {**doc, "steps": steps, **settings}, strict, where)
+
+
+def _settings(cls: type[Settings], doc: object, where: str) -> Settings:
+    if not isinstance(doc, dict):
+        raise ValueError(f"{where} is not a JSON object")
+    return cls.from_mapping(doc)
 
 
 def _step(doc: dict, strict: bool, where: str) -> Step:

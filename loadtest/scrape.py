@@ -1,12 +1,11 @@
-"""Reads the server's /config and /metrics, from its observer port when it has one: its deployment's settings,
-what its batcher did during a measurement window and how full its queue got. A server restarting must not crash
-the load test: requests are retried briefly, then fail with one readable line (or give None where a figure can
-be missing).
+"""Reads the server's /metrics, from its observer port when it has one: what its batcher did during a measurement
+window, how full its queue got, where a request's time went; and fetches its other routes for describe.py (a
+deployment's settings). A server restarting must not crash the load test: requests are retried briefly, then fail
+with one readable line (or give None where a figure can be missing).
 
-Any Open Inference Protocol v2 server will do: latlab's extras (/config, GET /v2's metrics_port, latlab_* series)
-are used where the server has them; elsewhere the deployment is described from its standard metadata, and the
-server's figures come from Triton's standard nv_inference_* counters where a metrics URL exports them, else there
-are none (the report then shows the client side only)."""
+Any Open Inference Protocol v2 server will do: latlab's extras (GET /v2's metrics_port, latlab_* series) are used
+where the server has them; elsewhere the server's figures come from Triton's standard nv_inference_* counters where
+a metrics URL exports them, else there are none (the report then shows the client side only)."""
 
 from __future__ import annotations
 
@@ -128,91 +127,6 @@ def fetch(host: str, path: str, timeout: float = 5.0, attempts: int = 3, pause_s
     raise requests.ConnectionError(f"cannot reach the server at {url} ({attempts} tries): {reason}")
 
 
-def describe(host: str, deployment: str) -> dict:
-    """The deployment's settings as the server reports them, to label the curve: latlab's GET .../config. On any
-    other OIP server, what its standard routes say (the name, the model's platform, GET /v2's server name and
-    version; a Triton model config's batching settings where /config answers one) and, in `settings_unknown`,
-    why the batcher settings are not known. LookupError, naming the route and its answer, when the server has
-    no such model."""
-    config_path, metadata_path = f"/v2/models/{deployment}/config", f"/v2/models/{deployment}"
-    response = fetch(host, config_path, timeout=10)
-    config = _json_or_none(response) if response.status_code == 200 else None
-    server = {k: v for k, v in (server_info(host) or {}).items() if k in ("name", "version")}
-    if isinstance(config, dict) and isinstance(config.get("batcher"), dict):  # latlab's own
-        return {**config, **({"server": server} if server and "server" not in config else {})}
-    metadata = fetch(host, metadata_path, timeout=10)
-    if metadata.status_code != 200:
-        raise LookupError(
-            f"server at {host} has no model '{deployment}': GET {metadata_path} answered "
-            f"{metadata.status_code} {metadata.text.strip()[:200]}"
-        )
-    found = _json_or_none(metadata)
-    if not isinstance(found, dict):
-        raise LookupError(
-            f"server at {host}: GET {metadata_path} answered 200 but not a JSON object: {metadata.text.strip()[:200]}"
-        )
-    info: dict = {
-        "name": deployment,
-        "model": str(found.get("name") or deployment),  # the name the server gives it
-        **({"platform": found["platform"]} if found.get("platform") else {}),
-        **({"server": server} if server else {}),
-    }
-    batcher = triton_batcher(config) if isinstance(config, dict) else None
-    if batcher is not None:
-        info.update(batcher=batcher, server_config=config)
-        provider = triton_provider(config)
-        if provider:
-            info.update(provider=provider, provider_from="Triton model config (instance_group kind)")
-    else:
-        answer = (
-            f"answered {response.status_code}"
-            if response.status_code != 200
-            else "answered no JSON"
-            if config is None
-            else "answered a config that is not latlab's"
-        )
-        info["settings_unknown"] = f"GET {config_path} {answer}"
-    return info
-
-
-def triton_batcher(config: dict) -> dict | None:
-    """latlab's batcher fields from a Triton model configuration (GET .../config on Triton): its maximum batch
-    (no dynamic batcher: every request runs alone), queue delay and instance count; None for any other JSON."""
-    if "max_batch_size" not in config or not any(
-        k in config for k in ("dynamic_batching", "instance_group", "backend", "platform")
-    ):
-        return None
-    dynamic = config.get("dynamic_batching")
-    size = int(config.get("max_batch_size") or 0)
-    batcher: dict = {"max_batch_size": max(1, size) if isinstance(dynamic, dict) else 1}
-    if isinstance(dynamic, dict):
-        batcher["max_queue_delay_ms"] = float(dynamic.get("max_queue_delay_microseconds") or 0) / 1000.0
-    groups = [g for g in config.get("instance_group") or [] if isinstance(g, dict)]
-    if groups:
-        batcher["instances"] = sum(int(g.get("count") or 1) for g in groups)
-    return batcher
-
-
-def triton_provider(config: dict) -> str | None:
-    """What a Triton model computes on, from its config's instance groups: "cuda" (KIND_GPU; "tensorrt" for a
-    TensorRT plan) or "cpu" (KIND_CPU); None when they differ or say KIND_AUTO/KIND_MODEL, and for the Python
-    backend, whose code, not its instance kind, picks the device."""
-    if str(config.get("backend") or "").lower() == "python":
-        return None
-    groups = [g for g in config.get("instance_group") or [] if isinstance(g, dict)]
-    kinds = {str(g.get("kind") or "KIND_AUTO").upper() for g in groups}
-    if kinds == {"KIND_GPU"}:
-        return "tensorrt" if str(config.get("platform") or "").lower() == "tensorrt_plan" else "cuda"
-    return "cpu" if kinds == {"KIND_CPU"} else None
-
-
-def _json_or_none(response: requests.Response) -> object:
-    try:
-        return response.json()
-    except ValueError:
-        return None
-
-
 @dataclass(frozen=True)
 class MetricsSource:
     """Where a run reads the server's own figures and what it found there: kind "latlab" (latlab_* series),
@@ -259,32 +173,6 @@ def _look_for_metrics(url: str, timeout: float) -> MetricsSource:
     if _TRITON_SERIES.search(response.text):
         return MetricsSource(url, "triton", f"Triton's nv_inference_* counters at {url}")
     return MetricsSource(None, None, f"{url} has neither latlab_* nor Triton's nv_inference_* series")
-
-
-def extras_notice(host: str, info: dict, source: MetricsSource, given: bool = False) -> tuple[str, str] | None:
-    """The one progress line saying which of latlab's extras the server lacks and what that costs, and a key
-    for saying it once per run (the same absence on the next deployment is not said again); None when nothing
-    is missing. `given`: the metrics URL came from --server-metrics."""
-    parts, key = [], [host.rstrip("/")]
-    if info.get("settings_unknown"):
-        parts.append(f"{info['settings_unknown']} (not a latlab server?): batcher settings unknown")
-        key.append("config")
-    elif info.get("server_config") is not None:
-        parts.append("no latlab /config: batcher settings from its Triton model config")
-        key.append("triton-config")
-    if source.kind is None:
-        hint = "check --server-metrics" if given else "give --server-metrics URL where it exports Triton's metrics"
-        parts.append(
-            f"no server figures ({source.note}; {hint}): no server-side batch sizes or time breakdown, "
-            "the report shows the client side only"
-        )
-        key.append("no-metrics")
-    elif source.kind == "triton":
-        parts.append(f"server figures and batch sizes from {source.note}")
-        key.append("triton")
-    if not parts:
-        return None
-    return "|".join(key), f"server at {host.rstrip('/')}: " + "; ".join(parts)
 
 
 def scrape_batches(

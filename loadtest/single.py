@@ -11,7 +11,8 @@ import time
 import numpy as np
 
 from latlab.loadtest.lean_http import LeanClient
-from latlab.loadtest.payloads import PayloadOptions, request_bodies
+from latlab.loadtest.payloads import request_bodies
+from latlab.loadtest.plan import PayloadOptions
 from latlab.loadtest.recorder import MIN_SAMPLES_P99, percentiles
 from latlab.loadtest.scrape import fetch
 

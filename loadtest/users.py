@@ -20,7 +20,8 @@ from locust.runners import MasterRunner, WorkerRunner
 
 from latlab.loadtest.fleet_cpu import FleetCpu, cpu_reading
 from latlab.loadtest.lean_http import LeanClient
-from latlab.loadtest.payloads import Body, PayloadOptions, request_bodies
+from latlab.loadtest.payloads import Body, request_bodies
+from latlab.loadtest.plan import PayloadOptions
 from latlab.loadtest.recorder import Recorder
 
 MAX_OUTSTANDING_PER_USER = 256

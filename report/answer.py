@@ -8,7 +8,7 @@ import html
 import math
 from collections.abc import Sequence
 
-from latlab.loadtest.results import Deployment
+from latlab.loadtest.results import Curve
 from latlab.report import costs
 from latlab.report.best import Best, best_rate_text
 from latlab.report.findings import AtSlo, Findings
@@ -33,12 +33,12 @@ ADD_SERVED_GPU = (
 ADD_GPU = f"`latlab report RUN --with-reference` merges the committed H100 data (in-process bench); {ADD_SERVED_GPU}"
 
 
-def settings(curve: Deployment) -> str:
+def settings(curve: Curve) -> str:
     """The batching settings in a few words."""
     return batching_text(curve, short=False)
 
 
-def side(curves: Sequence[Deployment]) -> str:
+def side(curves: Sequence[Curve]) -> str:
     """What one side of the comparison is: '16 CPU cores', '1 NVIDIA H100 80GB HBM3', 'provider unknown'."""
     if curves and provider_of(curves[0]) == UNKNOWN:
         return "provider unknown"
@@ -57,7 +57,7 @@ def side(curves: Sequence[Deployment]) -> str:
     return f"{count} CPU core{'s' if threads[-1] > 1 else ''}"
 
 
-def compared(curves: Sequence[Deployment]) -> str:
+def compared(curves: Sequence[Curve]) -> str:
     """'16 CPU cores vs 1 NVIDIA H100 80GB HBM3'; the servers first when they are not only latlab's
     ('latlab vs MLServer: 2 CPU cores vs provider unknown')."""
     cpu = [c for c in curves if is_cpu(c)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from latlab.loadtest.results import Deployment, Step
+from latlab.loadtest.results import Curve, Step
 from latlab.report import costs
 from latlab.report.naming import UNKNOWN, by_server, group_name, provider_of, server_name, server_names
 from latlab.report.rates import is_lower_bound, max_rate_under, rate_text, unmet_text
@@ -18,7 +18,7 @@ from latlab.report.rates import is_lower_bound, max_rate_under, rate_text, unmet
 class Measured:
     """One deployment's highest measured rate under one SLO."""
 
-    curve: Deployment
+    curve: Curve
     slo_s: float
     step: Step | None
     """The step with the highest rate meeting the SLO (rates.max_rate_under); None when none met it."""
@@ -35,7 +35,7 @@ class Measured:
         return self.unmet if self.step is None else rate_text(self.curve, self.step, self.slo_s)
 
 
-def measure(curves: Sequence[Deployment], slo_s: float) -> list[Measured]:
+def measure(curves: Sequence[Curve], slo_s: float) -> list[Measured]:
     """Each deployment's highest rate under the SLO, in the order given."""
     found = []
     for curve in curves:
@@ -50,11 +50,11 @@ class Best:
     """One provider's best deployment under one SLO."""
 
     provider: str
-    curve: Deployment | None = None
+    curve: Curve | None = None
     step: Step | None = None
     price: costs.Price | None = None
     slo_s: float | None = None
-    candidates: tuple[Deployment, ...] = ()
+    candidates: tuple[Curve, ...] = ()
     """Every deployment of the provider that was judged: what "never meets it" must hold for."""
     group: str = ""
     """What the row stands for in tables: the provider, or "server, provider" when servers are compared."""
@@ -122,7 +122,7 @@ def _best_of(group: str, members: list[Measured], prices: dict) -> Best:
     )
 
 
-def best_per_provider(curves: Sequence[Deployment], slo_s: float, prices: dict) -> list[Best]:
+def best_per_provider(curves: Sequence[Curve], slo_s: float, prices: dict) -> list[Best]:
     """best_per_group of the curves under one SLO."""
     return best_per_group(measure(curves, slo_s), prices)
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-from latlab.loadtest.results import Deployment, Step
+from latlab.common.settings import BatcherSettings
+from latlab.loadtest.results import Curve, Step
 from latlab.report.costs import cpu_threads
 from latlab.report.findings import Findings
 from latlab.report.naming import is_gpu, label, machine_name, server_name
@@ -37,18 +38,18 @@ def parts(server: dict) -> dict[str, float] | None:
     return {key: figures[key] for key in PARTS}
 
 
-def busy_share(server: dict, curve: Deployment) -> float | None:
+def busy_share(server: dict, curve: Curve) -> float | None:
     """Share of the step's time the deployment's instances were running batches (all instances together)."""
     busy, seconds = server.get("busy_s"), server.get("seconds")
     if busy is None or not seconds:
         return server.get("busy_share")
-    instances = int((curve.batcher or {}).get("instances") or 1)
+    instances = int((curve.batcher or BatcherSettings()).instances or 1)
     share = busy / (seconds * instances)
     # Triton's figure is an upper estimate (loadtest.scrape.triton_step): a share past 1 is that estimate's error
     return min(share, 1.0) if server.get("source") == "triton" else share
 
 
-def usable_cores(curve: Deployment, share: float) -> float:
+def usable_cores(curve: Curve, share: float) -> float:
     """The cores the server could keep busy: one per interpreter (its lock serialises the Python work of
     decoding, batching and encoding): one process, or each front end and the engine of a server with several
     ([server] frontends); plus, on CPU, ORT's threads while a batch runs."""
@@ -59,7 +60,7 @@ def usable_cores(curve: Deployment, share: float) -> float:
     return interpreters + share * (cpu_threads(curve) or 1)
 
 
-def server_bound(step: Step, curve: Deployment) -> bool | None:
+def server_bound(step: Step, curve: Curve) -> bool | None:
     """True when the serving processes were saturated (CPU ≥ 90% of the cores they could use: usable_cores, the
     front ends and engine of a multi-front-end server counted) while its device was not (instances busy < 70%
     of the time); None when the server did not export what the rule needs."""
@@ -96,7 +97,7 @@ def bars(findings: Findings) -> list[dict]:
     return found
 
 
-def client_only(curves: Sequence[Deployment]) -> str:
+def client_only(curves: Sequence[Curve]) -> str:
     """Which deployments were measured from the client side only because their server exports no figures latlab
     reads (their run recorded why, in `server_metrics`), in one sentence; "" when none was."""
     missing = [c for c in curves if c.server_metrics is not None and not c.server_metrics.get("kind")]
@@ -142,7 +143,7 @@ def breakdown_table(found: list[dict]) -> str:
     )
 
 
-def processes(curve: Deployment) -> str:
+def processes(curve: Curve) -> str:
     """The server's processes as the server-bound rule counts them: "one process", or "N front ends + engine"."""
     frontends = int(curve.frontends or 1)
     return "one process" if frontends <= 1 else f"{frontends} front ends + engine"

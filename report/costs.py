@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from latlab.loadtest.results import Deployment
+from latlab.loadtest.results import Curve
 from latlab.report.naming import is_gpu, provider_of
 
 
@@ -19,20 +19,24 @@ class Price:
     """e.g. "$2.50 per machine-hour" or "$0.05 per core-hour × 16 cores"."""
 
 
-def cpu_threads(curve: Deployment) -> int | None:
+def cpu_threads(curve: Curve) -> int | None:
     """The cores a CPU deployment computes on: `cpu_threads` from its environment (the lab's fair CPU share), else its
     ORT intra-op threads (0 = every core of the machine); None when nothing says."""
     environment = curve.environment or {}
-    for source in (environment, curve.cpu or {}, curve.batcher or {}):
-        for key in ("cpu_threads", "intra_op_threads"):
-            threads = source.get(key)
-            if threads is None:
-                continue
-            if int(threads) > 0:
-                return int(threads)
-            cores = environment.get("cores") or (curve.machine or {}).get("cores")
-            return int(cores) if cores else None
+    for threads in (environment.get("cpu_threads"), environment.get("intra_op_threads"), intra_op_threads(curve)):
+        if threads is None:
+            continue
+        if int(threads) > 0:
+            return int(threads)
+        cores = environment.get("cores") or (curve.machine or {}).get("cores")
+        return int(cores) if cores else None
     return None
+
+
+def intra_op_threads(curve: Curve) -> int | None:
+    """The server's ORT intra-op threads (0 = every core); None when its record does not say."""
+    cpu = curve.cpu
+    return cpu.intra_op_threads if cpu is not None and cpu.says("intra_op_threads") else None
 
 
 def price_amount_and_unit(value: object) -> tuple[float, str]:
@@ -48,7 +52,7 @@ def price_amount_and_unit(value: object) -> tuple[float, str]:
     return float(amount), "core-hour" if "core" in unit else "machine-hour"
 
 
-def machine_price(prices: dict, curve: Deployment) -> Price | None:
+def machine_price(prices: dict, curve: Curve) -> Price | None:
     """The hourly price of one machine running `curve`'s deployment; None without a price for its provider.
     A core-hour price is charged for the cores a CPU deployment computes on (cpu_threads)."""
     provider = provider_of(curve)

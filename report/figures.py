@@ -10,12 +10,12 @@ import matplotlib
 matplotlib.use("Agg")  # no display on servers and CI
 import matplotlib.pyplot as plt  # noqa: E402
 
-from latlab.loadtest.results import Deployment  # noqa: E402
+from latlab.loadtest.results import Curve  # noqa: E402
 from latlab.report.costs import fleet_cost_per_million, rate_grid  # noqa: E402
 from latlab.report.naming import machine_name, server_name  # noqa: E402
 
 
-def curve_png(model: str, curves: list[Deployment], slos_s: list[float]) -> bytes:
+def curve_png(model: str, curves: list[Curve], slos_s: list[float]) -> bytes:
     """p99 (solid) and p50 (dashed) against achieved throughput, one colour per deployment and machine."""
     fig, ax = plt.subplots(figsize=(8, 4.8), dpi=110)
     for i, curve in enumerate(curves):

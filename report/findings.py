@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from latlab.loadtest.results import Deployment
+from latlab.loadtest.results import Curve
 from latlab.report import costs
 from latlab.report.best import Best, Measured, best_per_group, best_per_server, measure
 from latlab.report.naming import UNKNOWN, by_server, is_cpu, is_gpu, provider_of
@@ -42,7 +42,7 @@ class AtSlo:
     winner: Best | None
     """The cheaper per inference when each runs flat out; by rate when a price is missing; None when none met it."""
 
-    def of(self, curve: Deployment) -> Measured:
+    def of(self, curve: Curve) -> Measured:
         """The deployment's own highest rate under the SLO."""
         return next(m for m in self.measured if m.curve is curve)
 
@@ -52,7 +52,7 @@ class Findings:
     """Everything the report says of one model, per SLO in the order given."""
 
     model: str
-    curves: tuple[Deployment, ...]
+    curves: tuple[Curve, ...]
     slos_s: tuple[float, ...]
     servers: bool
     """Whether its deployments are compared by server (naming.by_server)."""
@@ -72,9 +72,7 @@ class Findings:
         return next(found for found in self.by_slo if found.slo_s == slo_s)
 
 
-def findings_of(
-    model: str, curves: Sequence[Deployment], slos_s: Sequence[float], prices: dict | None = None
-) -> Findings:
+def findings_of(model: str, curves: Sequence[Curve], slos_s: Sequence[float], prices: dict | None = None) -> Findings:
     """The model's findings over its curves (tagged by server where servers are compared: naming.tag_servers)
     under each SLO; `prices` per provider (None: none, so no cost is known)."""
     curves, slos_s = tuple(curves), tuple(slos_s)
@@ -95,7 +93,7 @@ def findings_of(
     )
 
 
-def _at_slo(curves: tuple[Deployment, ...], slo_s: float, prices: dict, servers: bool) -> AtSlo:
+def _at_slo(curves: tuple[Curve, ...], slo_s: float, prices: dict, servers: bool) -> AtSlo:
     measured = tuple(measure(curves, slo_s))
     rows = tuple(best_per_group(measured, prices))
     cpu, gpu = _top(rows, "cpu"), _top(rows, "gpu")
@@ -141,7 +139,7 @@ def _winner(rows: Sequence[Best]) -> Best | None:
 def _headline(by_slo: Sequence[AtSlo]) -> AtSlo | None:
     """The tightest SLO that both the CPU and a device meet, else the tightest any deployment meets."""
 
-    def meets(found: AtSlo, kind: Callable[[Deployment], bool]) -> bool:
+    def meets(found: AtSlo, kind: Callable[[Curve], bool]) -> bool:
         return any(m.step is not None and kind(m.curve) for m in found.measured)
 
     ordered = sorted(by_slo, key=lambda found: found.slo_s)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from latlab.loadtest.results import Deployment
+from latlab.loadtest.results import Curve
 
 UNKNOWN = "?"
 """The provider of a deployment whose record does not say: one served by another server (Triton, MLServer) whose
@@ -16,33 +16,33 @@ SERVER_NAMES = {"latlab": "latlab", "triton": "Triton", "mlserver": "MLServer", 
 """GET /v2's `name` of known servers -> how the report writes it."""
 
 
-def provider_of(curve: Deployment) -> str:
+def provider_of(curve: Curve) -> str:
     """The deployment's execution provider, lower case ("cpu", "cuda", "tensorrt"); UNKNOWN when not recorded."""
     return str(curve.provider or UNKNOWN).lower()
 
 
-def is_gpu(curve: Deployment) -> bool:
+def is_gpu(curve: Curve) -> bool:
     """A device deployment (a recorded provider other than the CPU's); an unknown provider is not one."""
     return provider_of(curve) not in ("cpu", UNKNOWN)
 
 
-def is_cpu(curve: Deployment) -> bool:
+def is_cpu(curve: Curve) -> bool:
     return provider_of(curve) == "cpu"
 
 
-def server_name(curve: Deployment) -> str:
+def server_name(curve: Curve) -> str:
     """The server that served the curve, by GET /v2's name ("latlab", "Triton", "MLServer"); results from before
     the server was recorded come from latlab's own."""
     name = str((curve.server or {}).get("name") or "latlab")
     return SERVER_NAMES.get(name.lower(), name)
 
 
-def server_names(curves: list[Deployment]) -> list[str]:
+def server_names(curves: list[Curve]) -> list[str]:
     """The servers of these curves, latlab's first, then alphabetically."""
     return sorted({server_name(c) for c in curves}, key=lambda name: (name != "latlab", name.lower()))
 
 
-def tag_servers(curves: list[Deployment]) -> list[Deployment]:
+def tag_servers(curves: list[Curve]) -> list[Curve]:
     """The curves, each a copy with `by_server` set, when they come from more than one server: labels, tables,
     curves and the answer then name each curve's server. A one-server set is left as it is (its report renders
     without the server dimension)."""
@@ -51,31 +51,30 @@ def tag_servers(curves: list[Deployment]) -> list[Deployment]:
     return [replace(c, by_server=True) for c in curves]
 
 
-def by_server(curves: list[Deployment]) -> bool:
+def by_server(curves: list[Curve]) -> bool:
     """Whether these curves are compared by server (tagged by tag_servers, or from more than one server)."""
     return any(c.by_server for c in curves) or len(server_names(curves)) > 1
 
 
-def provider_text(curve: Deployment) -> str:
+def provider_text(curve: Curve) -> str:
     provider = curve.provider
     return "provider unknown" if provider_of(curve) == UNKNOWN else str(provider)
 
 
-def batching_text(curve: Deployment, short: bool = True) -> str:
+def batching_text(curve: Curve, short: bool = True) -> str:
     """The batcher settings in a few words: latlab's batcher ("batch ≤ 64, wait ≤ 2 ms", short; "batching ≤ 64,
     wait ≤ 2 ms"), Triton's dynamic batcher from its model config, or "batcher settings unknown"."""
-    batcher = curve.batcher or {}
-    size = batcher.get("max_batch_size")
-    if size is None:
+    batcher = curve.batcher
+    if batcher is None or not batcher.says("max_batch_size") or batcher.max_batch_size is None:
         return "batcher settings unknown" if short else "batching unknown"
-    delay = batcher.get("max_queue_delay_ms", 0)
+    size, delay = batcher.max_batch_size, batcher.max_queue_delay_ms
     if curve.server_config is not None:  # Triton's model config: its dynamic batcher
         return "no dynamic batcher" if size == 1 else f"dynamic batcher ≤ {size}, wait ≤ {delay:g} ms"
     text = "batching off" if size == 1 else f"{'batch' if short else 'batching'} ≤ {size}, wait ≤ {delay:g} ms"
     return f"{variant_text(curve)}, {text}" if curve.variant else text
 
 
-def variant_text(curve: Deployment) -> str:
+def variant_text(curve: Curve) -> str:
     """A variant's name and its accuracy against FP32 ("INT8 (min embedding cosine similarity to FP32 0.988)");
     "FP32" for the export itself."""
     if not curve.variant:
@@ -86,14 +85,14 @@ def variant_text(curve: Deployment) -> str:
     return f"{str(curve.variant.get('name', 'variant')).upper()}{kept}"
 
 
-def label(curve: Deployment) -> str:
+def label(curve: Curve) -> str:
     """A deployment in words: name, provider and batcher settings; its server first when the report compares
     servers (`by_server`)."""
     server = f"{server_name(curve)}, " if curve.by_server else ""
     return f"{curve.name} ({server}{provider_text(curve)}, {batching_text(curve)})"
 
 
-def machine_name(curve: Deployment) -> str:
+def machine_name(curve: Curve) -> str:
     """What the machine is: its recorded `name` (server environment, then run), else its GPU (for a device
     deployment) or CPU model. Never the hostname: every lab VM is called `vm`."""
     environment, run = curve.environment or {}, curve.machine or {}
@@ -110,7 +109,7 @@ def machine_name(curve: Deployment) -> str:
     return "unnamed machine"
 
 
-def group_name(curve: Deployment, servers: bool) -> str:
+def group_name(curve: Curve, servers: bool) -> str:
     """What a table's row or column of best deployments stands for: the provider ("cpu", "provider unknown"),
     after the server when servers are compared ("MLServer, provider unknown")."""
     provider = provider_of(curve) if provider_of(curve) != UNKNOWN else "provider unknown"

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from latlab.common.machine import key as machine_key
 from latlab.common.machine import same as same_machine
-from latlab.loadtest.results import Deployment
+from latlab.common.settings import BatcherSettings
+from latlab.loadtest.results import Curve
 
 # Printed in the report beside every prediction: what the numbers below take for granted.
 ASSUMPTIONS = (
@@ -148,14 +149,14 @@ def max_rate_under_slo(fit: BatchTimeFit, max_batch: int, delay_s: float, instan
     return low
 
 
-def request_overheads(curves: list[Deployment], fits: list[dict]) -> dict[str, float]:
+def request_overheads(curves: list[Curve], fits: list[dict]) -> dict[str, float]:
     """Per machine (machine.key), the serving work per request c, calibrated on the batching-off deployment
     whose model is cheapest (where c dominates): c = 1 / highest achieved rate - t(1), at least 0."""
     cheapest: dict[str, tuple[float, float]] = {}
     for curve in curves:
         fit = matching_fit(curve, fits)
         top = max((s.achieved_rps or 0.0 for s in curve.steps), default=0.0)
-        if fit is None or top <= 0 or int((curve.batcher or {}).get("max_batch_size", 1)) != 1:
+        if fit is None or top <= 0 or int((curve.batcher or BatcherSettings()).max_batch_size) != 1:
             continue
         host = machine_key(curve.machine or {})
         compute = fit["fit"].time_s(1)
@@ -164,7 +165,7 @@ def request_overheads(curves: list[Deployment], fits: list[dict]) -> dict[str, f
     return {host: overhead for host, (_, overhead) in cheapest.items()}
 
 
-def predict_deployment(curve: Deployment, fits: list[dict], slo_s: float, overhead_s: float = 0.0) -> dict | None:
+def predict_deployment(curve: Curve, fits: list[dict], slo_s: float, overhead_s: float = 0.0) -> dict | None:
     """Prediction for one measured deployment from the bench fit of its model and backend on its machine,
     with `overhead_s` of serving work per request added to every sample of a batch."""
     fit = matching_fit(curve, fits)
@@ -173,10 +174,10 @@ def predict_deployment(curve: Deployment, fits: list[dict], slo_s: float, overhe
     if overhead_s > 0:
         bench = fit["fit"]
         fit = {**fit, "fit": BatchTimeFit(bench.a_s, bench.b_s + overhead_s, bench.points, bench.max_batch)}
-    batcher = curve.batcher or {}
-    max_batch = int(batcher.get("max_batch_size", 1))
-    delay_s = float(batcher.get("max_queue_delay_ms", 0.0)) / 1e3
-    instances = int(batcher.get("instances", 1))
+    batcher = curve.batcher or BatcherSettings()  # what the record does not say: the server's defaults
+    max_batch = int(batcher.max_batch_size)
+    delay_s = float(batcher.max_queue_delay_ms) / 1e3
+    instances = int(batcher.instances)
     rate = max_rate_under_slo(fit["fit"], max_batch, delay_s, instances, slo_s)
     batch = batch_size_at(rate, fit["fit"], max_batch, delay_s, instances) if rate > 0 else 0.0
     return {
@@ -190,7 +191,7 @@ def predict_deployment(curve: Deployment, fits: list[dict], slo_s: float, overhe
     }
 
 
-def matching_fit(curve: Deployment, fits: list[dict]) -> dict | None:
+def matching_fit(curve: Curve, fits: list[dict]) -> dict | None:
     """The fit of the curve's model and provider from the same machine (machine.key, else CPU model)."""
     backend = BACKENDS.get(str(curve.provider or "").lower())
     machine = curve.machine or {}

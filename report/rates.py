@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from latlab.loadtest.floor import only_the_floor_breaks
-from latlab.loadtest.results import Deployment, Step
+from latlab.loadtest.results import Curve, Step
 from latlab.loadtest.search import FLAT, NEVER, slo_met
 
 
@@ -16,12 +16,12 @@ def max_rate_under(steps: list[Step], slo_s: float) -> Step | None:
     return max((s for s in steps if slo_met(s, slo_s)), key=lambda s: s.achieved_rps, default=None)
 
 
-def bracket_of(curve: Deployment, slo_s: float) -> dict | None:
+def bracket_of(curve: Curve, slo_s: float) -> dict | None:
     """The sweep's bracket of this SLO for the deployment (`latlab loadtest --slos`); None in older results."""
     return next((b for b in curve.slo_brackets or [] if math.isclose(b["slo_p99_s"], slo_s)), None)
 
 
-def unmet_text(curves: list[Deployment], slo_s: float) -> str:
+def unmet_text(curves: list[Curve], slo_s: float) -> str:
     """What a table says for deployments none of whose steps met the SLO: "never" only when one request at a
     time broke it for every one of them (with the fastest such p99), else where the search stopped (a flat tail:
     the lowest such bracket, with its own curve's lowest step); either with what the generator's own floor
@@ -44,7 +44,7 @@ def unmet_text(curves: list[Deployment], slo_s: float) -> str:
     return f"not met at ≥ {lowest:g}" if lowest else "not measured"
 
 
-def floor_clause(curves: list[Deployment], slo_s: float, p99_s: float | None, rate: float | None) -> str:
+def floor_clause(curves: list[Curve], slo_s: float, p99_s: float | None, rate: float | None) -> str:
     """'; within the generator's floor: ...' where the p99 that broke the bound, less what the generator itself
     adds at that rate (loadtest/floor.py), would meet it: the instrument, not the deployment, may break it."""
     floors = [c.generator_floor for c in curves if c.generator_floor]
@@ -64,7 +64,7 @@ def unmet_clause(why: str) -> str:
     return f"does not meet it at the rates measured ({why})"
 
 
-def bracket_text(curve: Deployment, step: Step, slo_s: float | None) -> str:
+def bracket_text(curve: Curve, step: Step, slo_s: float | None) -> str:
     """A met step's rate, with the rate that broke the SLO beside it when the bracket is wider than the
     sweep's resolution: '104–500'."""
     rate = f"{step.achieved_rps:.0f}"
@@ -93,14 +93,14 @@ def _target(step: Step) -> float:
     return float(step.target_rps or step.target or step.offered_rps or 0.0)
 
 
-def is_lower_bound(curve: Deployment, step: Step) -> bool:
+def is_lower_bound(curve: Curve, step: Step) -> bool:
     """Whether a step's rate is only a lower bound of the deployment's: the sweep ended (its cap, or its rates
     ran out) before the deployment saturated, and this is its highest load. A curve that does not say
     (results from before the saturation search) counts as saturated."""
     return curve.saturated is False and _target(step) >= max(_target(s) for s in curve.steps)
 
 
-def rate_text(curve: Deployment, step: Step | None, slo_s: float | None = None) -> str:
+def rate_text(curve: Curve, step: Step | None, slo_s: float | None = None) -> str:
     """A step's achieved rate as a table shows it: '≥ N (not saturated)' when it is only a lower bound, the
     bracket when it is wider than the resolution; with no step, why (see unmet_text)."""
     if step is None:

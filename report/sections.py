@@ -6,10 +6,11 @@ from __future__ import annotations
 import html
 
 from latlab.loadtest.floor import floor_line, near_floor
-from latlab.loadtest.results import Deployment, Run, Step
+from latlab.loadtest.results import Curve, Run, Step
 from latlab.report.bench_pivot import gpu_speedup, pivot
 from latlab.common.machine import key as machine_key
 from latlab.report.breakdown import server_bound
+from latlab.report.costs import intra_op_threads
 from latlab.report.findings import Findings
 from latlab.report.naming import label, machine_name, server_name
 from latlab.report.predict import ASSUMPTIONS, predict_deployment
@@ -144,7 +145,7 @@ def _fixed(predicted: dict) -> str:
     return f" (bench {', '.join(f'{k}={v}' for k, v in sorted(fixed.items()))})" if fixed else ""
 
 
-def _prediction_caveats(curve: Deployment, predicted: dict) -> str:
+def _prediction_caveats(curve: Curve, predicted: dict) -> str:
     """Why a prediction and a measurement may not be comparable."""
     caveats = []
     top = max((s.achieved_rps for s in curve.steps), default=0.0)
@@ -152,7 +153,7 @@ def _prediction_caveats(curve: Deployment, predicted: dict) -> str:
         caveats.append(f"beyond the highest rate measured ({top:.0f} req/s)")
     if predicted["batch"] > predicted["fit"].max_batch:
         caveats.append(f"batch {predicted['batch']:.0f} extrapolates the fit past batch {predicted['fit'].max_batch}")
-    server_threads = (curve.cpu or {}).get("intra_op_threads")
+    server_threads = intra_op_threads(curve)
     bench_threads = predicted.get("bench_threads")
     if (
         predicted["backend"] == "ort-cpu"
@@ -196,7 +197,7 @@ def bench_table(doc: dict) -> str:
     return f"<details><summary>bench numbers</summary>{''.join(tables)}</details>"
 
 
-def steps_table(curve: Deployment) -> str:
+def steps_table(curve: Curve) -> str:
     rows = []
     for s in curve.steps:
         p = {
@@ -260,12 +261,12 @@ def p99_interval(step: Step) -> str:
     return f"{ci['p99_low_s'] * 1e3:.2f}–{ci['p99_high_s'] * 1e3:.2f}"
 
 
-def _level(curve: Deployment) -> str:
+def _level(curve: Curve) -> str:
     levels = {s.confidence["level"] for s in curve.steps if s.confidence}
     return f"{levels.pop():.0%}" if len(levels) == 1 else "confidence"
 
 
-def _saturation(curve: Deployment) -> str:
+def _saturation(curve: Curve) -> str:
     """Whether the sweep found the deployment's limit (saturated, rate_cap_rps; absent in results from
     before the saturation search)."""
     cap = f", rate cap {curve.rate_cap_rps:g} req/s" if curve.rate_cap_rps else ""

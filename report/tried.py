@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from latlab.loadtest.results import SEARCH_FOLDER, Deployment
+from latlab.loadtest.results import SEARCH_FOLDER, Curve
 from latlab.report.sections import esc
 from latlab.report.rates import max_rate_under, rate_text
 
@@ -25,7 +25,7 @@ def read_searches(run_dirs: list[Path]) -> tuple[list[dict], dict[str, dict]]:
     return records, notes
 
 
-def tried_section(run_dirs: list[Path], curves: list[Deployment], slos_s: list[float]) -> str:
+def tried_section(run_dirs: list[Path], curves: list[Curve], slos_s: list[float]) -> str:
     """The section, or "" when no run searched."""
     records, notes = read_searches(run_dirs)
     if not records:
@@ -44,7 +44,7 @@ def tried_section(run_dirs: list[Path], curves: list[Deployment], slos_s: list[f
     return "".join(parts)
 
 
-def _search_table(record: dict, notes: dict, by_name: dict[str, Deployment], slos_s: list[float]) -> str:
+def _search_table(record: dict, notes: dict, by_name: dict[str, Curve], slos_s: list[float]) -> str:
     bound_ms = record["slo_p99_s"] * 1e3
     swept = record.get("swept_as")
     accuracy = {v: n.get("accuracy") for v, n in notes.items() if n.get("accuracy")}

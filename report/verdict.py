@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from latlab.loadtest.results import Deployment
+from latlab.loadtest.results import Curve
 from latlab.report.best import Best
 from latlab.report.findings import Findings
 from latlab.report.naming import PROVIDER_HINT, label, machine_name
@@ -21,7 +21,7 @@ def verdict(findings: Findings, slo_s: float) -> str:
         return f"{model}: no deployment met {bound} at any measured load."
     merged = len({machine_name(c) for c in findings.curves}) > 1  # same deployment names may come from two machines
 
-    def name(curve: Deployment) -> str:
+    def name(curve: Curve) -> str:
         return f"{label(curve)} on {machine_name(curve)}" if merged else label(curve)
 
     top, rest = best[0], best[1:]

@@ -11,7 +11,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from latlab.loadtest.results import Deployment, Run, read_results
+from latlab.loadtest.results import Curve, Run, read_results
 from latlab.report import answer, pictures, sections
 from latlab.report.bench_crossover import size_crossover
 from latlab.report.bench_plot import plot_bench
@@ -34,7 +34,7 @@ GPU_HINT = (
 )
 
 
-def _curves(runs: list[Run]) -> list[Deployment]:
+def _curves(runs: list[Run]) -> list[Curve]:
     """Every deployment curve of every results file (each knows its run, machine and whether it is reference
     data: results.Run.context)."""
     return [deployment for run in runs for deployment in run.deployments]
@@ -92,7 +92,7 @@ def write_report(
     curves = _curves(results)
     fits = bench_fits(bench)
     overheads = request_overheads(curves, fits)
-    by_model: dict[str, list[Deployment]] = defaultdict(list)
+    by_model: dict[str, list[Curve]] = defaultdict(list)
     for curve in curves:
         by_model[curve.model or curve.name].append(curve)
     # A model whose curves come from more than one server is compared by server (naming.tag_servers).
@@ -138,7 +138,7 @@ def _pictures(models: list[Findings], out: Path) -> list[str]:
     return body
 
 
-def _gpu_notice(curves: list[Deployment], bench: list[dict], with_reference: bool, reference_dir: Path) -> str:
+def _gpu_notice(curves: list[Curve], bench: list[dict], with_reference: bool, reference_dir: Path) -> str:
     machines = sorted({machine_name(c) for c in curves})
     gpu_machines = sorted({machine_name(c) for c in curves if is_gpu(c)})
     bench_gpu = any(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from latlab.common.user_input import UserError, parse_slos
+from latlab.common.user_input import Slos, UserError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -144,8 +144,7 @@ def cmd_lab(args: argparse.Namespace) -> None:
     except (ValueError, PriceError) as exc:
         raise UserError(str(exc)) from None
     if args.slo is not None:
-        parse_slos(args.slo)  # refuses a bad bound here, before any work
-        plan = replace(plan, slos=args.slo)
+        plan = replace(plan, slos=Slos.parse(args.slo))  # a bad bound is refused here, before any work
     if args.slo_seconds is not None:
         if not 0 <= args.slo_seconds < float("inf"):
             raise UserError(f"--slo-seconds must be >= 0 (0: no time budget), got {args.slo_seconds:g}")

@@ -181,14 +181,10 @@ def _from_config(args: argparse.Namespace):
     table = {k: v for k, v in table.items() if k not in ("model_path", "provider", "tokenizer")}
     args.onnx, args.provider = Path(deployment.model_path), deployment.provider
     args.name = args.name or deployment.model or None
-    batcher, cpu = deployment.batcher, deployment.cpu
-    begin = Candidate(
+    begin = Candidate.serving(
         "fp32",
-        batcher.max_batch_size,
-        batcher.max_queue_delay_ms,
-        batcher.adaptive,
-        batcher.instances,
-        max(1, cpu.intra_op_threads) if deployment.provider == "cpu" else 1,
+        deployment.batcher,
+        max(1, deployment.cpu.intra_op_threads) if deployment.provider == "cpu" else 1,
         deployment.cuda.enable_cuda_graph if deployment.provider != "cpu" else False,
     )
     return table, begin

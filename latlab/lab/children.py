@@ -1,14 +1,19 @@
 """What the lab's child processes share, its sweeps and the search's probes alike: a ready `latlab serve` of a
-config, the `latlab loadtest` options of a model's steps, and the request samples those send."""
+config, the parts of a model's sweep plan every measurement shares (what it sends, the step timing), and the request
+samples those send."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterable
 
 from latlab.common import procs
 from latlab.lab.plan import LabPlan, ModelPlan
+from latlab.loadtest.payloads import save_samples
+from latlab.loadtest.plan import PayloadOptions, Workload
+from latlab.loadtest.schedule import Schedule
 
 
 def start_server(config: Path, port: int, log_path: Path) -> tuple[subprocess.Popen, int]:
@@ -27,23 +32,25 @@ def start_server(config: Path, port: int, log_path: Path) -> tuple[subprocess.Po
     return server, observer_port
 
 
-def step_args(plan: LabPlan, model: ModelPlan, run_dir: Path) -> list[str]:
-    """The `latlab loadtest` options every measurement of a model shares: the plan's step timing and confidence,
-    and the model's request encoding and samples."""
-    return [
-        "--confidence",
-        f"{plan.confidence:g}",
-        "--step-seconds",
-        str(plan.step_seconds),
-        "--max-windows",
-        str(plan.max_windows),
-        "--warmup-seconds",
-        str(plan.warmup_seconds),
-        "--seq-len",
-        str(model.seq_len),
-        *(["--binary"] if model.binary else []),
-        *(["--inputs", str(samples_path(run_dir, model))] if model.samples is not None else []),
-    ]
+def model_workload(model: ModelPlan, run_dir: Path, host: str, deployments: Iterable[str]) -> Workload:
+    """What every measurement of a model sends to its deployments: the model's request encoding and samples."""
+    payload = PayloadOptions(
+        binary=model.binary,
+        seq_len=model.seq_len,
+        inputs=str(samples_path(run_dir, model)) if model.samples is not None else "",
+    )
+    return Workload(host=host, deployments=tuple(deployments), payload=payload)
+
+
+def step_schedule(plan: LabPlan, loads: Iterable[float], **more: object) -> Schedule:
+    """The plan's step timing (every measurement of the lab shares it) at `loads`, with `more` of the schedule."""
+    return Schedule(
+        loads=tuple(loads),
+        window_seconds=plan.step_seconds / 3,
+        max_windows=max(3, plan.max_windows),
+        warmup_seconds=plan.warmup_seconds,
+        **more,
+    )
 
 
 def samples_path(run_dir: Path, model: ModelPlan) -> Path:
@@ -54,8 +61,6 @@ def samples_path(run_dir: Path, model: ModelPlan) -> Path:
 def write_samples(run_dir: Path, plan: LabPlan) -> None:
     """Each model's request samples into the run folder, where its sweep reads them (and a reader of the run
     finds what was sent)."""
-    from latlab.loadtest.payloads import save_samples
-
     for model in plan.models:
         if model.samples is not None:
             path = samples_path(run_dir, model)

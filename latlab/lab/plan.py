@@ -7,6 +7,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from latlab.common.settings import BatcherSettings
+from latlab.common.user_input import Slos
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -81,8 +84,11 @@ class ModelPlan:
     goes on raising the rate (up to LabPlan.raise_cap times it) until the deployment does. A step holds at least
     100 requests (its windows lengthen at low rates), so a low first rate costs time: below ~20 req/s a
     step takes 5-10 s per window."""
-    batching: dict = field(default_factory=lambda: {"max_batch_size": 64, "max_queue_delay_ms": 2.0})
-    """The batching-on deployment's [batcher] settings; the other deployment has max_batch_size = 1."""
+    batching: BatcherSettings = field(
+        default_factory=lambda: BatcherSettings.partial(max_batch_size=64, max_queue_delay_ms=2.0)
+    )
+    """The batching-on deployment's [batcher] settings (those it names; the rest the server's defaults); the other
+    deployment has max_batch_size = 1."""
     binary: bool = False
     """Load with the binary tensor extension (big inputs: JSON text would measure the parser)."""
     seq_len: int = 8
@@ -92,9 +98,9 @@ class ModelPlan:
     named <model>-text-..., loaded with sentences of seq_len tokens, beside the token-id ones."""
     onnx: Path | None = None
     """The user's own model: this ONNX file is served as it is, instead of exporting a zoo model (see user.py)."""
-    tune_slo: str | None = None
-    """The p99 bound the lab's search (--search-minutes) ranks this model's configurations by (default: the middle
-    of the plan's SLOs)."""
+    tune_slo: float | None = None
+    """The p99 bound (seconds) the lab's search (--search-minutes) ranks this model's configurations by (default:
+    the middle of the plan's SLOs)."""
     tuned: tuple[dict, ...] = ()
     """Deployments the lab's search found (latlab/tune/lab_search.py), each a [[deployments]] table: swept in full in
     place of its provider's batching-on deployment (see LabPlan.deployments)."""
@@ -113,7 +119,8 @@ class LabPlan:
     """Three windows of a third each; an unstable step gets more, up to max_windows."""
     max_windows: int = 4
     warmup_seconds: float = 1.0
-    slos: str = "10ms,25ms,50ms,100ms"
+    slos: Slos = Slos.parse("10ms,25ms,50ms,100ms")
+    """The report's p99 bounds and the sweep's SLO brackets."""
     raise_cap: float = 4.0
     """Past a model's listed rates the sweep goes on raising, up to this multiple of the last, to find
     saturation; 1 stops at the last listed rate (a deployment that passed it is then "not saturated")."""
@@ -161,11 +168,11 @@ class LabPlan:
         models = self.models if rates is None else tuple(replace(m, rates=tuple(rates)) for m in self.models)
         return replace(self, models=models, step_seconds=step_seconds or self.step_seconds)
 
-    def deployments(self, model: ModelPlan) -> list[tuple[str, str, dict]]:
+    def deployments(self, model: ModelPlan) -> list[tuple[str, str, BatcherSettings]]:
         """(deployment name, provider, batcher settings) of one model: batching off and on per provider. Where the
         search found a deployment for a provider (model.tuned), it takes the place of that provider's batching-on
         one: the search started from its settings (lab_search.plan_start) and measured them in every variant."""
-        off, on = {"max_batch_size": 1}, model.batching
+        off, on = BatcherSettings.partial(max_batch_size=1), model.batching
         names = [model.name, f"{model.name}-text"] if model.text else [model.name]
         searched = {t.get("provider", "cpu") for t in model.tuned}
         return [
@@ -181,10 +188,10 @@ class LabPlan:
         then the search's."""
         return [name for name, _, _ in self.deployments(model)] + [t["name"] for t in model.tuned]
 
-    def tune_slo(self, model: ModelPlan) -> str:
-        """The bound the search ranks the model's configurations by: its own, else the middle of the plan's."""
-        slos = [s.strip() for s in self.slos.split(",") if s.strip()]
-        return model.tune_slo or slos[len(slos) // 2]
+    def tune_slo(self, model: ModelPlan) -> float:
+        """The bound (seconds) the search ranks the model's configurations by: its own, else the middle of the
+        plan's."""
+        return model.tune_slo or self.slos.middle
 
     @staticmethod
     def is_text(model: ModelPlan, deployment: str) -> bool:
@@ -194,23 +201,29 @@ class LabPlan:
 
 # Listed rates give the curve its shape below saturation; past them the sweep raises and bisects to find it.
 # Each SLO's bracket adds the steps that place its rate (LabPlan.resolution), so the lists stay short.
-MLP = ModelPlan("mlp", {}, rates=(100, 1000, 3000), tune_slo="25ms")
-FFN = ModelPlan("ffn", {"d_model": 128, "n_layers": 128}, rates=(100, 1000, 3000), tune_slo="25ms")
+MLP = ModelPlan("mlp", {}, rates=(100, 1000, 3000), tune_slo=0.025)
+FFN = ModelPlan("ffn", {"d_model": 128, "n_layers": 128}, rates=(100, 1000, 3000), tune_slo=0.025)
 # ResNet-18 at 224x224 takes tens of ms per image on one core: a few requests per second saturate it.
-CNN = ModelPlan("cnn", {}, rates=(8, 20, 40), binary=True, batching={"max_batch_size": 8, "max_queue_delay_ms": 5.0})
+CNN = ModelPlan(
+    "cnn",
+    {},
+    rates=(8, 20, 40),
+    binary=True,
+    batching=BatcherSettings.partial(max_batch_size=8, max_queue_delay_ms=5.0),
+)
 MINILM = ModelPlan(
     "minilm",
     {},
     rates=(15, 100, 300),
     seq_len=16,
     text=True,
-    batching={"max_batch_size": 32, "max_queue_delay_ms": 3.0},
+    batching=BatcherSettings.partial(max_batch_size=32, max_queue_delay_ms=3.0),
 )
 
 GPU_SERVE = LabPlan(
     models=(replace(CNN, rates=(20, 100, 400)), replace(MINILM, rates=(50, 300, 1200), text=False)),
     providers=("cpu", "cuda"),
-    slos="25ms,50ms",
+    slos=Slos.parse("25ms,50ms"),
     step_seconds=1.5,
     max_windows=3,
     warmup_seconds=0.5,

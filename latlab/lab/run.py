@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Callable
 
 from latlab.common import procs
-from latlab.common.user_input import parse_slos
-from latlab.lab.children import start_server, step_args, write_samples
+from latlab.lab.children import model_workload, start_server, step_schedule, write_samples
 from latlab.lab.plan import MANY_CORES, PLANS, CpuShare, LabPlan, ModelPlan, available_cores, cpu_share
+from latlab.loadtest import child
+from latlab.loadtest.plan import Provenance, SweepPlan, Workers
 from latlab.loadtest.results import new_run_id
+from latlab.loadtest.schedule import SloSearch
 from latlab.server.config import dumps_config, save_config
 
 GRAFANA_DIR = Path(__file__).resolve().parents[2] / "grafana"
@@ -210,11 +212,11 @@ def run_lab(
         for model in plan.models:
             sweep_model(run_dir, plan, model, host, metrics_port, share.load_workers, machine_name)
     finally:
-        for child in (server, prometheus_process):
-            if child is not None:
-                procs.stop(child)
+        for process in (server, prometheus_process):
+            if process is not None:
+                procs.stop(process)
     _say(f"step {steps}/{steps}: writing the report")
-    report = write_report(run_dir, parse_slos(plan.slos), prices=prices)
+    report = write_report(run_dir, list(plan.slos.seconds), prices=prices)
     _say(f"done in {time.perf_counter() - started:.0f} s")
     print(f"report: {report.resolve()}")
     return report
@@ -222,7 +224,8 @@ def run_lab(
 
 def run_bench(run_dir: Path, models_dir: Path, plan: LabPlan, cpu_threads: int) -> None:
     """The quick bench of the plan's models, into run_dir/bench/ where the report finds it; with the
-    servers' ORT thread count and sequence length, so its batch times predict the served deployments."""
+    servers' ORT thread count and sequence length, so its batch times predict the served deployments. Started as
+    `latlab bench --quick`: what --quick means (the bench's grids and timing) is decided by the command alone."""
     backends = ["ort-cpu", "torch-cpu"] + (["ort-cuda"] if "cuda" in plan.providers else [])
     args = [
         sys.executable,
@@ -255,11 +258,13 @@ def sweep_model(
     load_workers: int = 0,
     machine_name: str | None = None,
 ) -> None:
-    """One Locust sweep over the model's deployments, with the model's loads and request encoding."""
-    _run_child(sweep_args(run_dir, plan, model, host, metrics_port, load_workers, machine_name), "load test")
+    """One Locust sweep over the model's deployments, with the model's loads and request encoding, into
+    run_dir/<model> (a load test of its own: see sweep_plan)."""
+    sweep = sweep_plan(run_dir, plan, model, host, metrics_port, load_workers, machine_name)
+    child.run(sweep, run_dir / model.name, run_id=run_dir.name)
 
 
-def sweep_args(
+def sweep_plan(
     run_dir: Path,
     plan: LabPlan,
     model: ModelPlan,
@@ -267,56 +272,36 @@ def sweep_args(
     metrics_port: int,
     load_workers: int = 0,
     machine_name: str | None = None,
-) -> list[str]:
-    """The `latlab loadtest` command of one model's sweep; with load_workers, as a Locust master with that many
-    local worker processes. Past the model's rates it raises the load until each deployment saturates or
-    its p99 passes twice the plan's largest SLO (beyond that no SLO of the report can change)."""
-    largest_slo_ms = max(parse_slos(plan.slos)) * 1e3
-    args = [
-        sys.executable,
-        "-m",
-        "latlab.cli",
-        "loadtest",
-        "--host",
-        host,
-        "--out",
-        str(run_dir / model.name),
-        "--run-id",
-        run_dir.name,
-        "--rates",
-        ",".join(f"{r:g}" for r in model.rates),
-        "--max-rate",
-        f"{max(model.rates) * max(1.0, plan.raise_cap):g}",
-        "--slo",
-        f"p99={largest_slo_ms:g}ms",
-        "--sweep",
-        "--slos",
-        plan.slos,
-        "--resolution",
-        f"{plan.resolution:g}",
-        "--decide-windows",
-        str(plan.decide_windows),
-        "--slo-steps",
-        str(plan.slo_steps),
-        "--slo-seconds",
-        f"{plan.slo_seconds:g}",
-        "--refine-within",
-        f"{plan.refine_within:g}",
-        *step_args(plan, model, run_dir),
-        "--metrics-port",
-        str(metrics_port),
-        *(["--workers", str(load_workers)] if load_workers else []),
-        *(["--machine-name", machine_name] if machine_name else []),
-    ]
-    for name in plan.deployment_names(model):
-        args += ["--deployment", name]
-    return args
+) -> SweepPlan:
+    """The load test of one model's sweep; with load_workers, a Locust master with that many local worker
+    processes. Past the model's rates it raises the load until each deployment saturates or its p99 passes twice
+    the plan's largest SLO (beyond that no SLO of the report can change), then brackets every SLO of the plan."""
+    return SweepPlan(
+        workload=model_workload(model, run_dir, host, plan.deployment_names(model)),
+        schedule=step_schedule(
+            plan,
+            model.rates,
+            max_rate=max(model.rates) * max(1.0, plan.raise_cap),
+            refine_within=plan.refine_within,
+        ),
+        slo=SloSearch(
+            slos=plan.slos,
+            p99_s=plan.slos.largest,
+            resolution=plan.resolution,
+            decide_windows=plan.decide_windows,
+            max_steps=plan.slo_steps,
+            max_seconds=plan.slo_seconds,
+            confidence=plan.confidence,
+        ),
+        workers=Workers(local=load_workers, metrics_port=metrics_port),
+        provenance=Provenance(machine_name=machine_name),
+    )
 
 
 def _run_child(args: list[str], what: str) -> None:
-    child = procs.start(args)
+    process = procs.start(args)
     try:
-        if child.wait() != 0:
-            raise RuntimeError(f"{what} failed with status {child.returncode}")
+        if process.wait() != 0:
+            raise RuntimeError(f"{what} failed with status {process.returncode}")
     finally:
-        procs.stop(child)
+        procs.stop(process)

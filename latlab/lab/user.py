@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from latlab.common.settings import BatcherSettings
 from latlab.common.user_input import UserError, parse_rates
 from latlab.lab.inputs import InputSpec, check_batch_and_types, generate_samples, row_bytes, row_shapes, sample_dims
 from latlab.lab.plan import CpuShare, LabPlan, ModelPlan
@@ -94,9 +95,9 @@ def plan_user_model(base: LabPlan, user: UserModel, models_dir: Path, share: Cpu
         rates=rates,
         samples=checked.samples,
         binary=row_bytes(checked.samples) >= BINARY_FROM_BYTES,
-        batching={"max_batch_size": 8, "max_queue_delay_ms": 5.0}
+        batching=BatcherSettings.partial(max_batch_size=8, max_queue_delay_ms=5.0)
         if slow
-        else {"max_batch_size": 64, "max_queue_delay_ms": 2.0},
+        else BatcherSettings.partial(max_batch_size=64, max_queue_delay_ms=2.0),
     )
     return replace(base, models=(model,), providers=providers, bench=False)
 

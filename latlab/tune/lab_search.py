@@ -17,7 +17,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from latlab.common.user_input import parse_slo_bound
 from latlab.lab.plan import PLANS, CpuShare, LabPlan, ModelPlan
 from latlab.lab.variants import ensure_variants
 from latlab.loadtest.results import SEARCH_FOLDER
@@ -54,13 +53,14 @@ def search_plan(
     for model in plan.models:
         tuned = []
         for provider in plan.providers:
-            slo = plan.tune_slo(model)
+            slo_s = plan.tune_slo(model)
+            slo = f"{slo_s * 1e3:g}ms"
             job = TuneJob(
                 probe_timing(plan),
                 model,
                 variants[model.name].for_provider(provider),
                 provider,
-                parse_slo_bound(slo),
+                slo_s,
                 folder / f"{model.name}-{provider}",
                 base={"model": model.name},
             )
@@ -102,14 +102,7 @@ def plan_start(space: Space, model: ModelPlan) -> Candidate:
     FP16 on CUDA, when made), on the first core split. Its first probe then says what the variant alone buys over
     the plan's hand-picked deployment, and a short budget still sweeps the variant at settings known to serve."""
     instances, threads = space.layouts[0]
-    return Candidate(
-        space.variants[0],
-        int(model.batching.get("max_batch_size", 1)),
-        float(model.batching.get("max_queue_delay_ms", 0.0)),
-        bool(model.batching.get("adaptive", False)),
-        instances,
-        threads,
-    )
+    return replace(Candidate.serving(space.variants[0], model.batching, threads), instances=instances)
 
 
 def _mark(tune_json: Path, deployment: str) -> None:

@@ -1,21 +1,23 @@
 """`latlab tune` on a real server: each round of the search (search.py) is one server serving every candidate
-of the round as its own deployment, and one `latlab loadtest --slo` whose SLO search finds, per deployment, the
-highest rate that meets the bound (coarse: the probes rank, they do not report). Deployments idle while another
-is measured cost no CPU, so candidates of a round do not disturb each other's figures."""
+of the round as its own deployment, and one load test (a child started from its plan) whose SLO search finds, per
+deployment, the highest rate that meets the bound (coarse: the probes rank, they do not report). Deployments idle
+while another is measured cost no CPU, so candidates of a round do not disturb each other's figures."""
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from latlab.common import procs
-from latlab.lab.children import start_server, step_args, write_samples
+from latlab.lab.children import model_workload, start_server, step_schedule, write_samples
 from latlab.lab.plan import LabPlan, ModelPlan
+from latlab.loadtest import child
+from latlab.loadtest.plan import SweepPlan
 from latlab.loadtest.results import read_results
+from latlab.loadtest.schedule import SloSearch
 from latlab.server.config import dumps_config, save_config
 from latlab.tune.search import FINALISTS, FINE_COST, Candidate, SearchLog, Space, confirm, quick_search
 
@@ -80,13 +82,13 @@ def probe_round(job: TuneJob, candidates: list[Candidate], resolution: float = P
     started = time.monotonic()
     server, _ = start_server(config, port, folder / "server.log")
     try:
-        args = probe_args(job, host, folder, len(candidates), resolution)
-        child = procs.start(args, log_path=folder / "loadtest.log")
+        plan = probe_plan(job, host, len(candidates), resolution)
+        probes = child.start(plan, folder, log_path=folder / "loadtest.log")
         try:
-            if child.wait() != 0:
+            if probes.wait() != 0:
                 raise RuntimeError(f"the probes of round {k} failed: see {folder / 'loadtest.log'}")
         finally:
-            procs.stop(child)
+            procs.stop(probes)
     finally:
         procs.stop(server)
     (run,) = read_results(folder)
@@ -107,36 +109,25 @@ def probe_round(job: TuneJob, candidates: list[Candidate], resolution: float = P
     return rates
 
 
-def probe_args(job: TuneJob, host: str, folder: Path, count: int, resolution: float = PROBE_RESOLUTION) -> list[str]:
-    """`latlab loadtest --slo` over the round's deployments: an SLO search each, from the best rate so far."""
+def probe_plan(job: TuneJob, host: str, count: int, resolution: float = PROBE_RESOLUTION) -> SweepPlan:
+    """The round's load test: an SLO search over each of its `count` deployments, from the best rate so far."""
     plan, model = job.plan, job.model
     start = job.start_rate or max(model.rates)  # the listed rates reach towards saturation
-    args = [
-        sys.executable,
-        "-m",
-        "latlab.cli",
-        "loadtest",
-        "--host",
-        host,
-        "--out",
-        str(folder),
-        "--rates",
-        f"{start:g}",
-        "--slo",
-        f"p99={job.slo_s * 1e3:g}ms",
-        "--resolution",
-        f"{resolution:g}",
-        "--slo-floor",
-        f"{max(1.0, start * FLOOR_SHARE):g}",  # from the first round on: its start stands for the best
-        "--slo-growth",
-        f"{NEAR_GROWTH if job.start_rate else 2.0:g}",
-        "--calibrate-seconds",  # probes rank configurations side by side: the generator's floor is the same
-        "0",  # for all of them, and measuring it in each probe would spend the search's budget
-        *step_args(plan, model, job.work),
-    ]
-    for k in range(count):
-        args += ["--deployment", job.deployment_name(k)]
-    return args
+    deployments = [job.deployment_name(k) for k in range(count)]
+    return SweepPlan(
+        workload=model_workload(model, job.work, host, deployments),
+        # probes rank configurations side by side: the generator's floor is the same for all of them, and
+        # measuring it in each probe would spend the search's budget
+        schedule=step_schedule(plan, [start], calibrate_seconds=0.0),
+        slo=SloSearch(
+            p99_s=job.slo_s,
+            search=True,
+            resolution=resolution,
+            floor=max(1.0, start * FLOOR_SHARE),  # from the first round on: its start stands for the best
+            growth=NEAR_GROWTH if job.start_rate else 2.0,
+            confidence=plan.confidence,
+        ),
+    )
 
 
 def run_tune(job: TuneJob, space: Space, budget_s: float, variants_first: bool = False) -> SearchLog:

@@ -6,6 +6,9 @@ climbs from a default one notch along one setting at a time (a neighbour), keeps
 gains, and in most cases finds nearly the brute-force best while measuring a fraction of the space. Here each
 probe ranks configurations by the highest rate that meets the SLO (loadtest's SLO search, coarse). A budget in
 seconds stops the climb before a round it cannot afford.
+
+A little over 400 lines on purpose: the space (a Candidate, its neighbours) and the searches that walk it are one
+algorithm read together; the probe that measures is elsewhere (run.py).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable
+
+from latlab.common.settings import BatcherSettings, CpuOptions, CudaOptions
 
 BATCH_SIZES = (1, 4, 8, 16, 32, 64)
 DELAYS_MS = (0.0, 0.5, 2.0, 5.0)
@@ -61,23 +66,43 @@ class Candidate:
         layout = f"{self.instances} × {self.threads} thread{'s' if self.threads > 1 else ''}"
         return f"{self.variant}, {batching}, {layout}" + (", CUDA graphs" if self.cuda_graphs else "")
 
+    @classmethod
+    def serving(cls, variant: str, batcher: BatcherSettings, threads: int = 1, cuda_graphs: bool = False) -> Candidate:
+        """The configuration of these batcher settings (their size, wait, adaptive waiting and instances) serving
+        `variant` on `threads` ORT threads per instance."""
+        return cls(
+            variant,
+            batcher.max_batch_size,
+            batcher.max_queue_delay_ms,
+            batcher.adaptive,
+            batcher.instances,
+            threads,
+            cuda_graphs,
+        )
+
+    def batcher(self, base: BatcherSettings | None = None) -> BatcherSettings:
+        """The searched batcher settings over those `base` names, less its batch_buckets: a config's buckets end at
+        its own max_batch_size, so the server derives them from the searched one."""
+        kept = (base or BatcherSettings.partial()).without("batch_buckets")
+        return kept.updated(
+            max_batch_size=self.max_batch_size,
+            max_queue_delay_ms=self.max_queue_delay_ms,
+            adaptive=self.adaptive,
+            instances=self.instances,
+        )
+
     def deployment(self, name: str, model_path: Path, provider: str, base: dict | None = None) -> dict:
         """The [[deployments]] entry serving this configuration (server.config.dumps_config writes it): `base`
         (a deployment table of the user's config, say) with the searched settings over it."""
         base = base or {}
-        batcher = {
-            # a config's buckets end at its own max_batch_size: the server derives them from the searched one
-            **{k: v for k, v in base.get("batcher", {}).items() if k != "batch_buckets"},
-            "max_batch_size": self.max_batch_size,
-            "max_queue_delay_ms": self.max_queue_delay_ms,
-            "adaptive": self.adaptive,
-            "instances": self.instances,
-        }
-        entry = {**base, "name": name, "model_path": model_path, "provider": provider, "batcher": batcher}
+        batcher = self.batcher(BatcherSettings.from_mapping(base.get("batcher", {})))
+        entry = {**base, "name": name, "model_path": model_path, "provider": provider, "batcher": batcher.as_dict()}
         if provider == "cpu":
-            entry["cpu"] = {"allow_spinning": False, **base.get("cpu", {}), "intra_op_threads": self.threads}
+            cpu = CpuOptions.partial(allow_spinning=False).updated(**base.get("cpu", {}))
+            entry["cpu"] = cpu.updated(intra_op_threads=self.threads).as_dict()
         else:
-            entry["cuda"] = {**base.get("cuda", {}), "enable_cuda_graph": self.cuda_graphs}
+            cuda = CudaOptions.from_mapping(base.get("cuda", {}))
+            entry["cuda"] = cuda.updated(enable_cuda_graph=self.cuda_graphs).as_dict()
         return entry
 
 

@@ -1,9 +1,9 @@
 """Admission at the door: a deployment's count of the infer requests it holds, refused past its bound before
 their body is read.
 
-The bound (config.admitted_bound) is a full queue plus the largest batches in flight; the server's request threads
-are sized from it (config.auto_threads), so that every admitted request has a thread and none waits unseen in
-Granian's own queue (docs/overload.md).
+The bound (common/settings.py's admitted_bound) is a full queue plus the largest batches in flight; the server's
+request threads are sized from it (config.auto_threads), so that every admitted request has a thread and none waits
+unseen in Granian's own queue (docs/overload.md).
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from latlab.server.config import BatcherSettings, DeploymentConfig, admitted_bound
+from latlab.common.settings import BatcherSettings, admitted_bound
+from latlab.server.config import DeploymentConfig
 from latlab.server.errors import QueueFull
 
 

@@ -15,7 +15,7 @@ from typing import Iterator, Sequence
 
 from latlab.server.batching.latency_model import ArrivalRate, LatencyModel, adaptive_wait
 from latlab.server.batching.tensors import Tensors
-from latlab.server.config import BatcherSettings
+from latlab.common.settings import BatcherSettings
 from latlab.server.errors import BadRequest, QueueFull
 
 __all__ = ["BatchQueue", "Pending", "Slot", "batch_to_send"]

@@ -14,7 +14,7 @@ from typing import Callable, Protocol, Sequence
 
 from latlab.server.batching.batch_queue import BatchQueue, Pending, Slot
 from latlab.server.batching.tensors import Tensors, merge, request_length, shape_key, split
-from latlab.server.config import BatcherSettings, PaddingSettings
+from latlab.common.settings import BatcherSettings, PaddingSettings
 from latlab.server.errors import ComputeError, ModelNotReady, QueueFull, RequestTimeout, public_message
 
 __all__ = ["BatchMetrics", "DynamicBatcher", "requested_outputs"]

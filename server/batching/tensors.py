@@ -6,7 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
-from latlab.server.config import PaddingSettings
+from latlab.common.settings import PaddingSettings
 from latlab.server.errors import BadRequest
 
 Tensors = dict[str, np.ndarray]

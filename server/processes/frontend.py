@@ -25,7 +25,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import mark_process_dead
 
 from latlab.server.batching.admission import bound_detail
-from latlab.server.config import DeploymentConfig, ServerConfig, admitted_bound, engine_groups
+from latlab.common.settings import admitted_bound
+from latlab.server.config import DeploymentConfig, ServerConfig, engine_groups
 from latlab.server.errors import ModelNotReady, RequestTimeout, ServingError
 from latlab.server.http.app import ServerState
 from latlab.server.http.fastpath import InferRoute, error_answer, status_line

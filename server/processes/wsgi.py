@@ -12,14 +12,8 @@ from typing import Callable, Iterable
 
 from flask import Flask
 
-from latlab.server.config import (
-    AUTH_TOKEN_ENV,
-    FRONTENDS_ENV,
-    ServerConfig,
-    admitted_bound,
-    engine_groups,
-    served_config,
-)
+from latlab.common.settings import admitted_bound
+from latlab.server.config import AUTH_TOKEN_ENV, FRONTENDS_ENV, ServerConfig, engine_groups, served_config
 from latlab.server.errors import ConfigError
 from latlab.server.http.app import create_app
 from latlab.server.http.observer import Observer, observer_port

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from latlab.server.config import CpuOptions, CudaOptions, DeploymentConfig, TensorrtOptions
+from latlab.common.settings import CpuOptions, CudaOptions, TensorrtOptions
+from latlab.server.config import DeploymentConfig
 from latlab.server.errors import ConfigError, one_line
 
 PROVIDER_NAMES = {

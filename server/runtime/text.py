@@ -15,7 +15,8 @@ from dataclasses import replace
 import numpy as np
 from tokenizers import Tokenizer
 
-from latlab.server.config import DeploymentConfig, PaddingSettings, TokenizerSettings
+from latlab.common.settings import PaddingSettings
+from latlab.server.config import DeploymentConfig, TokenizerSettings
 from latlab.server.errors import BadRequest, ConfigError
 from latlab.server.protocol import datatype_of, shown
 

@@ -150,8 +150,8 @@ def test_lab_searches_configurations_and_sweeps_the_best_in_place_of_the_batchin
     first = record["tried"][0]["candidate"]  # the plan's batching for a fast model, where the climb began
     assert (first["max_batch_size"], first["max_queue_delay_ms"]) == (64, 2.0)
     tuned = doc.deployments[1]
-    assert tuned.batcher["max_batch_size"] == best["max_batch_size"]
-    assert tuned.batcher["instances"] == best["instances"] and tuned.cpu["intra_op_threads"] == best["threads"]
+    assert tuned.batcher.max_batch_size == best["max_batch_size"]
+    assert tuned.batcher.instances == best["instances"] and tuned.cpu.intra_op_threads == best["threads"]
     assert tuned.steps and all(s.errors == 0 for s in tuned.steps) and tuned.slo_brackets
     notes = json.loads((run / "search" / "variants.json").read_text())
     assert notes["scorer"]["int8"]["status"] == "not made" and "PyTorch source" in notes["scorer"]["int8"]["why"]

@@ -104,7 +104,7 @@ def test_locust_sweep_against_the_real_server(server, tmp_path, encoding):
     (doc,) = read_results(out / "results.json")
     assert doc.payload["encoding"] == encoding  # every request below was answered 200 in it
     (deployment,) = doc.deployments
-    assert deployment.name == "tiny" and deployment.batcher["max_batch_size"] == 8
+    assert deployment.name == "tiny" and deployment.batcher.max_batch_size == 8
     assert [s.target_rps for s in deployment.steps] == [40, 120]
     for step in deployment.steps:
         assert step.errors == 0 and step.ok > 0

@@ -384,9 +384,10 @@ def test_collect_refuses_an_archive_that_reaches_out_of_its_folder(tmp_path: Pat
 
 
 def test_the_gpu_serve_plan_and_its_cpu_half() -> None:
+    from latlab.common.user_input import Slos
     from latlab.lab.plan import PLANS
 
     serve, cpu_half = PLANS["gpu-serve"], PLANS["gpu-serve-cpu"]
-    assert [m.name for m in serve.models] == ["cnn", "minilm"] and serve.slos == "25ms,50ms"
+    assert [m.name for m in serve.models] == ["cnn", "minilm"] and serve.slos == Slos((0.025, 0.05))
     assert serve.providers == ("cpu", "cuda") and cpu_half.providers == ("cpu",)
     assert replace(cpu_half, providers=serve.providers) == serve

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from latlab.lab.run import frontends_for, sweep_args, write_config
+from latlab.lab.run import frontends_for, sweep_plan, write_config
 from latlab.lab.plan import FFN, PLANS, cpu_share
 from latlab.server.config import load_config
 
@@ -46,12 +46,13 @@ def test_the_gpu_plans_config_gives_cpu_deployments_the_share_and_cuda_ones_none
 
 
 def test_a_many_core_sweep_runs_locust_workers_and_names_the_machine(tmp_path: Path) -> None:
-    args = sweep_args(tmp_path, PLANS["gpu"], FFN, "http://127.0.0.1:1", 9646, cpu_share(16).load_workers, "h100-box")
-    assert args[args.index("--workers") + 1] == "4" and args[args.index("--machine-name") + 1] == "h100-box"
-    assert float(args[args.index("--max-rate") + 1]) > max(FFN.rates)  # the sweep goes on past its listed rates
-    assert args[args.index("--slo") + 1] == "p99=100ms" and "--sweep" in args  # ... until it breaks the largest SLO
-    small = sweep_args(tmp_path, PLANS["cpu"], FFN, "http://127.0.0.1:1", 9646, cpu_share(2).load_workers)
-    assert "--workers" not in small and "--machine-name" not in small
+    plan = sweep_plan(tmp_path, PLANS["gpu"], FFN, "http://127.0.0.1:1", 9646, cpu_share(16).load_workers, "h100-box")
+    assert plan.workers.local == 4 and plan.provenance.machine_name == "h100-box"
+    assert plan.schedule.max_rate > max(FFN.rates)  # the sweep goes on past its listed rates
+    assert plan.slo.p99_s == 0.1 and not plan.slo.search  # ... until it breaks the largest SLO
+    assert plan.slo.slos.seconds == (0.01, 0.025, 0.05, 0.1) and plan.workers.metrics_port == 9646
+    small = sweep_plan(tmp_path, PLANS["cpu"], FFN, "http://127.0.0.1:1", 9646, cpu_share(2).load_workers)
+    assert small.workers.local == 0 and small.provenance.machine_name is None
 
 
 def test_a_lab_may_run_some_of_its_plans_models_and_refuses_unknown_ones() -> None:

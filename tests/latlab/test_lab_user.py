@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from latlab import cli
 from latlab.lab.children import write_samples
-from latlab.lab.run import sweep_args
+from latlab.lab.run import sweep_plan
 from latlab.lab.plan import PLANS, cpu_share
 from latlab.lab.user import UserModel, default_rates, plan_user_model
 from latlab.loadtest.payloads import load_samples
@@ -221,8 +221,8 @@ def test_a_servable_model_becomes_a_one_model_plan_with_inputs_from_its_declared
     ].max() < 100
     assert planned.rates == tuple(sorted(planned.rates)) and len(planned.rates) >= 2
     write_samples(tmp_path / "run", plan)  # the sweep sends what the run folder holds
-    args = sweep_args(tmp_path / "run", plan, planned, "http://127.0.0.1:1", 9646)
-    sent = load_samples(args[args.index("--inputs") + 1])
+    sweep = sweep_plan(tmp_path / "run", plan, planned, "http://127.0.0.1:1", 9646)
+    sent = load_samples(sweep.workload.payload.inputs)
     assert {n: a.shape for n, a in sent.items()} == {n: a.shape for n, a in planned.samples.items()}
 
 

@@ -292,24 +292,24 @@ def test_a_first_rounds_probe_stops_halving_at_a_quarter_of_its_start(tmp_path):
     """Before any rate is known the probe starts at the model's highest listed rate, and its floor follows from that
     start (a run's first round went down to 1 req/s for the cnn in FP32, a third of the lab's search budget)."""
     from latlab.lab.plan import CNN, PLANS
-    from latlab.tune.run import FLOOR_SHARE, NEAR_GROWTH, TuneJob, probe_args
+    from latlab.tune.run import FLOOR_SHARE, NEAR_GROWTH, TuneJob, probe_plan
 
     job = TuneJob(PLANS["cpu"], CNN, {"fp32": tmp_path / "m.onnx"}, "cpu", 0.05, tmp_path)
-    args = probe_args(job, "http://127.0.0.1:9", tmp_path, 2)
-    assert args[args.index("--rates") + 1] == f"{max(CNN.rates):g}"
-    assert float(args[args.index("--slo-floor") + 1]) == max(CNN.rates) * FLOOR_SHARE
-    assert float(args[args.index("--slo-growth") + 1]) == 2.0  # nothing known yet: doubling finds the edge fast
+    plan = probe_plan(job, "http://127.0.0.1:9", 2)
+    assert plan.schedule.loads == (max(CNN.rates),) and plan.slo.search and plan.slo.p99_s == 0.05
+    assert plan.slo.floor == max(CNN.rates) * FLOOR_SHARE
+    assert plan.slo.growth == 2.0  # nothing known yet: doubling finds the edge fast
+    assert plan.workload.deployments == ("cnn-tune-0", "cnn-tune-1")
     job.start_rate = 48.0  # a round later: from the best so far, raised gently (it lies near the edge)
-    args = probe_args(job, "http://127.0.0.1:9", tmp_path, 2)
-    assert float(args[args.index("--slo-floor") + 1]) == 48.0 * FLOOR_SHARE
-    assert float(args[args.index("--slo-growth") + 1]) == NEAR_GROWTH
+    plan = probe_plan(job, "http://127.0.0.1:9", 2)
+    assert plan.slo.floor == 48.0 * FLOOR_SHARE
+    assert plan.slo.growth == NEAR_GROWTH
 
 
 def test_probes_leave_the_generators_floor_to_the_sweeps(tmp_path):
     """A search's probes rank configurations side by side; a calibration in each would spend its budget."""
     from latlab.lab.plan import CNN, PLANS
-    from latlab.tune.run import TuneJob, probe_args
+    from latlab.tune.run import TuneJob, probe_plan
 
     job = TuneJob(PLANS["cpu"], CNN, {"fp32": tmp_path / "m.onnx"}, "cpu", 0.05, tmp_path)
-    args = probe_args(job, "http://127.0.0.1:9", tmp_path, 2)
-    assert float(args[args.index("--calibrate-seconds") + 1]) == 0
+    assert probe_plan(job, "http://127.0.0.1:9", 2).schedule.calibrate_seconds == 0

@@ -12,8 +12,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from latlab.common import procs
 from latlab.loadtest.recorder import Recorder
 from latlab.report.write import event_line, write_report
-from latlab.loadtest.results import Deployment, Run, Step, read_results, write_results
-from latlab.loadtest.scrape import describe, fetch, queue_gauges, scrape_batches, scrape_queue
+from latlab.loadtest.results import Curve, Run, Step, read_results, write_results
+from latlab.loadtest.describe import describe
+from latlab.loadtest.scrape import fetch, queue_gauges, scrape_batches, scrape_queue
 from latlab.server.metrics import ServerMetrics
 
 
@@ -159,7 +160,7 @@ def test_report_shows_lost_workers_interrupted_steps_and_overload(tmp_path) -> N
         machine={"hostname": "h"},
         events=[LOST],
         deployments=[
-            Deployment(
+            Curve(
                 name="m",
                 steps=[replace(step, errors=0), interrupted],
                 stop_reason="all loads done",

@@ -11,7 +11,7 @@ import sys
 from latlab.loadtest.floor import HIGH_PER_PROCESS, NEAR_FACTOR, calibration_rates, floor_at, floor_line, near_floor
 from latlab.loadtest.floor import only_the_floor_breaks
 from latlab.loadtest.recorder import MIN_SAMPLES_P99
-from latlab.loadtest.results import Deployment, read_results
+from latlab.loadtest.results import Curve, read_results
 from latlab.loadtest.search import FLAT
 from latlab.report.sections import steps_table
 from latlab.report.rates import unmet_text
@@ -75,7 +75,7 @@ def test_only_the_floor_breaks_a_bound_the_p99_less_the_floor_would_meet() -> No
     assert only_the_floor_breaks(0.011, 0.010, None, 50) is None
 
 
-def flat_curve(p99_s: float, floor: dict | None) -> Deployment:
+def flat_curve(p99_s: float, floor: dict | None) -> Curve:
     """A deployment whose p99 stopped falling above a 10 ms bound down to 50 req/s."""
     steps = [simulated(target_rps=rate, p99_s=p99_s, p50_s=p99_s / 2) for rate in (50, 100, 200)]
     bracket = {
@@ -89,7 +89,7 @@ def flat_curve(p99_s: float, floor: dict | None) -> Deployment:
         "broke_verdict": "broken",
         "needed": None,
     }
-    curve = Deployment(name="ffn", model="ffn", provider="cpu", steps=steps, slo_brackets=[bracket])
+    curve = Curve(name="ffn", model="ffn", provider="cpu", steps=steps, slo_brackets=[bracket])
     curve.generator_floor = floor
     return curve
 
@@ -106,7 +106,7 @@ def test_a_flat_tail_s_floor_clause_reads_the_curve_whose_bracket_it_says() -> N
     floor = floor_of((10, 0.0009, 0.002), (50, 0.0009, 0.002))
     flat = flat_curve(0.011, floor)  # only the floor breaks its 10 ms bound at its lowest rate, 50 req/s
     # Another deployment, with no bracket, whose lowest rate (10 req/s) is below the flat curve's and far over it.
-    slow = Deployment(name="slow", model="ffn", provider="cpu", steps=[simulated(target_rps=10, p99_s=0.030)])
+    slow = Curve(name="slow", model="ffn", provider="cpu", steps=[simulated(target_rps=10, p99_s=0.030)])
     slow.generator_floor = floor
     said = unmet_text([slow, flat], 0.010)
     assert said.startswith(f"{FLAT} 50 req/s") and "within the generator's floor" in said

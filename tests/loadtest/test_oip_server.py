@@ -8,17 +8,9 @@ import pytest
 
 from latlab.report import breakdown, pictures
 from latlab.report.findings import findings_of
-from latlab.loadtest.results import Deployment
-from latlab.loadtest.scrape import (
-    MetricsSource,
-    average_batch,
-    batch_totals,
-    describe,
-    extras_notice,
-    metrics_source,
-    server_step,
-    triton_batcher,
-)
+from latlab.loadtest.results import Curve
+from latlab.loadtest.describe import describe, extras_notice, triton_batcher
+from latlab.loadtest.scrape import MetricsSource, average_batch, batch_totals, metrics_source, server_step
 
 from tests.loadtest.steps import simulated
 from tests.loadtest.stub_server import TRITON_METRICS, StubModel, advance, stub_server
@@ -81,9 +73,9 @@ def test_triton_busy_time_estimated_from_per_request_runs_never_exceeds_the_step
     figures = server_step((100.0, CAPTURED), (100.5, later(infer_us=9000, input_us=0, output_us=0)), "ffn")
     assert figures["busy_s"] == pytest.approx(0.5) and figures["busy_share"] == pytest.approx(1.0)
     reported = {**figures, "busy_s": 0.9}  # a results file written before the cap
-    assert breakdown.busy_share(reported, Deployment("ffn")) == 1.0
+    assert breakdown.busy_share(reported, Curve("ffn")) == 1.0
     latlab_own = {**reported, "source": None}  # latlab's own compute histogram times each run once: no cap
-    assert breakdown.busy_share(latlab_own, Deployment("ffn")) == pytest.approx(1.8)
+    assert breakdown.busy_share(latlab_own, Curve("ffn")) == pytest.approx(1.8)
 
 
 def test_average_batch_from_triton_inference_and_execution_counts() -> None:
@@ -141,9 +133,11 @@ def test_a_triton_model_config_labels_the_batcher() -> None:
         "dynamic_batching": {"max_queue_delay_microseconds": 500},
         "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
     }
-    assert triton_batcher(config) == {"max_batch_size": 64, "max_queue_delay_ms": 0.5, "instances": 2}
+    batcher = triton_batcher(config)
+    assert batcher.as_dict() == {"max_batch_size": 64, "max_queue_delay_ms": 0.5, "instances": 2}
+    assert batcher.max_queue_delay_ms == 0.5 and not batcher.says("max_queue_size")  # Triton's queue: not latlab's
     no_dynamic = {**config, "dynamic_batching": None}
-    assert triton_batcher(no_dynamic)["max_batch_size"] == 1  # without a dynamic batcher every request runs alone
+    assert triton_batcher(no_dynamic).max_batch_size == 1  # without a dynamic batcher every request runs alone
     assert triton_batcher({"name": "ffn", "detail": "x"}) is None
 
 
@@ -170,7 +164,8 @@ def test_standard_routes_only_describe_the_model_from_its_metadata() -> None:
 def test_a_latlab_style_stub_still_describes_from_config() -> None:
     with stub_server(StubModel()) as host:
         info = describe(host, "m")
-    assert info["batcher"] == {"max_batch_size": 1} and info["provider"] == "cpu" and "settings_unknown" not in info
+    assert info["batcher"].as_dict() == {"max_batch_size": 1}
+    assert info["provider"] == "cpu" and "settings_unknown" not in info
 
 
 def test_triton_metrics_at_a_given_url_are_found_and_said() -> None:
@@ -193,7 +188,7 @@ def test_the_report_says_client_side_only_where_the_server_has_no_figures() -> N
         p99_s=0.002,
         server={"seconds": 1.0, "busy_s": None, "process_cpu_cores": None},
     )
-    curve = Deployment(
+    curve = Curve(
         "m",
         steps=[step],
         server_metrics={"url": None, "kind": None, "note": "GET http://h/metrics answered 404"},
@@ -244,7 +239,7 @@ def test_a_triton_config_route_is_read_as_triton_s_not_latlab_s() -> None:
     finally:
         server.shutdown()
         thread.join(timeout=5)
-    assert info["batcher"] == {"max_batch_size": 64, "max_queue_delay_ms": 1.0, "instances": 1}
+    assert info["batcher"].as_dict() == {"max_batch_size": 64, "max_queue_delay_ms": 1.0, "instances": 1}
     assert info["server_config"] == config and info["server"] == {"name": "triton", "version": "2.59.0"}
     assert "settings_unknown" not in info and info["model"] == "m" and info["platform"] == "onnxruntime_onnx"
     # its instance group says where the model runs: the report counts it as a CPU deployment

@@ -6,16 +6,17 @@ from typing import Callable
 
 import pytest
 
+from latlab.common.settings import BatcherSettings
 from latlab.loadtest.overload import (
     NORMAL_P99_FACTOR,
     TAIL_REQUESTS,
-    OverloadPlan,
     admitted_backlog,
     drain_seconds,
     overload_figures,
     recovery_time,
     run_overload,
 )
+from latlab.loadtest.plan import OverloadPlan
 from latlab.loadtest.recorder import Recorder, recovery_spans
 from latlab.loadtest.results import Step
 from tests.loadtest.steps import simulated
@@ -121,7 +122,7 @@ def test_a_server_that_never_drains_never_recovers() -> None:
 
 
 def test_the_expected_drain_is_the_admitted_backlog_over_the_spare_capacity() -> None:
-    info = {"batcher": {"max_queue_size": 72, "max_batch_size": 1, "instances": 1}}
+    info = {"batcher": BatcherSettings.partial(max_queue_size=72, max_batch_size=1, instances=1)}
     assert admitted_backlog(info) == 73
     assert drain_seconds(info, capacity=100.0, recovery_load=0.4) == pytest.approx(73 / 60)
     assert drain_seconds({}, 100.0, 0.4) is None  # a server that does not say what it admits
@@ -158,7 +159,7 @@ def test_figures_of_a_burst() -> None:
     figures = overload_figures(
         150.0,
         3.0,
-        {"batcher": {"timeout_ms": 1000}},
+        {"batcher": BatcherSettings.partial(timeout_ms=1000)},
         simulated(p99_s=0.02),
         burst,
         recovery([(pooled(), pooled())]),
@@ -240,7 +241,7 @@ def test_the_phases_measure_capacity_then_baseline_burst_and_recovery() -> None:
     assert figures["drain_s"] is None  # the stub server does not say what it admits
 
     calls.clear()
-    info = {"batcher": {"max_queue_size": 64, "max_batch_size": 1}}
+    info = {"batcher": BatcherSettings.partial(max_queue_size=64, max_batch_size=1)}
     figures = run_overload(phase, OverloadPlan(capacity_rps=20.0, recovery_load=0.5), 40.0, 3.0, info, lambda: 0)
     # at 10 req/s the phase holds the 65 requests' drain (6.5 s) and then TAIL_REQUESTS more (20 s)
     assert figures["drain_s"] == pytest.approx(6.5) and calls[-1][2] == pytest.approx(6.5 + TAIL_REQUESTS / 10)

@@ -6,7 +6,6 @@ import pytest
 from latlab.loadtest.payloads import (
     BODY_BUDGET_BYTES,
     HEADER_LENGTH,
-    PayloadOptions,
     check_samples,
     load_samples,
     random_bodies,
@@ -14,6 +13,7 @@ from latlab.loadtest.payloads import (
     save_samples,
     text_body,
 )
+from latlab.loadtest.plan import PayloadOptions
 from latlab.server.protocol import decode_request
 
 TOKENS = {

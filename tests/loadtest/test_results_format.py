@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from latlab.common.settings import BatcherSettings, CpuOptions
 from latlab.loadtest.results import (
     RESULTS_FILE,
     SCHEMA,
-    Deployment,
+    Curve,
     Run,
     Step,
     from_dict,
@@ -32,7 +33,8 @@ def test_a_first_format_run_reads_field_for_field(tmp_path):
         assert [d.name for d in run.deployments] == [d["name"] for d in raw["deployments"]]
         for deployment, raw_deployment in zip(run.deployments, raw["deployments"]):
             assert deployment.machine == raw["machine"] and deployment.run_id == run.run_id  # filled from the run
-            assert deployment.batcher == raw_deployment["batcher"]
+            assert deployment.batcher.as_dict() == raw_deployment["batcher"]
+            assert deployment.cpu.as_dict() == raw_deployment["cpu"] and deployment.padding is None
             assert deployment.slo_brackets == raw_deployment["slo_brackets"]
             assert len(deployment.steps) == len(raw_deployment["steps"]) > 0
             for step, raw_step in zip(deployment.steps, raw_deployment["steps"]):
@@ -55,7 +57,7 @@ def test_a_deployment_measured_elsewhere_keeps_its_machine(tmp_path):
     here, there = {"cpu": "A", "cores": 2}, {"cpu": "B", "cores": 16}
     step = Step(target=10.0, achieved_rps=10.0, offered_rps=10.0, errors=0, p50_s=0.001, p90_s=0.002, p99_s=0.003,
                 max_s=0.004)  # fmt: skip
-    run = Run(run_id="r", machine=here, deployments=[Deployment("a", [step]), Deployment("b", [step], machine=there)])
+    run = Run(run_id="r", machine=here, deployments=[Curve("a", [step]), Curve("b", [step], machine=there)])
     write_results(tmp_path / RESULTS_FILE, run)
     (back,) = read_results(tmp_path)
     assert [d.machine for d in back.deployments] == [here, there]
@@ -87,3 +89,23 @@ def test_a_first_format_file_drops_what_it_no_longer_knows_and_names_its_load():
     step["target_rps"] = 5.0  # early files named only the rate
     (read,) = from_dict(old).deployments[0].steps
     assert read.target == 5.0 and not hasattr(read, "note")
+
+
+def test_a_curve_s_settings_are_typed_and_written_back_with_the_keys_they_had():
+    """Whatever a record's settings say (all of latlab's, a few of Triton's, none, a newer server's extra key) is
+    what the curve's typed settings say, and what a file written from them holds, in the same order."""
+    said = {
+        "batcher": {"max_batch_size": 32, "max_queue_delay_ms": 2, "instances": 1, "a_newer_setting": [1]},
+        "cpu": {},
+        "padding": {"axis": 1, "values": {"input_ids": 0}, "bucket": 8},
+    }
+    doc = document()
+    doc["deployments"][0].update(said)
+    curve = from_dict(doc).deployments[0]
+    assert isinstance(curve.batcher, BatcherSettings) and curve.batcher.max_batch_size == 32
+    assert curve.batcher.says("instances") and not curve.batcher.says("max_queue_size")
+    assert isinstance(curve.cpu, CpuOptions) and not curve.cpu.says("intra_op_threads") and curve.cuda is None
+    assert curve.padding.values == {"input_ids": 0}
+    written = to_dict(curve)
+    assert {key: written[key] for key in said} == said
+    assert list(written["batcher"]) == list(said["batcher"])

@@ -9,8 +9,10 @@ import pytest
 import requests
 from prometheus_client import CollectorRegistry, generate_latest
 
-from latlab.loadtest.results import Deployment
-from latlab.loadtest.scrape import average_batch, batch_totals, describe, fetch, observer, server_step, snapshot
+from latlab.common.settings import BatcherSettings, CpuOptions
+from latlab.loadtest.results import Curve
+from latlab.loadtest.describe import describe
+from latlab.loadtest.scrape import average_batch, batch_totals, fetch, observer, server_step, snapshot
 from latlab.server.metrics import DeploymentMetrics, ServerMetrics
 
 from tests.loadtest.stub_server import StubModel, stub_server
@@ -153,7 +155,9 @@ def test_every_setting_latlab_describes_is_a_field_of_the_results(tmp_path: Path
     server adds to its /config must also become a field of the results, or results files would lose it."""
     with running_server(tmp_path, [{"name": "tiny", "model_path": str(tiny_model)}]) as server:
         described = describe(server.url, "tiny")
-    fields = {f.name for f in dataclasses.fields(Deployment)}
+    fields = {f.name for f in dataclasses.fields(Curve)}
     assert {"name", "batcher", "cpu", "environment", "frontends"} <= set(described)
     assert set(described) <= fields, set(described) - fields
+    assert isinstance(described["batcher"], BatcherSettings) and isinstance(described["cpu"], CpuOptions)
+    assert described["batcher"].as_dict() == BatcherSettings().as_dict()  # every setting, in order
     assert {"cuda", "tensorrt", "tokenizer"} <= fields  # what a GPU or a text deployment adds

@@ -9,12 +9,12 @@ from dataclasses import replace
 
 import pytest
 
-from latlab.loadtest.results import Deployment, Step
+from latlab.loadtest.results import Curve, Step
 from latlab.loadtest.search import NEVER, bracket_slos, open_slos, slo_bracket, slo_met
 from tests.loadtest.steps import simulated
 
 
-class Curve:
+class SimulatedServer:
     """A deployment of service time `service_s` and `capacity` req/s whose p99 grows as 1 / (1 - load):
     p99(rate) = service_s * (1 + 10 * u / (1 - u)), u = rate / capacity. Its highest rate under a bound is
     known in closed form (`true_rate`). Records every rate it was asked for."""
@@ -62,7 +62,7 @@ class Curve:
 
 
 def run(
-    curve: Curve,
+    curve: SimulatedServer,
     listed: list[float],
     slos: tuple[float, ...],
     resolution: float = 0.1,
@@ -84,7 +84,7 @@ SLOS = (0.010, 0.025, 0.050, 0.100)
 
 @pytest.mark.parametrize("resolution", [0.1, 0.05])
 def test_every_slo_is_found_within_the_resolution(resolution):
-    curve = Curve(service_s=0.002, capacity=3000)
+    curve = SimulatedServer(service_s=0.002, capacity=3000)
     steps, found = run(curve, [100, 500, 1000, 2000, 3000], SLOS, resolution)
     for record in found["slo_brackets"]:
         truth = curve.true_rate(record["slo_p99_s"])
@@ -96,7 +96,7 @@ def test_every_slo_is_found_within_the_resolution(resolution):
 
 def test_below_the_first_listed_rate_when_that_one_breaks_it():
     """cnn's case: the lowest listed step already breaks the bound, which is met at lower rates."""
-    curve = Curve(service_s=0.040, capacity=20)
+    curve = SimulatedServer(service_s=0.040, capacity=20)
     _, found = run(curve, [8, 15, 20], (0.100,), floor=1.0)
     record = found["slo_brackets"][0]
     truth = curve.true_rate(0.100)
@@ -106,7 +106,7 @@ def test_below_the_first_listed_rate_when_that_one_breaks_it():
 
 
 def test_never_only_with_the_single_request_evidence():
-    curve = Curve(service_s=0.040, capacity=20)
+    curve = SimulatedServer(service_s=0.040, capacity=20)
     steps, found = run(curve, [8, 15], (0.025, 0.100))
     never, met = found["slo_brackets"]
     assert never["meaning"] == NEVER and never["met_rps"] is None
@@ -116,7 +116,7 @@ def test_never_only_with_the_single_request_evidence():
 
 
 def test_below_the_floor_is_said_not_called_never():
-    curve = Curve(service_s=0.040, capacity=20)
+    curve = SimulatedServer(service_s=0.040, capacity=20)
     _, found = run(curve, [8], (0.0402,), floor=4.0)  # met only below ~0.1 req/s
     record = found["slo_brackets"][0]
     assert record["met_rps"] is None and record["meaning"].startswith("below the lowest rate measured")
@@ -124,7 +124,7 @@ def test_below_the_floor_is_said_not_called_never():
 
 
 def test_the_step_budget_is_held_and_said():
-    curve = Curve(service_s=0.002, capacity=3000)
+    curve = SimulatedServer(service_s=0.002, capacity=3000)
     _, found = run(curve, [100, 3000], SLOS, budget=3)
     assert found["slo_steps"] == 3 and len(curve.asked) == 2 + 3
     assert any("wider than the resolution" in r["meaning"] for r in found["slo_brackets"])
@@ -134,7 +134,7 @@ def test_a_short_budget_narrows_every_slo_not_only_the_tightest():
     """Each step goes to the widest bracket left. Four steps between 100 and 3000 req/s, shared by four SLOs,
     leave every bracket at most an eighth of the listed one in log terms (3000/100 ** 1/8 = 1.53); spent on the
     tightest SLO first they left p99 <= 25, 50 and 100 ms at a quarter (2.34x) while p99 <= 10 ms reached 1.24x."""
-    curve = Curve(service_s=0.002, capacity=3000)
+    curve = SimulatedServer(service_s=0.002, capacity=3000)
     _, found = run(curve, [100, 3000], SLOS, budget=4)
     eighth = (3000 / 100) ** (1 / 8)
     assert all(1 + record["width"] <= eighth * (1 + 1e-9) for record in found["slo_brackets"])
@@ -144,29 +144,29 @@ def test_a_short_budget_narrows_every_slo_not_only_the_tightest():
 
 def test_the_time_budget_stops_the_search_and_is_said():
     """No step starts once the time budget is spent (the sweep's clock; here a count of the steps it allowed)."""
-    curve = Curve(service_s=0.002, capacity=3000)
+    curve = SimulatedServer(service_s=0.002, capacity=3000)
     allowed = iter([True, True, False])
     _, found = run(curve, [100, 3000], SLOS, budget=40, time_left=lambda: next(allowed))
     assert found["slo_steps"] == 2 and len(curve.asked) == 2 + 2 and found["slo_budget_spent"]
     assert any("wider than the resolution" in r["meaning"] for r in found["slo_brackets"])
-    _, unbounded = run(Curve(service_s=0.002, capacity=3000), [100, 3000], SLOS, budget=40)
+    _, unbounded = run(SimulatedServer(service_s=0.002, capacity=3000), [100, 3000], SLOS, budget=40)
     assert not unbounded["slo_budget_spent"]  # it stopped because every bracket was within the resolution
 
 
 def test_a_step_serves_every_slo():
     """Brackets found for one SLO are reused by the others: fewer steps than searching each alone."""
-    together = Curve(service_s=0.002, capacity=3000)
+    together = SimulatedServer(service_s=0.002, capacity=3000)
     run(together, [100, 3000], SLOS)
     alone = 0
     for slo in SLOS:
-        curve = Curve(service_s=0.002, capacity=3000)
+        curve = SimulatedServer(service_s=0.002, capacity=3000)
         run(curve, [100, 3000], (slo,))
         alone += len(curve.asked) - 2
     assert len(together.asked) - 2 < alone
 
 
 def test_met_at_every_rate_has_no_upper_end():
-    curve = Curve(service_s=0.001, capacity=1e6)
+    curve = SimulatedServer(service_s=0.001, capacity=1e6)
     _, found = run(curve, [100, 200], (0.100,))
     record = found["slo_brackets"][0]
     assert record["broke_rps"] is None and record["meaning"] == "met at every rate measured"
@@ -220,7 +220,7 @@ def test_tables_show_a_wide_bracket_and_an_undecided_upper_end():
         "meaning": "wider than the resolution (the step or time budget ran out)",
         "broke_verdict": "broken",
     }
-    curve = Deployment("m", steps=[step], slo_brackets=[bracket], saturated=True)
+    curve = Curve("m", steps=[step], slo_brackets=[bracket], saturated=True)
     assert rate_text(curve, step, 0.01) == "101–500"
     narrow = {**bracket, "broke_rps": 108, "width": 0.08, "broke_verdict": "undecided", "needed": 900}
     assert (
@@ -264,13 +264,13 @@ def test_the_search_below_stops_where_the_p99_stops_falling():
     assert asked == [100, 500, 50] and record["meaning"].startswith("not met down to 50 req/s")
     from latlab.report.rates import rate_text
 
-    assert rate_text(Deployment("m", steps=steps, slo_brackets=[record]), None, 0.010).startswith("not met down to 50")
+    assert rate_text(Curve("m", steps=steps, slo_brackets=[record]), None, 0.010).startswith("not met down to 50")
 
 
 def test_open_slos_leave_out_what_other_steps_settle_at_a_rate():
     """A step at a rate need not decide a bound met at a higher rate or broken at a lower one (a p99 rises with
     the load); it must decide the ones whose bracket it lies in."""
-    curve = Curve(service_s=0.002, capacity=1000)
+    curve = SimulatedServer(service_s=0.002, capacity=1000)
     tight, middle, loose = 0.004, curve.p99(500) * 1.01, 1.0
     steps = [curve.step(rate) for rate in (100, 500, 900)]
     assert slo_met(steps[1], middle) and not slo_met(steps[2], middle) and not slo_met(steps[0], tight)

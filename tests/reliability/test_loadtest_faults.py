@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from latlab.common import procs
-from latlab.loadtest.results import Deployment, read_results
+from latlab.loadtest.results import Curve, read_results
 from tests.loadtest.stub_server import StubModel, stub_process, stub_server
 
 pytestmark = pytest.mark.e2e
@@ -98,7 +98,7 @@ def test_a_sigkilled_worker_is_reported_and_its_rate_goes_to_the_others(tmp_path
     assert f"workers lost: {event['worker']}" in html
 
 
-def sweep_through_an_outage(tmp_path: Path, restart: bool) -> tuple[str, Deployment]:
+def sweep_through_an_outage(tmp_path: Path, restart: bool) -> tuple[str, Curve]:
     """Three 50 req/s steps against the stub, which stops inside step 1's windows (and, with
     `restart`, comes back a second later); returns the sweep's stdout and its deployment results."""
     out = tmp_path / "run"

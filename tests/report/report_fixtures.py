@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from latlab.loadtest.results import Deployment, Run, Step, write_results
+from latlab.common.settings import BatcherSettings, CpuOptions
+from latlab.loadtest.results import Curve, Run, Step, write_results
 from tests.loadtest.steps import simulated
 
 CPU_NAME = "SYNTHETIC 16-core CPU box"
@@ -79,14 +80,16 @@ def bare_step(achieved: float, p99_s: float | None = None, **extra: object) -> S
     return simulated(**figures)
 
 
-def curve(name: str, provider: str, batch: int, steps: list[Step], environment: dict, **extra: object) -> Deployment:
-    return Deployment(
+def curve(name: str, provider: str, batch: int, steps: list[Step], environment: dict, **extra: object) -> Curve:
+    return Curve(
         **{
             "name": name,
             "model": "minilm",
             "provider": provider,
-            "batcher": {"max_batch_size": batch, "max_queue_delay_ms": 2.0 if batch > 1 else 0.0, "instances": 1},
-            "cpu": {"intra_op_threads": 16},
+            "batcher": BatcherSettings.partial(
+                max_batch_size=batch, max_queue_delay_ms=2.0 if batch > 1 else 0.0, instances=1
+            ),
+            "cpu": CpuOptions.partial(intra_op_threads=16),
             "environment": environment,
             "steps": steps,
             "stop_reason": "synthetic",

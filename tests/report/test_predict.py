@@ -9,7 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from latlab.loadtest.results import Deployment
+from latlab.common.settings import BatcherSettings
+from latlab.loadtest.results import Curve
 from latlab.report.predict import (
     BatchTimeFit,
     FitError,
@@ -167,12 +168,12 @@ def test_predict_deployment_uses_its_machine_model_and_provider() -> None:
         {"machine": {"hostname": "other"}, "model": "ffn", "backend": "ort-cpu", "fit": line(0.1 * MS, 0.0)},
         {"machine": {"hostname": "box"}, "model": "ffn", "backend": "ort-cpu", "fit": line(1 * MS, 0.0)},
     ]
-    curve = Deployment(
+    curve = Curve(
         name="ffn-b1",
         model="ffn",
         provider="cpu",
         machine={"hostname": "box"},
-        batcher={"max_batch_size": 1, "max_queue_delay_ms": 0.0, "instances": 1},
+        batcher=BatcherSettings.partial(max_batch_size=1, max_queue_delay_ms=0.0, instances=1),
     )
     predicted = predict_deployment(curve, fits, 1 * MS + 1 * MS * math.log(50))
     assert predicted["rate"] == pytest.approx(500, rel=1e-3) and predicted["backend"] == "ort-cpu"
@@ -191,11 +192,11 @@ def test_a_bench_from_another_machine_of_the_same_hostname_is_not_its_fit() -> N
             "fit": line(1 * MS, 0.0),
         }
     ]
-    curve = Deployment(
+    curve = Curve(
         name="ffn-b1",
         model="ffn",
         provider="cpu",
-        batcher={"max_batch_size": 1, "max_queue_delay_ms": 0.0, "instances": 1},
+        batcher=BatcherSettings.partial(max_batch_size=1, max_queue_delay_ms=0.0, instances=1),
     )
     assert (
         predict_deployment(replace(curve, machine={"hostname": "vm", "cpu": "AMD EPYC", "cores": 2}), fits, 0.025)
@@ -213,13 +214,13 @@ def test_serving_overhead_is_calibrated_on_the_cheapest_batching_off_deployment(
         {"machine": {"hostname": "box"}, "model": "ffn", "backend": "ort-cpu", "fit": line(1 * MS, 0.0)},
     ]
 
-    def curve(model: str, max_batch: int, top: float) -> Deployment:
-        return Deployment(
+    def curve(model: str, max_batch: int, top: float) -> Curve:
+        return Curve(
             name=f"{model}-{max_batch}",
             model=model,
             provider="cpu",
             machine={"hostname": "box"},
-            batcher={"max_batch_size": max_batch},
+            batcher=BatcherSettings.partial(max_batch_size=max_batch),
             steps=[bare_step(top / 2), bare_step(top)],
         )
 

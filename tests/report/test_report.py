@@ -19,7 +19,8 @@ from latlab.report.write import REPORT_FILE, write_report
 from latlab.report.findings import findings_of
 from latlab.report.rates import max_rate_under
 from latlab.report.verdict import verdict
-from latlab.loadtest.results import RESULTS_FILE, SCHEMA, Deployment, Run, Step, read_results, write_results
+from latlab.common.settings import BatcherSettings, CpuOptions
+from latlab.loadtest.results import RESULTS_FILE, SCHEMA, Curve, Run, Step, read_results, write_results
 
 from .report_fixtures import bare_step
 
@@ -63,12 +64,12 @@ BATCH_STEPS = [
 ]  # an empty window
 
 
-def deployment(name: str, batch_size: int, delay_ms: float, steps: list[Step]) -> Deployment:
-    return Deployment(
+def deployment(name: str, batch_size: int, delay_ms: float, steps: list[Step]) -> Curve:
+    return Curve(
         name=name,
         model="ffn",
         provider="cpu",
-        batcher={"max_batch_size": batch_size, "max_queue_delay_ms": delay_ms},
+        batcher=BatcherSettings.partial(max_batch_size=batch_size, max_queue_delay_ms=delay_ms),
         steps=steps,
         stop_reason="all rates done",
     )
@@ -252,8 +253,8 @@ def test_parse_rates_errors(text: str) -> None:
 
 def test_verdict_survives_a_zero_throughput_step_that_meets_the_slo():
     curves = [
-        Deployment(name="a", steps=[bare_step(100.0, 0.01)]),
-        Deployment(name="b", steps=[bare_step(0.0, 0.002)]),
+        Curve(name="a", steps=[bare_step(100.0, 0.01)]),
+        Curve(name="b", steps=[bare_step(0.0, 0.002)]),
     ]
     sentence = verdict(findings_of("m", curves, [0.025]), 0.025)
     # no provider recorded (another server's deployment, no --provider): said as such, never "?"
@@ -386,7 +387,7 @@ def test_report_prediction_error_is_relative_to_measurement(tmp_path: Path) -> N
 
 def test_prediction_flags_a_bench_with_other_cpu_threads_than_the_server(tmp_path: Path) -> None:
     run = tmp_path / "cpu-run"
-    served = replace(deployment("ffn-b1", 1, 0.0, B1_STEPS), cpu={"intra_op_threads": 1})
+    served = replace(deployment("ffn-b1", 1, 0.0, B1_STEPS), cpu=CpuOptions.partial(intra_op_threads=1))
     write_results(
         run / "results.json",
         Run(run_id="cpu-run", machine={"hostname": "labbox", "name": "labbox"}, deployments=[served]),

@@ -12,7 +12,8 @@ import pytest
 
 from latlab.report import best, breakdown, costs, sections
 from latlab.report.write import REPORT_FILE, write_report
-from latlab.loadtest.results import Deployment, Run, Step, read_results, to_dict, write_results
+from latlab.common.settings import CpuOptions
+from latlab.loadtest.results import Curve, Run, Step, read_results, to_dict, write_results
 
 from .report_fixtures import CPU_NAME, GPU_NAME, cpu_run, curve, gpu_run, server, step
 
@@ -21,7 +22,7 @@ SLOS = [0.010, 0.025, 0.050, 0.100]
 PRICES = {"cpu": 0.80, "cuda": 2.50}
 
 
-def curves_of(*runs: Path) -> list[Deployment]:
+def curves_of(*runs: Path) -> list[Curve]:
     """Every deployment of the runs' results files, as the report reads them (each with its run's machine)."""
     return [d for folder in runs for run in read_results(folder) for d in run.deployments]
 
@@ -144,11 +145,12 @@ def test_core_hour_prices_are_charged_for_the_cpu_deployments_cores(tmp_path: Pa
 
 
 def test_cpu_threads_fall_back_to_intra_op_threads_and_zero_means_every_core() -> None:
-    base = Deployment("c", provider="cpu", environment={"cores": 8})
+    base = Curve("c", provider="cpu", environment={"cores": 8})
     assert costs.cpu_threads(replace(base, environment={"cores": 8, "cpu_threads": 6})) == 6
-    assert costs.cpu_threads(replace(base, cpu={"intra_op_threads": 2})) == 2
-    assert costs.cpu_threads(replace(base, cpu={"intra_op_threads": 0})) == 8
-    assert costs.cpu_threads(Deployment("c", provider="cpu")) is None
+    assert costs.cpu_threads(replace(base, cpu=CpuOptions.partial(intra_op_threads=2))) == 2
+    assert costs.cpu_threads(replace(base, cpu=CpuOptions.partial(intra_op_threads=0))) == 8
+    assert costs.cpu_threads(replace(base, cpu=CpuOptions.partial(allow_spinning=False))) is None  # threads unsaid
+    assert costs.cpu_threads(Curve("c", provider="cpu")) is None
 
 
 # --- where the time goes and the server-bound rule --------------------------------------------------------
@@ -176,7 +178,7 @@ def test_breakdown_takes_transfers_out_of_compute_and_the_rest_makes_up_the_requ
     assert breakdown.parts({}) is None
 
 
-def gpu_step(cpu_cores: float | None, busy_s: float) -> tuple[Step, Deployment]:
+def gpu_step(cpu_cores: float | None, busy_s: float) -> tuple[Step, Curve]:
     figures = server(10, 3, 4, cpu_cores or 0.0, busy_s)
     if cpu_cores is None:
         figures["process_cpu_cores"] = None

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from latlab.report import best
 from latlab.report.write import write_report
-from latlab.loadtest.results import Deployment, Run, Step, read_results, write_results
-from latlab.loadtest.scrape import triton_provider
+from latlab.loadtest.results import Curve, Run, Step, read_results, write_results
+from latlab.loadtest.describe import triton_provider
 from latlab.report.findings import findings_of
 from latlab.report.naming import by_server, label, server_name, tag_servers
 from latlab.report.verdict import provider_verdict, verdict
@@ -26,7 +26,7 @@ ENV = {"name": CPU_NAME, "cpu": "SYNTHETIC CPU", "cores": 16}
 
 def other_server(
     name: str, version: str, steps: list[Step], provider: str | None = None, triton_batch: int | None = None
-) -> Deployment:
+) -> Curve:
     """A deployment 'minilm' as `latlab loadtest` records it on another OIP server: no provider unless given,
     batcher settings from a Triton model config or unknown."""
     record = curve("minilm", provider or "cpu", triton_batch or 1, steps, ENV, saturated=True)
@@ -41,7 +41,7 @@ def other_server(
     return record
 
 
-def others_run(tmp_path: Path, *deployments: Deployment, run_id: str = "SYNTHETIC-others-run") -> Path:
+def others_run(tmp_path: Path, *deployments: Curve, run_id: str = "SYNTHETIC-others-run") -> Path:
     run = tmp_path / run_id
     write_results(
         run / "results-minilm.json",
@@ -50,11 +50,11 @@ def others_run(tmp_path: Path, *deployments: Deployment, run_id: str = "SYNTHETI
     return run
 
 
-def mlserver(provider: str | None = None) -> Deployment:
+def mlserver(provider: str | None = None) -> Curve:
     return other_server("mlserver", "1.7.1", [step(50, 9), step(100, 30), step(200, 80, achieved=150)], provider)
 
 
-def triton(provider: str | None = None) -> Deployment:
+def triton(provider: str | None = None) -> Curve:
     return other_server(
         "triton", "2.59.0", [step(50, 5), step(200, 12), step(400, 40, achieved=380)], provider, triton_batch=32
     )
@@ -146,10 +146,10 @@ def test_a_provider_given_with_the_run_counts_it_as_a_cpu_deployment() -> None:
 
 
 def test_server_names_and_tags() -> None:
-    assert server_name(Deployment("d", server={"name": "triton"})) == "Triton"
-    assert server_name(Deployment("d", server={"name": "mlserver"})) == "MLServer"
-    assert server_name(Deployment("d")) == "latlab"  # results from before the server was recorded
-    assert server_name(Deployment("d", server={"name": "my-oip"})) == "my-oip"
+    assert server_name(Curve("d", server={"name": "triton"})) == "Triton"
+    assert server_name(Curve("d", server={"name": "mlserver"})) == "MLServer"
+    assert server_name(Curve("d")) == "latlab"  # results from before the server was recorded
+    assert server_name(Curve("d", server={"name": "my-oip"})) == "my-oip"
     tagged = tag_servers([mlserver(), triton()])
     assert all(c.by_server for c in tagged) and by_server(tagged)
     assert verdict(findings_of("minilm", tagged, [0.05]), 0.05).startswith(

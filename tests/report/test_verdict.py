@@ -6,7 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from latlab.loadtest.results import Deployment, Step
+from latlab.common.settings import BatcherSettings
+from latlab.loadtest.results import Curve, Step
 from latlab.report import costs
 from latlab.report.bench_crossover import human, size_crossover
 from latlab.report.best import Best, best_per_provider
@@ -24,13 +25,13 @@ def steps(*points: tuple[float, float]) -> list[Step]:
     return [bare_step(rps, p99_ms / 1e3) for rps, p99_ms in points]
 
 
-def curve(name: str, provider: str, batch: int, points: list[Step], host: str = "cpubox") -> Deployment:
-    return Deployment(
+def curve(name: str, provider: str, batch: int, points: list[Step], host: str = "cpubox") -> Curve:
+    return Curve(
         name=name,
         model="ffn",
         provider=provider,
         machine={"hostname": host, "name": host},
-        batcher={"max_batch_size": batch, "max_queue_delay_ms": 2.0},
+        batcher=BatcherSettings.partial(max_batch_size=batch, max_queue_delay_ms=2.0),
         steps=points,
     )
 
@@ -47,7 +48,7 @@ def test_cost_per_million_arithmetic() -> None:
     # $0.36/h at 100 req/s: 360 000 inferences per hour -> $1 per million
     def cost(per_hour, rate):
         step = bare_step(rate) if rate else None
-        return Best("cpu", Deployment("c"), step, costs.Price(per_hour, "") if per_hour is not None else None).cost
+        return Best("cpu", Curve("c"), step, costs.Price(per_hour, "") if per_hour is not None else None).cost
 
     assert cost(0.36, 100) == pytest.approx(1.0)
     assert cost(2.50, 8000) == pytest.approx(2.50 / (8000 * 3600) * 1e6)
@@ -66,10 +67,10 @@ def test_a_cpu_price_per_core_hour_is_charged_for_the_cores_a_deployment_compute
 
     prices = parse_prices("cpu=0.04/core,cuda=2.50/machine")
     assert prices == {"cpu": {"usd": 0.04, "per": "core-hour"}, "cuda": 2.50}
-    sixteen = Deployment("c", provider="cpu", environment={"cpu_threads": 16, "cores": 16})
+    sixteen = Curve("c", provider="cpu", environment={"cpu_threads": 16, "cores": 16})
     price = machine_price(prices, sixteen)
     assert price.per_hour == pytest.approx(0.64) and price.basis == "$0.04 per core-hour × 16 cores"
-    assert machine_price(prices, Deployment("g", provider="cuda", environment={"gpu": "H100"})).per_hour == 2.50
+    assert machine_price(prices, Curve("g", provider="cuda", environment={"gpu": "H100"})).per_hour == 2.50
     assert price_unit(prices) == "per core-hour and per machine-hour"
 
 
@@ -209,11 +210,11 @@ def test_an_unsaturated_maximum_shows_as_a_lower_bound_in_the_tables() -> None:
     from latlab.report.rates import rate_text
 
     steps = [bare_step(t - 1, 0.005, target=t) for t in (100, 200)]
-    curve = Deployment(
+    curve = Curve(
         name="mlp-b1",
         run_id="r",
         provider="cpu",
-        batcher={"max_batch_size": 1},
+        batcher=BatcherSettings.partial(max_batch_size=1),
         machine={"cpu": "Test CPU"},
         steps=steps,
         saturated=False,
@@ -232,7 +233,7 @@ def test_machines_are_named_by_what_they_are_never_by_hostname() -> None:
     here = machine.describe()
     assert "name" not in here and here["hostname"]
     assert machine.describe("h100-box")["name"] == "h100-box"
-    cpu = Deployment(
+    cpu = Curve(
         "c",
         provider="cpu",
         machine={"hostname": "vm", "cpu": "Intel Xeon", "cores": 16, "gpu": "NVIDIA H100"},

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from latlab.server.config import DeploymentConfig, default_buckets, parse_config
+from latlab.common.settings import default_buckets
+from latlab.server.config import DeploymentConfig, parse_config
 from latlab.server.errors import ConfigError
 
 
