@@ -22,10 +22,9 @@ import numpy as np
 import orjson
 import requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import build_cheap_model, write_config  # noqa: E402
+from harness import build_cheap_model, write_config
 
-from latlab.common import procs  # noqa: E402
+from latlab.common import procs
 
 BODY = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}]})
 

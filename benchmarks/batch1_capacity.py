@@ -12,11 +12,9 @@ time. The worker process's CPU time gives the server's cores in use. It prints o
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (
     Served,
     batching,
@@ -24,11 +22,11 @@ from harness import (
     loadtest,
     ort_b1_model,
     p50_in_process,
-    serving,  # noqa: E402
+    serving,
     write_config,
 )
 
-from latlab.common import procs  # noqa: E402
+from latlab.common import procs
 
 DEPLOYMENT = "ffn-b1"  # the name ort_b1_model looks for
 

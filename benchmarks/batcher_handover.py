@@ -9,19 +9,17 @@ HTTP, no sockets), so the difference is the hand-over: a worker's wake-up and th
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import batching, build_cheap_model, in_process_infer, json_infer_body, write_config  # noqa: E402
+from harness import batching, build_cheap_model, in_process_infer, json_infer_body, write_config
 
-from latlab.server.http.app import create_app  # noqa: E402
-from latlab.server.batching.batcher import DynamicBatcher  # noqa: E402
-from latlab.server.config import load_config  # noqa: E402
+from latlab.server.http.app import create_app
+from latlab.server.batching.batcher import DynamicBatcher
+from latlab.server.config import load_config
 
 
 def via_worker(self: DynamicBatcher, inputs, size, timeout_s=None, priority=0, outputs=None):

@@ -24,11 +24,10 @@ from pathlib import Path
 import psutil
 import requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import batching, export_zoo, loadtest, serving, write_config  # noqa: E402
+from harness import batching, export_zoo, loadtest, serving, write_config
 
-from latlab.common import procs  # noqa: E402
-from latlab.loadtest.payloads import request_bodies  # noqa: E402
+from latlab.common import procs
+from latlab.loadtest.payloads import request_bodies
 
 DEPLOYMENT = "mlp"
 

@@ -37,11 +37,10 @@ import numpy as np
 import psutil
 import requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import export_zoo, json_infer_body, loadtest, write_config  # noqa: E402
+from harness import export_zoo, json_infer_body, loadtest, write_config
 
-from latlab.common import procs  # noqa: E402
+from latlab.common import procs
 
 LAYOUTS = {"one process": (1, False), "1 front end + engine": (1, True), "2 front ends + engine": (2, True)}
 

@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -33,13 +32,12 @@ from typing import Iterator
 import onnxruntime as ort
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from frontends import mean_request_s, server_cpu, start  # noqa: E402
-from harness import build_cheap_model, export_zoo, loadtest  # noqa: E402
+from frontends import mean_request_s, server_cpu, start
+from harness import build_cheap_model, export_zoo, loadtest
 
-from latlab.common import procs  # noqa: E402
-from latlab.server.config import save_config  # noqa: E402
-from latlab.bench.backends import BackendUnavailable, gpu_name, ort_cuda_session  # noqa: E402
+from latlab.common import procs
+from latlab.server.config import save_config
+from latlab.bench.backends import BackendUnavailable, gpu_name, ort_cuda_session
 
 BATCHER = {"max_batch_size": 32, "max_queue_delay_ms": 3.0}
 

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import batching, build_cheap_model, loadtest, serving, write_config  # noqa: E402
+from harness import batching, build_cheap_model, loadtest, serving, write_config
 
-from latlab.common import procs  # noqa: E402
+from latlab.common import procs
 
 CLIENTS = ("lean", "locust")
 

@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import batching, export_zoo, loadtest, quantile, serving, write_config  # noqa: E402
+from harness import batching, export_zoo, loadtest, quantile, serving, write_config
 
-from latlab.common import procs  # noqa: E402
+from latlab.common import procs
 
 REQUEST_HISTOGRAM = "latlab_server_request_duration_seconds"
 

@@ -27,13 +27,12 @@ from typing import Callable
 import numpy as np
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import export_zoo  # noqa: E402
+from harness import export_zoo
 
-from latlab.server.config import parse_config  # noqa: E402
-from latlab.server.runtime.graphs import CudaGraphRunner  # noqa: E402
-from latlab.server.runtime.providers import provider_load_error  # noqa: E402
-from latlab.server.runtime.model import OnnxModel  # noqa: E402
+from latlab.server.config import parse_config
+from latlab.server.runtime.graphs import CudaGraphRunner
+from latlab.server.runtime.providers import provider_load_error
+from latlab.server.runtime.model import OnnxModel
 
 FFN_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 CNN_SIZES = (3, 7, 5, 8, 2, 6, 4, 1)

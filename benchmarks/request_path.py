@@ -29,13 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import batching, build_cheap_model, in_process_infer, json_infer_body, write_config  # noqa: E402
+from harness import batching, build_cheap_model, in_process_infer, json_infer_body, write_config
 
-from latlab.server.http import fastpath  # noqa: E402
-from latlab.server.http.app import create_app  # noqa: E402
-from latlab.server.config import load_config  # noqa: E402
-from latlab.server.protocol import decode_request  # noqa: E402
+from latlab.server.http import fastpath
+from latlab.server.http.app import create_app
+from latlab.server.config import load_config
+from latlab.server.protocol import decode_request
 
 GAP_S = 0.0077
 # Where the path's time goes: (file, function) roots whose cumulative time each part reports.

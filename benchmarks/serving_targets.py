@@ -9,28 +9,26 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import (
     RssSampler,
     batching,
     build_cheap_model,
     export_zoo,
     loadtest,
-    ort_b1_model,  # noqa: E402
+    ort_b1_model,
     p50_in_process,
     quantile,
     serving,
     write_config,
 )
 
-from latlab.common import procs  # noqa: E402
-from latlab.server.runtime.model import OnnxModel  # noqa: E402
+from latlab.common import procs
+from latlab.server.runtime.model import OnnxModel
 
 IMAGE = [3, 224, 224]
 

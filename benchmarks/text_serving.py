@@ -14,20 +14,18 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import export_zoo, loadtest, serving  # noqa: E402
+from harness import export_zoo, loadtest, serving
 
-from latlab.common import procs  # noqa: E402
-from latlab.loadtest.sentences import sentence  # noqa: E402
-from latlab.server.config import load_config, save_config  # noqa: E402
-from latlab.server.runtime.model import OnnxModel  # noqa: E402
-from latlab.server.runtime.text import TextFrontEnd  # noqa: E402
+from latlab.common import procs
+from latlab.loadtest.sentences import sentence
+from latlab.server.config import load_config, save_config
+from latlab.server.runtime.model import OnnxModel
+from latlab.server.runtime.text import TextFrontEnd
 
 DEPLOYMENTS = ("minilm-ids", "minilm-text")
 
