@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from latlab.common.settings import BatcherSettings
+from latlab.common.settings import BatcherSettings, CpuOptions
 from latlab.common.user_input import Slos
 
 if TYPE_CHECKING:
@@ -148,10 +148,10 @@ class LabPlan:
     met it and the first that broke it until they are this close (`latlab loadtest --slos`)."""
     bench: bool = True
     """Run `latlab bench --quick` on the plan's models first (batch-time curves for the prediction)."""
-    cpu: dict = field(default_factory=lambda: {"allow_spinning": False})
-    """[deployments.cpu] settings of every CPU deployment, beside intra_op_threads from the CpuShare. Spinning
-    ORT threads steal the CPU that HTTP handling and the generator need: on 2 cores the batched ffn held
-    p99 <= 50 ms to ~1000 req/s on one thread without spinning, ~500 req/s with ORT's defaults."""
+    cpu: CpuOptions = field(default_factory=lambda: CpuOptions.partial(allow_spinning=False))
+    """[deployments.cpu] settings of every CPU deployment, beside intra_op_threads from the CpuShare (which the plan
+    may override). Spinning ORT threads steal the CPU that HTTP handling and the generator need, so the lab turns
+    spinning off (what it costs on a small machine: docs/performance.md, "One ORT thread, no spinning")."""
 
     def only(self, names: list[str] | None) -> LabPlan:
         """The plan for some of its models (e.g. to split a GPU machine's lab over two device calls)."""

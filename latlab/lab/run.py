@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from latlab.common import procs
+from latlab.common.settings import CpuOptions
 from latlab.lab.children import model_workload, start_server, step_schedule, write_samples
 from latlab.lab.plan import MANY_CORES, PLANS, CpuShare, LabPlan, ModelPlan, available_cores, cpu_share
 from latlab.loadtest import child
@@ -78,7 +79,7 @@ def config_document(models: dict[str, Path], port: int, plan: LabPlan, share: Cp
     batching off and on; CPU deployments on the share's threads (by default this machine's fair share, see
     cpu_share)."""
     share = share or cpu_share(available_cores())
-    cpu = {"intra_op_threads": share.cpu_threads, **plan.cpu}
+    cpu = CpuOptions.partial(**{"intra_op_threads": share.cpu_threads, **plan.cpu.as_dict()}).as_dict()
     deployments = []
     for model in plan.models:
         for name, provider, batcher in plan.deployments(model):

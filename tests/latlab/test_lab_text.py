@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from latlab.common.settings import CpuOptions
 from latlab.lab.run import write_config
 from latlab.lab.plan import MINILM, MLP, PLANS, LabPlan
 from latlab.server.config import load_config
@@ -76,7 +77,7 @@ def test_every_plans_config_loads_from_a_folder_toml_must_escape(tmp_path: Path,
     """Model and tokenizer paths with quotes, a backslash and spaces, and a string among the CPU settings."""
     folder = tmp_path / 'my "models"\\ here'
     models = {m.name: export_like(folder / m.name, with_text_deployment=True) for m in PLANS[plan].models}
-    lab_plan = replace(PLANS[plan], cpu={"allow_spinning": False, "execution_mode": "parallel"})
+    lab_plan = replace(PLANS[plan], cpu=CpuOptions.partial(allow_spinning=False, execution_mode="parallel"))
     config = load_config(write_config(tmp_path, models, 8000, lab_plan), environ={})
     assert len(config.deployments) == sum(len(lab_plan.deployments(m)) for m in lab_plan.models)
     assert {d.model_path for d in config.deployments} == set(models.values())
