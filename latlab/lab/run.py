@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Callable
 
+from latlab.bench.plan import BenchOptions, run_child
 from latlab.common import procs
 from latlab.common.settings import CpuOptions
 from latlab.lab.children import model_workload, start_server, step_schedule, write_samples
@@ -225,29 +225,16 @@ def run_lab(
 
 def run_bench(run_dir: Path, models_dir: Path, plan: LabPlan, cpu_threads: int) -> None:
     """The quick bench of the plan's models, into run_dir/bench/ where the report finds it; with the
-    servers' ORT thread count and sequence length, so its batch times predict the served deployments. Started as
-    `latlab bench --quick`: what --quick means (the bench's grids and timing) is decided by the command alone."""
-    backends = ["ort-cpu", "torch-cpu"] + (["ort-cuda"] if "cuda" in plan.providers else [])
-    args = [
-        sys.executable,
-        "-m",
-        "latlab.cli",
-        "bench",
-        "--quick",
-        "--models",
-        ",".join(m.name for m in plan.models),
-        "--backends",
-        ",".join(backends),
-        "--threads",
-        str(cpu_threads),
-        "--seq-len",
-        str(max(m.seq_len for m in plan.models)),
-        "--cache-dir",
-        str(models_dir / "bench"),
-        "--out",
-        str(run_dir / "bench"),
-    ]
-    _run_child(args, "bench")
+    servers' ORT thread count and sequence length, so its batch times predict the served deployments."""
+    options = BenchOptions(
+        quick=True,
+        models=",".join(m.name for m in plan.models),
+        backends=",".join(["ort-cpu", "torch-cpu"] + (["ort-cuda"] if "cuda" in plan.providers else [])),
+        threads=cpu_threads,
+        seq_len=max(m.seq_len for m in plan.models),
+        cache_dir=models_dir / "bench",
+    )
+    run_child(options, run_dir / "bench")
 
 
 def sweep_model(
@@ -297,12 +284,3 @@ def sweep_plan(
         workers=Workers(local=load_workers, metrics_port=metrics_port),
         provenance=Provenance(machine_name=machine_name),
     )
-
-
-def _run_child(args: list[str], what: str) -> None:
-    process = procs.start(args)
-    try:
-        if process.wait() != 0:
-            raise RuntimeError(f"{what} failed with status {process.returncode}")
-    finally:
-        procs.stop(process)

@@ -100,3 +100,32 @@ def test_default_grids_are_the_seeds() -> None:
     full = _settings("--full", "--fixed-params", str(2**27))
     assert full.layers == list(range(128, 3841, 128))
     assert full.fixed_layers[-1] == 2**14
+
+
+def test_the_labs_bench_runs_as_a_child_from_its_plan_where_the_report_finds_it(tmp_path: Path) -> None:
+    from latlab.bench.plan import PLAN_FILE, BenchOptions, run_child
+    from latlab.report.write import read_bench
+
+    options = BenchOptions(
+        experiments="batch_size",
+        batches="1,2",
+        d_model=16,
+        n_layers=2,
+        threads=1,
+        min_time=0.0,
+        backends="ort-cpu",
+        cache_dir=tmp_path / "cache",
+    )
+    run_child(options, tmp_path / "run" / "bench")
+    assert BenchOptions.from_json((tmp_path / "run" / "bench" / PLAN_FILE).read_text()) == options
+    [doc] = read_bench(tmp_path / "run")
+    [experiment] = doc["experiments"]
+    assert experiment["name"] == "batch_size"
+    assert sorted(p["batch_size"] for p in experiment["points"]) == [1, 2]
+
+
+def test_a_bench_child_that_cannot_read_its_plan_fails_the_lab_with_its_status(tmp_path: Path) -> None:
+    from latlab.bench.plan import BenchOptions, run_child
+
+    with pytest.raises(RuntimeError, match="bench failed with status 2"):
+        run_child(BenchOptions(batches="1,x", cache_dir=tmp_path / "cache"), tmp_path / "bench")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from latlab.bench.experiments import BenchError, BenchSettings, MeasureSettings, fixed_params_width, grid, measure
-from latlab.cli.bench import parse_ints
+from latlab.bench.plan import parse_ints
 
 
 class FakeClock:
