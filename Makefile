@@ -32,7 +32,7 @@ test: $(STAMP)
 check: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	LATLAB_FAST_LANE=1 $(BIN)/python -m pytest -q
+	LATLAB_FAST_LANE=1 $(BIN)/python -m pytest -q -n auto
 
 bench-wsgi: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[bench]'

@@ -78,7 +78,9 @@ def _starts_something(what: str):
     return refuse
 
 
-def pytest_configure(config):
-    if FAST_LANE:
+def pytest_collection_finish(session):
+    """Refuse from the first test on (not before: pytest-xdist's workers start and describe their platform first)."""
+    controller = session.config.getoption("dist", "no") != "no" and "PYTEST_XDIST_WORKER" not in os.environ
+    if FAST_LANE and not controller:  # pytest-xdist's controller starts its workers and runs no test
         subprocess.Popen.__init__ = _starts_something("starts a process")
         socket.socket.bind = _starts_something("opens a socket")
