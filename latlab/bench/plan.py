@@ -20,7 +20,6 @@ from latlab.bench.experiments import (
     run_bench,
     write_run,
 )
-from latlab.common import procs
 
 ZOO_BATCHES = "1,2,4,8,16,32,64"
 FULL_MIN_WIDTH = 64  # `full` deepens the fixed-parameter sweep until the layers get this narrow
@@ -157,6 +156,8 @@ def run(options: BenchOptions, out: Path) -> Path:
 def run_child(options: BenchOptions, out: Path) -> None:
     """`run` in a child process of its own (the bench pins threads and loads both runtimes), from the plan written
     into `out`; RuntimeError when it fails."""
+    from latlab.common import procs  # imports requests (ssl): `latlab loadtest` imports this module before Locust
+
     out.mkdir(parents=True, exist_ok=True)
     (out / PLAN_FILE).write_text(options.to_json() + "\n")
     child = procs.start([sys.executable, "-m", "latlab.bench", str(out / PLAN_FILE)])
