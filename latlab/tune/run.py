@@ -146,8 +146,8 @@ def run_tune(job: TuneJob, space: Space, budget_s: float, variants_first: bool =
         variants_first=variants_first,
         first_probe=fine_probe(job),
     )
-    per_probe = (time.monotonic() - began) / max(1, len(log.tried))
-    confirm(log, fine_probe(job), budget_s - (time.monotonic() - began), probe_cost_s=per_probe * FINE_COST)
+    left = budget_s - (time.monotonic() - began)
+    confirm(log, fine_probe(job), left, probe_cost_s=log.probe_cost_s * FINE_COST)
     (job.work / "tune.json").write_text(json.dumps(tune_record(job, log), indent=2) + "\n")
     return log
 

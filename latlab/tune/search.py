@@ -243,6 +243,10 @@ class SearchLog:
     """The finalists' probes side by side (confirm()); they, not the screening, decide the best."""
     stopped: str = ""
     seconds: float = 0.0
+    probe_cost_s: float = 0.0
+    """The most a configuration cost in any screening round (its seconds over its configurations): a round pays for
+    a server start besides its probes, so a round of few configurations costs more each than the mean says, and
+    the finalists' round is such a round."""
 
     def best(self, n: int = 1) -> list[Tried]:
         """The n configurations of the highest rates: the finalists by their confirmed rate first, then the rest
@@ -305,8 +309,9 @@ def quick_search(
     """Climb from space.start(): measure it, then in each round the current configuration again beside every
     neighbour not measured yet, and move to the round's best when it held min_gain more than the current one did
     in the same round (side by side: a lucky earlier probe of the current one cannot stop the climb). Stop at a
-    top, or when the budget cannot pay for the round (a probe's cost: the mean so far) and `reserve_probes` more
-    (what confirm() will need); a round the budget pays for only in part is cut short, and the log says so.
+    top, or when the budget cannot pay for the round and `reserve_probes` more (what confirm() will need), a
+    probe costing the most a probe has cost so far (log.probe_cost_s); a round the budget pays for only in part is
+    cut short, and the log says so.
     confirm() then decides among the best few. With `variants_first`, the first round measures the start in every
     variant side by side (what the variant alone buys, the lab's first question), and the climb goes on from the
     best of them; with `first_probe` too (the finalists' finer probe) that round is measured up to CONFIRM_ROUNDS
@@ -320,18 +325,20 @@ def quick_search(
         pending += [space.canonical(replace(current, variant=v)) for v in space.variants if v != current.variant]
     while pending:
         if log.tried and math.isfinite(budget_s):
-            spent = clock() - began
-            affordable = int(max(0.0, budget_s - spent) // max(spent / len(log.tried), 1e-9)) - reserve_probes
+            left = budget_s - (clock() - began)
+            affordable = max(0, int(max(0.0, left) // max(log.probe_cost_s, 1e-9)) - reserve_probes)
             if affordable < len(pending):
                 log.stopped = f"the budget ({budget_s:g} s): {len(pending) - affordable} of a round left unmeasured"
                 pending = pending[:affordable]
                 if len(pending) < 2:  # the current one alone: nothing new to compare
                     break
+        round_began = clock()
         rates = probe(pending)
+        log.probe_cost_s = max(log.probe_cost_s, (clock() - round_began) / len(pending))
         log.tried += [Tried(c, r, round=round_) for c, r in zip(pending, rates)]
         if round_ == 0 and variants_first and first_probe is not None and len(pending) > 1:
-            per_probe = (clock() - began) / len(pending)
-            cost = per_probe * (FINE_COST * len(pending) + reserve_probes)  # the finalists' share kept, as the climb
+            # the finalists' share kept, as the climb keeps it
+            cost = log.probe_cost_s * (FINE_COST * len(pending) + reserve_probes)
             rates = _again_side_by_side(log, first_probe, pending, budget_s - (clock() - began), cost, clock)
         if log.stopped:
             break

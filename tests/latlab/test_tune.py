@@ -37,14 +37,14 @@ def held(c: Candidate) -> float:
 class Clock:
     """Probes cost `per_probe` seconds each on this clock: the budget is checked without sleeping."""
 
-    def __init__(self, per_probe: float) -> None:
-        self.now, self.per_probe, self.probes = 0.0, per_probe, 0
+    def __init__(self, per_probe: float, per_round: float = 0.0) -> None:
+        self.now, self.per_probe, self.per_round, self.probes = 0.0, per_probe, per_round, 0
 
     def __call__(self) -> float:
         return self.now
 
     def probe(self, candidates: list[Candidate]) -> list[float]:
-        self.now += self.per_probe * len(candidates)
+        self.now += self.per_round + self.per_probe * len(candidates)
         self.probes += len(candidates)
         return [held(c) for c in candidates]
 
@@ -207,6 +207,20 @@ def test_the_climb_keeps_the_finalists_share_of_the_budget():
     log = quick_search(space, clock.probe, budget_s=85.0, clock=clock, reserve_probes=3)
     assert clock.now <= 85.0 - 30.0 and len(log.tried) == 5  # 5 probes, and 3 left for the finalists
     assert log.stopped.startswith("the budget")
+
+
+def test_a_server_start_per_round_is_paid_for_in_the_finalists_share():
+    """Each round starts a server: the start alone costs 40 s here, a configuration 10 s more; the budget is held
+    at every size, a round the budget cannot pay for beside the finalists' share is not started, and where the
+    climb found two or more configurations to choose from, their round side by side is paid for."""
+    for budget in range(100, 1000, 25):
+        space = space_for("cpu", 2, ("fp32", "int8"))
+        clock = Clock(per_probe=10.0, per_round=30.0)
+        log = quick_search(space, clock.probe, budget_s=budget, clock=clock, reserve_probes=5)
+        assert log.probe_cost_s >= 40.0  # the first round: the start alone, with its server
+        confirm(log, clock.probe, budget - clock.now, finalists=3, clock=clock, probe_cost_s=log.probe_cost_s * 1.5)
+        assert clock.now <= budget, budget
+        assert len(log.tried) == 1 or log.confirmed, budget
 
 
 def test_with_noisy_probes_the_quick_search_and_its_finalists_find_nearly_the_best():
