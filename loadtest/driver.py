@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import locust  # first: gevent's monkey-patching must precede other imports
 
+import random
 import signal
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
@@ -23,6 +24,7 @@ from locust.runners import STATE_MISSING
 
 from latlab.common import procs
 from latlab.loadtest import users
+from latlab.loadtest.arrivals import Arrivals, FleetSchedule, load_trace
 from latlab.loadtest.loadgen_metrics import LoadGenMetrics
 from latlab.loadtest.plan import DEFAULT_MASTER_PORT, SweepPlan
 
@@ -32,6 +34,9 @@ WATCH_INTERVAL_S = 0.5  # how often the master checks its workers (processes and
 WORKER_LAG_S = 1.5  # workers ship samples every second: wait this long before closing a window
 LOCAL_LAG_S = 0.05  # one process records samples as requests complete: a short pause lets the last ones land
 ANSWER_GRACE_S = 1.0  # a step's figures wait this long at most for answers to its last requests
+WORKER_LEAD_S = 0.1
+"""A new schedule starts this long after the master sends it, so that workers receive it before its first
+arrival (a worker that got it late would send its first arrivals late, in a bunch)."""
 
 
 class LoadDriver:
@@ -53,7 +58,8 @@ class LoadDriver:
         self.progress = progress
         self.log_dir = log_dir
         user_class = users.OpenLoopUser if self.mode == "open" else users.ClosedLoopUser
-        self.state = users.LoadState("", 0.0, poisson=plan.schedule.poisson)
+        self.state = users.LoadState("", 0.0, arrivals=plan.schedule.arrivals)
+        self.trace = load_trace(plan.schedule.arrivals.trace) if plan.schedule.arrivals.kind == "trace" else None
         self.env = Environment(user_classes=[user_class], host=plan.workload.host, events=locust.events)
         self.env.latlab = self.state
         self.workers: list = []
@@ -145,20 +151,30 @@ class LoadDriver:
         self.deployment = deployment
 
     def _send_rate(self, deployment: str, load: float | None = None) -> None:
-        """Tell every process its share of the arrivals (open loop; closed loop sends rate 0)."""
+        """Tell every process its share of one schedule of arrivals (open loop; closed loop sends rate 0): the
+        same seed and origin everywhere, each process its place among them (arrivals.FleetSchedule)."""
         load = self.load if load is None else load
-        rate = load / max(self.processes, 1) if self.mode == "open" else 0.0
+        total = load if self.mode == "open" else 0.0
+        live = self.live_workers if self.distributed else [None]
+        schedule = FleetSchedule(
+            rate=total,
+            seed=self.plan.schedule.seed or random.randrange(1, 2**32),
+            origin=time.time() + (WORKER_LEAD_S if self.distributed else 0.0),
+            processes=max(len(live), 1),
+            users=self.plan.workers.users_per_process,
+            trace=self.trace,
+        )
         message = {
             "deployment": deployment,
-            "rate": rate,
-            "poisson": self.plan.schedule.poisson,
+            "rate": total / max(len(live), 1),
+            "arrivals": asdict(self.plan.schedule.arrivals),
             "payload": asdict(self.plan.workload.payload),
             "route": self.route,
         }
-        self.state.update(message)
-        if self.distributed:
-            for client_id in self.live_workers:
-                self.runner.send_message(users.LOAD_MESSAGE, message, client_id=client_id)
+        self.state.update({**message, "schedule": schedule.as_message(self.plan.schedule.arrivals)})
+        for index, client_id in enumerate(live if self.distributed else []):
+            own = replace(schedule, process=index).as_message(self.plan.schedule.arrivals)
+            self.runner.send_message(users.LOAD_MESSAGE, {**message, "schedule": own}, client_id=client_id)
 
     @property
     def lag_s(self) -> float:
@@ -232,8 +248,10 @@ class LoadDriver:
     def _lose(self, client_id: str, reason: str) -> None:
         self.lost.add(client_id)
         # A silent (not dead) worker reads this when it wakes: it must not add its old share to the others'.
-        pause = {"deployment": self.deployment, "rate": 1e-3, "poisson": self.plan.schedule.poisson}
-        self.runner.send_message(users.LOAD_MESSAGE, pause, client_id=client_id)
+        pause = FleetSchedule(rate=1e-3, origin=time.time(), users=self.plan.workers.users_per_process)
+        message = {"deployment": self.deployment, "rate": 1e-3, "arrivals": asdict(Arrivals()), "route": self.route}
+        message["schedule"] = pause.as_message(Arrivals())
+        self.runner.send_message(users.LOAD_MESSAGE, message, client_id=client_id)
         in_flight = self.state.recorder.forget_source(client_id)
         left = self.processes
         event = {

@@ -44,7 +44,10 @@ STEP_GAUGES = {
     "p50_s": ("latlab_loadtest_step_p50_seconds", "Exact median latency of the window (order statistic)."),
     "p99_s": ("latlab_loadtest_step_p99_seconds", "Exact 99th percentile latency of the window (order statistic)."),
     "errors": ("latlab_loadtest_step_errors", "Failed requests among the window's arrivals."),
-    "generator_bound": ("latlab_loadtest_step_generator_bound", "1 if the load generator's CPU was saturated."),
+    "generator_bound": (
+        "latlab_loadtest_step_generator_bound",
+        "1 if the load generator was saturated (CPU) or sent late by a tenth of the SLO.",
+    ),
     "stable": ("latlab_loadtest_step_stable", "1 if the step's latency was judged stable."),
 }
 

@@ -346,7 +346,9 @@ class SweepPlan:
     @classmethod
     def from_dict(cls, data: dict) -> SweepPlan:
         """The plan `dataclasses.asdict` made a JSON object of, with its parts' types back (and checked again)."""
-        workload, schedule, slo = data["workload"], data["schedule"], data["slo"]
+        workload, schedule, slo = data["workload"], dict(data["schedule"]), data["slo"]
+        if "poisson" in schedule:  # a plan kept by an earlier latlab: Poisson or constant gaps only
+            schedule["arrivals"] = {"kind": "poisson" if schedule.pop("poisson") else "constant"}
         return cls(
             workload=Workload(
                 host=workload["host"],

@@ -35,6 +35,9 @@ class WindowStats:
     """How long after its intended time the generator began to send a request (median over the window's sent
     requests): part of every latency here, since latencies count from the intended time. None: none sent."""
     send_lateness_p99_s: float | None = None
+    arrival_cv: float | None = None
+    """The coefficient of variation of the gaps between the window's requests as sent (actual send times, every
+    process's merged): 1 for Poisson arrivals, 0 for constant gaps. None: fewer than 3 sent."""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -181,9 +184,11 @@ class Recorder:
         outstanding = [*local, *itertools.chain(*self._remote_outstanding.values())]
         pending = np.asarray([t for t in outstanding if start <= t < end])
         latencies = np.concatenate([done[mine] - intended[mine], now - pending])
-        lateness = np.concatenate(
-            [np.asarray(self.sent)[mine] - intended[mine]]
-            + [np.asarray([s - i for i, s in self._outstanding.values() if start <= i < end])]
+        sent_at = np.concatenate(
+            [np.asarray(self.sent)[mine], np.asarray([s for i, s in self._outstanding.values() if start <= i < end])]
+        )
+        lateness = sent_at - np.concatenate(
+            [intended[mine], np.asarray([i for i, _ in self._outstanding.values() if start <= i < end])]
         )
         duration = end - start
         # Achieved is the lesser of two counts. By intended send time, as offered counts: answers to requests
@@ -210,6 +215,7 @@ class Recorder:
             samples=len(latencies),
             too_few_samples=len(latencies) < MIN_SAMPLES_P99,
             **lateness_percentiles(lateness),
+            arrival_cv=gap_cv(sent_at),
         )
         return stats, latencies, per_source
 
@@ -294,6 +300,14 @@ def lateness_percentiles(lateness: np.ndarray) -> dict[str, float | None]:
         return {"send_lateness_p50_s": None, "send_lateness_p99_s": None}
     p50, p99 = np.percentile(lateness, [50, 99], method="inverted_cdf")
     return {"send_lateness_p50_s": float(p50), "send_lateness_p99_s": float(p99)}
+
+
+def gap_cv(times: np.ndarray) -> float | None:
+    """The coefficient of variation of the gaps between `times` (in any order); None below 3 times."""
+    if times.size < 3:
+        return None
+    gaps = np.diff(np.sort(times))
+    return float(gaps.std() / gaps.mean()) if gaps.mean() > 0 else None
 
 
 def _count_in(times: list[float], start: float, end: float) -> int:

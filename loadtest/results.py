@@ -65,6 +65,9 @@ class Step:
     """How long after its intended time the generator began sending (median, p99): the instrument's own share of
     every latency, which counts from the intended time (recorder.WindowStats)."""
     send_lateness_p99_s: float | None = None
+    arrival_cv: float | None = None
+    """The coefficient of variation of the gaps between the step's requests as sent (every process's merged):
+    the burstiness the server was offered, to set beside the arrival process asked for."""
     duration_s: float | None = None
     windows: int | None = None
     extended_windows: int = 0

@@ -7,6 +7,28 @@ import argparse
 from dataclasses import dataclass
 
 from latlab.common.user_input import Slos, UserError, parse_rates, parse_slo_bound
+from latlab.loadtest.arrivals import SPEC_HELP, Arrivals
+
+
+DEFAULT_RATES = "100,200,400"
+
+
+def arrivals_from_cli_args(args: argparse.Namespace) -> Arrivals:
+    """--arrivals, or its shorthands --constant and --trace FILE (with --trace-start), one of them."""
+    given = [
+        name
+        for name, on in (("--arrivals", args.arrivals), ("--constant", args.constant), ("--trace", args.trace))
+        if on
+    ]
+    if len(given) > 1:
+        raise UserError(f"{' and '.join(given)} both say how requests arrive: give one")
+    if args.trace_start and not (args.trace or args.arrivals.startswith("trace:")):
+        raise UserError("--trace-start is where a replayed trace starts: name one with --trace FILE")
+    if args.trace:
+        return Arrivals("trace", trace=args.trace, trace_start_s=args.trace_start)
+    if args.constant:
+        return Arrivals("constant")
+    return Arrivals.parse(args.arrivals, args.trace_start) if args.arrivals else Arrivals()
 
 
 @dataclass(frozen=True)
@@ -26,7 +48,11 @@ class Schedule:
     window_seconds: float = 2.0
     min_windows: int = 3
     max_windows: int = 6
-    poisson: bool = True
+    arrivals: Arrivals = Arrivals()
+    """Open loop: how requests arrive at each step's mean rate (arrivals.py)."""
+    seed: int = 0
+    """Open loop: every step draws its arrivals from this seed, the same gaps scaled to its rate (0: a new draw
+    for each step)."""
     stop_at_saturation: bool = True
     max_rate: float = 0.0
     """Open loop: past the listed rates keep raising by RAISE_BY until the deployment saturates, breaks the
@@ -42,6 +68,9 @@ class Schedule:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "loads", tuple(float(load) for load in self.loads))  # as results record them
+        if isinstance(self.arrivals, dict):  # from a plan file
+            object.__setattr__(self, "arrivals", Arrivals(**self.arrivals))
+        self.arrivals.check()
         if self.calibrate_only and (self.mode != "open" or self.calibrate_seconds <= 0):
             raise UserError("--calibrate-only measures open-loop arrivals for --calibrate-seconds > 0")
         if not 0 < self.refine_within < float("inf"):
@@ -60,7 +89,7 @@ class Schedule:
             default="open",
             help="open: arrivals at a rate, latency from the intended send time; closed: N users",
         )
-        add("--rates", default="100,200,400", help="open loop: offered requests/s per step")
+        add("--rates", default=None, help=f"open loop: offered requests/s per step (default {DEFAULT_RATES})")
         add("--users", default="1,2,4,8,16", help="closed loop: concurrent users per step")
         add("--step-seconds", type=float, default=6.0, help="measurement per step: 3 windows of a third")
         add("--max-windows", type=int, default=6, help="extend an unstable step up to this many windows")
@@ -77,7 +106,27 @@ class Schedule:
             action="store_true",
             help="measure the generator's floor at the lowest and highest of --rates, and no deployment",
         )
-        add("--constant", action="store_true", help="constant arrival gaps instead of Poisson")
+        add(
+            "--arrivals",
+            default="",
+            help=f"open loop: how requests arrive at each step's mean rate: {SPEC_HELP} (default poisson)",
+        )
+        add("--constant", action="store_true", help="constant arrival gaps instead of Poisson (--arrivals constant)")
+        add(
+            "--trace",
+            default="",
+            help="replay this CSV's request times (first column: ISO 8601 or seconds; --arrivals trace:FILE), time "
+            "scaled to each step's rate, its shape kept; looped at its end",
+        )
+        add(
+            "--seed",
+            type=int,
+            default=0,
+            help="open loop: draw every step's arrivals from this seed (the same gaps, scaled to each rate; "
+            "0: a new draw per step)",
+        )
+        add("--trace-rate", type=float, default=0.0, help="with --trace: one step at this mean rate (--rates R)")
+        add("--trace-start", type=float, default=0.0, help="with --trace: start each step this many seconds in")
         add("--no-stop", action="store_true", help="keep going past saturation")
         add(
             "--max-rate",
@@ -98,7 +147,15 @@ class Schedule:
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> Schedule:
         open_loop = args.mode == "open"
-        loads = parse_rates(args.rates) if open_loop else [float(int(u)) for u in parse_rates(args.users)]
+        arrivals = arrivals_from_cli_args(args)
+        rates = args.rates
+        if args.trace_rate:
+            if rates is not None:
+                raise UserError("--trace-rate R is --rates R: give one of them")
+            if not args.trace:
+                raise UserError("--trace-rate replays a trace: name it with --trace FILE")
+            rates = f"{args.trace_rate:g}"
+        loads = parse_rates(rates or DEFAULT_RATES) if open_loop else [float(int(u)) for u in parse_rates(args.users)]
         return cls(
             mode=args.mode,
             loads=tuple(loads),
@@ -107,7 +164,8 @@ class Schedule:
             calibrate_only=args.calibrate_only,
             window_seconds=args.step_seconds / 3,
             max_windows=max(3, args.max_windows),
-            poisson=not args.constant,
+            arrivals=arrivals,
+            seed=args.seed,
             stop_at_saturation=not args.no_stop,
             max_rate=args.max_rate,
             refine_within=args.refine_within,

@@ -293,6 +293,9 @@ def breaks(single: dict, slo_p99_s: float) -> bool:
     return not single.get("too_few_samples") and single["p99_s"] > slo_p99_s
 
 
+GENERATOR_BOUND_CPU = 90.0  # % of one core used by a generator process during a step
+
+
 def validity(step: Step) -> list[str]:
     """Why a passing step's figure should not be trusted (empty list: VALID)."""
     reasons = []
@@ -301,7 +304,11 @@ def validity(step: Step) -> list[str]:
     if not step.stable:
         reasons.append("unstable: the last windows disagreed by more than 10%")
     if step.generator_bound:
-        reasons.append("generator saturated (its CPU > 90%)")
+        if (step.generator_cpu_percent or 0.0) > GENERATOR_BOUND_CPU or step.send_lateness_p99_s is None:
+            reasons.append("generator saturated (its CPU > 90%)")
+        else:
+            late = step.send_lateness_p99_s * 1e3
+            reasons.append(f"generator late: its sends p99 {late:.2f} ms after their time, over a tenth of the SLO")
     return reasons
 
 

@@ -80,7 +80,7 @@ def run_sweep(
         host=plan.workload.host,
         machine=machine.describe(plan.provenance.machine_name),
         mode=schedule.mode,
-        arrivals=("poisson" if schedule.poisson else "constant") if schedule.mode == "open" else "closed loop",
+        arrivals=schedule.arrivals.spec if schedule.mode == "open" else "closed loop",
         payload={
             "encoding": "binary" if payload.binary else "json",
             "seq_len": payload.seq_len,

@@ -10,6 +10,7 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Iterator
 from urllib.parse import urlsplit
 
 import gevent
@@ -18,6 +19,7 @@ from gevent.pool import Group
 from locust import FastHttpUser, events, task
 from locust.runners import MasterRunner, WorkerRunner
 
+from latlab.loadtest.arrivals import SPEC_HELP, Arrivals, FleetSchedule
 from latlab.loadtest.fleet_cpu import FleetCpu, cpu_reading
 from latlab.loadtest.lean_http import LeanClient
 from latlab.loadtest.payloads import Body, request_bodies
@@ -43,7 +45,10 @@ class LoadState:
 
     deployment: str
     rate: float
-    poisson: bool = True
+    arrivals: Arrivals = field(default_factory=Arrivals)
+    schedule: FleetSchedule | None = None
+    """The fleet's schedule this process takes its share of (the driver's); None: this process's own, from its
+    first sender's start (a plain `locust -f` run)."""
     payload: PayloadOptions = field(default_factory=PayloadOptions)
     recorder: Recorder = field(default_factory=Recorder)
     worker_pids: dict[str, int] = field(default_factory=dict)
@@ -56,14 +61,26 @@ class LoadState:
 
     version: int = 0  # bumped on every change, so a user waiting out a long gap re-plans at once
 
+    senders: list = field(default_factory=list)
+    """This process's open-loop users, in the order they started: each takes its own share of the schedule."""
+
     def update(self, message: dict) -> None:
         self.deployment = message["deployment"]
         self.rate = message["rate"]
-        self.poisson = message["poisson"]
+        self.arrivals = Arrivals(**message["arrivals"])
+        self.schedule = FleetSchedule.from_message(dict(message["schedule"]), self.arrivals)
         self.route = message.get("route", "")
         if "payload" in message:
             self.payload = PayloadOptions(**message["payload"])
         self.version += 1
+
+    def times_for(self, sender: object, users: int) -> Iterator[float]:
+        """The intended send times of one of this process's senders (`users` of them, when no driver said)."""
+        if sender not in self.senders:
+            self.senders.append(sender)
+        if self.schedule is None:
+            self.schedule = FleetSchedule(self.rate, random.randrange(2**32), time.time(), users=max(users, 1))
+        return self.schedule.times(self.arrivals, self.senders.index(sender))
 
 
 @events.init_command_line_parser.add_listener
@@ -71,6 +88,7 @@ def _add_arguments(parser) -> None:
     parser.add_argument("--latlab-deployment", default="", help="deployment (model name) to load")
     parser.add_argument("--latlab-rate", type=float, default=10.0, help="open loop: arrivals/s of this process")
     parser.add_argument("--latlab-constant", action="store_true", help="constant gaps instead of Poisson")
+    parser.add_argument("--latlab-arrivals", default="", help=f"open loop: {SPEC_HELP}")
     parser.add_argument("--latlab-binary", action="store_true", help="send tensors with the binary extension")
     parser.add_argument(
         "--latlab-seq-len",
@@ -109,6 +127,15 @@ def _add_arguments(parser) -> None:
     parser.add_argument("--latlab-run", default="locust", help="run label of those metrics")
 
 
+def _arrivals_of(options) -> Arrivals:
+    """A plain `locust -f` run's arrival process, from --latlab-arrivals (or --latlab-constant)."""
+    if options is None:
+        return Arrivals()
+    if options.latlab_arrivals:
+        return Arrivals.parse(options.latlab_arrivals).check()
+    return Arrivals("constant" if options.latlab_constant else "poisson")
+
+
 @events.init.add_listener
 def _init_state(environment, **_kwargs) -> None:
     options = environment.parsed_options
@@ -116,7 +143,7 @@ def _init_state(environment, **_kwargs) -> None:
         environment.latlab = LoadState(
             options.latlab_deployment if options else "",
             options.latlab_rate if options else 10.0,
-            poisson=not (options and options.latlab_constant),
+            arrivals=_arrivals_of(options),
         )
         if options is not None:
             environment.latlab.payload = PayloadOptions(
@@ -274,30 +301,33 @@ class OpenLoopUser(_InferenceUser):
         self.inflight = Group()
 
     def on_stop(self) -> None:
+        if self in self.state.senders:
+            self.state.senders.remove(self)
         self.inflight.join(timeout=self.network_timeout)
         super().on_stop()
 
     @task
     def arrivals(self) -> None:
-        next_at = time.time()
+        state = self.state
         while True:
-            users = max(1, self.environment.runner.user_count if self.environment.runner else 1)
-            rate = max(self.state.rate / users, 1e-3)
-            next_at += self.rng.expovariate(rate) if self.state.poisson else 1.0 / rate
-            if not self._wait_until(next_at):
-                next_at = time.time()  # the load changed while waiting: plan from now at the new rate
-                continue
-            if len(self.inflight) >= MAX_OUTSTANDING_PER_USER:
-                self.state.recorder.drop(next_at)
-                continue
-            self.inflight.spawn(self._send, next_at)
+            version = state.version
+            users = self.environment.runner.target_user_count if self.environment.runner else 1
+            for intended in state.times_for(self, users or 1):
+                if not self._wait_until(intended, version):
+                    break  # the load changed: the new schedule from its own origin
+                if len(self.inflight) >= MAX_OUTSTANDING_PER_USER:
+                    state.recorder.drop(intended)
+                    continue
+                self.inflight.spawn(self._send, intended)
 
-    def _wait_until(self, when: float) -> bool:
-        """Sleep until `when` in short slices; False if the load changed meanwhile. The event loop's timers wake
-        up to a millisecond late (epoll waits in whole milliseconds), and every latency counts from `when`: so
-        the last SPIN_S are spent yielding to the loop (answers keep being read) until `when`, where the
-        process's rate keeps that spinning below SPIN_SHARE of a core; above it the timer's lateness stays."""
-        version = self.state.version
+    def _wait_until(self, when: float, version: int) -> bool:
+        """Sleep until `when` in short slices; False if the load changed from `version`, the one `when` was
+        planned at. The event loop's timers wake up to a millisecond late (epoll waits in whole milliseconds),
+        and every latency counts from `when`: so the last SPIN_S are spent yielding to the loop (answers keep
+        being read) until `when`, where the process's rate keeps that spinning below SPIN_SHARE of a core; above
+        it the timer's lateness stays."""
+        if self.state.version != version:
+            return False
         spin = SPIN_S if self.state.rate * SPIN_S <= SPIN_SHARE else 0.0
         while (delay := when - time.time()) > spin:
             gevent.sleep(min(delay - spin, 0.25))

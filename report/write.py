@@ -209,7 +209,8 @@ def _model_section(findings: Findings, fits: list[dict], overheads: dict[str, fl
         if s.generator_bound
     ]
     flagged = (
-        f"<p class='warning'>Generator-bound steps (the load generator's CPU was saturated; these numbers "
+        f"<p class='warning'>Generator-bound steps (the load generator's CPU was saturated, or it sent late by a "
+        f"tenth of the SLO; these numbers "
         f"describe it as much as the server): {html.escape('; '.join(bound))}.</p>"
         if bound
         else ""

@@ -82,6 +82,8 @@ class StubModel:
         self.lock = threading.Lock()
         self.next_free = 0.0
         self.served = 0
+        self.arrived: list[float] = []
+        """When each infer request reached the server (time.time()): the arrivals as the server saw them."""
         self.triton = {"requests": 0, "request_us": 0, "input_us": 0, "infer_us": 0, "output_us": 0}
         """What a Triton serving this model would have counted (standard_only stub with Triton metrics)."""
 
@@ -155,6 +157,7 @@ def _app(model: StubModel, standard_only: bool = False, triton_metrics_path: str
         elif path == "/v2/models/m/config" and not standard_only:
             response = Response(json.dumps(CONFIG), content_type="application/json")
         elif path == "/v2/models/m/infer" and request.method == "POST":
+            model.arrived.append(time.time())
             began = time.perf_counter()
             request.get_data()
             read = time.perf_counter()

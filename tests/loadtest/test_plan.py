@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from latlab.common.user_input import Slos, UserError
+from latlab.loadtest.arrivals import Arrivals
 from latlab.loadtest.child import PLAN_FILE, read_job, write_job
 from latlab.loadtest.confidence import DEFAULT_CONFIDENCE
 from latlab.loadtest.plan import OverloadPlan, PayloadOptions, Provenance, SweepPlan, Workers, Workload
@@ -97,7 +98,7 @@ def test_each_part_checks_itself_when_built_in_code() -> None:
 def test_a_plan_comes_back_from_json_as_it_was(tmp_path: Path) -> None:
     plan = SweepPlan(
         Workload("http://127.0.0.1:9", ("a", "b"), PayloadOptions(binary=True, seq_len=16, inputs="in.npz")),
-        Schedule(loads=(5, 50), window_seconds=0.5, max_rate=400.0, poisson=False),
+        Schedule(loads=(5, 50), window_seconds=0.5, max_rate=400.0, arrivals=Arrivals("constant")),
         SloSearch(slos=Slos((0.05, 0.01)), decide_windows=2, max_seconds=30.0),
         Workers(local=2, metrics_port=9646),
         Provenance(machine_name="box", provider="cuda", server_metrics="http://127.0.0.1:8002/metrics"),

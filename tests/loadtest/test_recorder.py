@@ -219,6 +219,7 @@ def test_window_stats_as_dict_has_every_field() -> None:
         "too_few_samples",
         "send_lateness_p50_s",
         "send_lateness_p99_s",
+        "arrival_cv",
     }
     assert d["p50_s"] == pytest.approx(0.01)
 
@@ -258,3 +259,14 @@ def test_completions_reach_on_completed_in_batches_and_all_of_them_by_the_window
     assert len(latencies) == 102 and latencies[-1] == pytest.approx(0.004)
     assert oks.count(False) == 11
     assert latencies == pytest.approx(list(np.asarray(recorder.done) - np.asarray(recorder.intended)))
+
+
+def test_the_arrivals_burstiness_is_measured_from_the_actual_send_times() -> None:
+    """Evenly intended, sent in pairs: the gaps as sent alternate 0 and 0.2 s, a CV of 1 where the schedule's is 0."""
+    recorder = Recorder()
+    for i in range(20):
+        intended = i * 0.1
+        key = recorder.begin(intended, intended + (0.1 if i % 2 == 0 else 0.0))
+        recorder.end(key, intended + 0.15, True)
+    assert recorder.window(0.0, 2.0, now=3.0).arrival_cv == pytest.approx(1.0, abs=0.06)
+    assert Recorder().window(0.0, 1.0, now=1.0).arrival_cv is None

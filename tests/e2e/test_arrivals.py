@@ -1,0 +1,109 @@
+"""Arrival processes through real Locust (two worker processes) against a real HTTP server that notes when
+each request reached it: the fleet's arrivals follow the one schedule asked for, a trace is replayed with its
+shape, and a bad trace stops the run before any load."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from latlab.loadtest.arrivals import Arrivals, load_trace
+from tests.e2e.test_loadtest import loadtest
+from tests.loadtest.stub_server import StubModel, stub_server
+
+pytestmark = pytest.mark.e2e
+TRACE = Path(__file__).parents[2] / "traces" / "AzureLLMInferenceTrace_conv.csv"
+STEP = ["--warmup-seconds", "0.5", "--step-seconds", "6", "--max-windows", "3", "--calibrate-seconds", "0"]
+
+
+def follows(arrived: list[float], offsets: list[float]) -> float:
+    """How far the server's arrivals stray from the schedule: with intended times origin + offsets[k], a request
+    reaches the server between its intended time and its answer, so `arrived[k] - offsets[k]` lies within the
+    origin plus the request's latency. Returns the spread of those differences (99th minus 1st percentile),
+    which is at most the run's latency when the server saw the schedule, and seconds of the schedule's own gaps
+    when it saw another (independent streams per worker, another seed, another shape)."""
+    delays = np.sort(np.asarray(arrived)) - np.asarray(offsets)
+    low, high = np.percentile(delays, [1, 99])
+    return float(high - low)
+
+
+def test_two_workers_send_one_bursty_schedule(tmp_path):
+    """Gamma gaps of CV 3, seeded: what reached the server is that schedule, burst for burst, from both workers."""
+    rate, seed, model = 200.0, 7, StubModel()
+    with stub_server(model) as host:
+        run = loadtest(
+            host,
+            tmp_path,
+            "--rates",
+            f"{rate:g}",
+            "--arrivals",
+            "gamma:3",
+            "--seed",
+            str(seed),
+            "--workers",
+            "2",
+            *STEP,
+        )
+    (step,) = run.deployments[0].steps
+    assert run.arrivals == "gamma:3"
+    schedule = list(itertools.islice(Arrivals.parse("gamma:3").offsets(rate, seed), len(model.arrived)))
+    assert follows(model.arrived, schedule) <= step.max_s
+    other = list(itertools.islice(Arrivals.parse("gamma:3").offsets(rate, seed + 1), len(model.arrived)))
+    assert follows(model.arrived, other) > step.max_s  # the check can tell schedules apart
+    asked = np.diff(schedule)
+    assert step.arrival_cv == pytest.approx(asked.std() / asked.mean(), rel=0.2)
+    assert len(step.sent_by_worker) == 2 and min(step.sent_by_worker.values()) > 0.3 * step.sent
+
+
+def test_a_trace_is_replayed_at_the_asked_rate_with_its_shape(tmp_path):
+    start_s, rate, model = 600.0, 100.0, StubModel()
+    with stub_server(model) as host:
+        run = loadtest(
+            host, tmp_path, "--trace", str(TRACE), "--trace-rate", f"{rate:g}", "--trace-start", f"{start_s:g}", *STEP
+        )
+    (step,) = run.deployments[0].steps
+    assert run.arrivals == f"trace:{TRACE.name}@{start_s:g}s"
+    replay = list(itertools.islice(load_trace(TRACE).replay(rate, start_s), len(model.arrived)))
+    assert follows(model.arrived, replay) <= step.max_s
+    assert follows(model.arrived, list(itertools.islice(load_trace(TRACE).replay(rate, 0.0), len(replay)))) > step.max_s
+    assert step.offered_rps == pytest.approx(rate, rel=0.35)  # the trace's own lulls and bursts, at its mean
+
+
+def test_a_bad_trace_stops_the_run_in_one_line_before_any_load(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("TIMESTAMP,ContextTokens\n2023-11-16 18:15:46,3\n2023-11-16 18:15:45,4\n")
+    model = StubModel()
+    with stub_server(model) as host:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "latlab.cli",
+                "loadtest",
+                "--host",
+                host,
+                "--deployment",
+                "m",
+                "--trace",
+                str(bad),
+                "--trace-rate",
+                "50",
+                "--out",
+                str(tmp_path / "out"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .endswith("row 3: its timestamp is earlier than the row before's: the trace must be sorted")
+    )
+    assert not model.arrived and not (tmp_path / "out").exists()
