@@ -11,9 +11,6 @@ Prints per round each version's median request time (client side, batching off) 
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,30 +19,11 @@ import numpy as np
 import orjson
 import requests
 
-from harness import build_cheap_model, write_config
+from harness import build_cheap_model, serve_version, write_config
 
 from latlab.common import procs
 
 BODY = orjson.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}]})
-
-
-def serve(config: Path, port: int, folder: Path, pythonpath: str | None) -> subprocess.Popen:
-    """`latlab serve` from a neutral working directory, so that `-m` finds the version asked for (not ./latlab)."""
-    env = {**os.environ, "PYTHONPATH": pythonpath} if pythonpath else dict(os.environ)
-    log = open(folder / f"server-{port}.log", "wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "latlab.cli", "serve", "--config", str(config)],
-        cwd=folder,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    log.close()
-    procs.wait_ready(
-        f"http://127.0.0.1:{port}/v2/health/ready", process, timeout_s=120, log_path=folder / f"server-{port}.log"
-    )
-    return process
 
 
 def alternate(urls: list[str], n: int) -> list[float]:
@@ -86,7 +64,7 @@ def main() -> None:
                 config = write_config(folder / f"{port}.toml", port, {"cheap": (model, {"max_batch_size": 1})})
                 text = config.read_text().replace("[server]\n", "[server]\n" + "".join(f"{s}\n" for s in settings), 1)
                 config.write_text(text)
-                servers.append(serve(config, port, folder, pythonpath))
+                servers.append(serve_version(config, port, folder, pythonpath))
                 urls.append(f"http://127.0.0.1:{port}/v2/models/cheap/infer")
             ratios = []
             for round_ in range(args.rounds):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
+import os
 import subprocess
 import sys
 import threading
@@ -24,9 +25,12 @@ from latlab.loadtest import child
 from latlab.loadtest.plan import SweepPlan
 from latlab.loadtest.results import RESULTS_FILE, Curve, read_results
 from latlab.server.config import BatcherSettings, load_config, save_config
+from latlab.server.command import serve_command
 from latlab.server.runtime.model import OnnxModel
 
 CLI = [sys.executable, "-m", "latlab.cli"]
+"""`latlab` as a user runs it: export_zoo exports in a process of its own (torch stays out of the benchmark's), and
+serve_version serves whichever version of the code is on PYTHONPATH."""
 
 
 def build_cheap_model(path: Path, trailing: list[int], reduce: bool) -> Path:
@@ -114,12 +118,34 @@ class Served:
 
 @contextlib.contextmanager
 def serving(config: Path, port: int, log: Path) -> Iterator[Served]:
-    process = procs.start([*CLI, "serve", "--config", str(config)], log_path=log)
+    process = procs.start(serve_command(config), log_path=log)
     try:
         procs.wait_ready(f"http://127.0.0.1:{port}/v2/health/ready", process, timeout_s=120, log_path=log)
         yield Served(f"http://127.0.0.1:{port}", process)
     finally:
         procs.stop(process)
+
+
+def serve_version(config: Path, port: int, folder: Path, pythonpath: str | None) -> subprocess.Popen:
+    """A ready server of `config` running the `latlab` package on `pythonpath` (another version of the code), or
+    this checkout's without; started from `folder`, a neutral working directory, so that `-m` finds the version
+    asked for and not ./latlab. The command is the user's `latlab serve`, which every version answers (an older
+    one may predate `python -m latlab.server`), for this checkout too, so both sides start alike."""
+    env = {**os.environ, "PYTHONPATH": pythonpath} if pythonpath else dict(os.environ)
+    log = open(folder / f"server-{port}.log", "wb")
+    process = subprocess.Popen(
+        [*CLI, "serve", "--config", str(config)],
+        cwd=folder,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    log.close()
+    procs.wait_ready(
+        f"http://127.0.0.1:{port}/v2/health/ready", process, timeout_s=120, log_path=folder / f"server-{port}.log"
+    )
+    return process
 
 
 def loadtest(

@@ -18,20 +18,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from latlab.common.user_input import parse_slo_bound  # noqa: E402
-from latlab.lab.run import ensure_models  # noqa: E402
-from latlab.lab.plan import PLANS, available_cores, cpu_share  # noqa: E402
-from latlab.tune.search import Candidate, space_for  # noqa: E402
-from latlab.lab.variants import FOR_PROVIDER, ensure_variants  # noqa: E402
-from latlab.tune.run import TuneJob, fine_probe, run_tune  # noqa: E402
+from latlab.common.user_input import parse_slo_bound
+from latlab.lab.run import ensure_models
+from latlab.lab.plan import PLANS, available_cores, cpu_share
+from latlab.tune.search import Candidate, space_for
+from latlab.lab.variants import FOR_PROVIDER, ensure_variants
+from latlab.tune.run import TuneJob, fine_probe, run_tune
 
 ROUNDS = 3
 """Rounds of the side-by-side measurement; a configuration's rate is the median of its rounds (one SLO search

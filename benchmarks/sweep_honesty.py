@@ -1,6 +1,8 @@
 """Does a sweep tell the truth? Against a stub server whose capacity is known, in one run:
 
-    .venv/bin/python benchmarks/sweep_honesty.py [--capacity 200] [--rounds 2]
+    .venv/bin/python -m benchmarks.sweep_honesty [--capacity 200] [--rounds 2]
+
+(from the repository root, which puts it on sys.path: the stub comes from the test suite).
 
 1. the saturation search: a sweep from C/3 with a rate cap of 15C (`latlab loadtest --rates C/3 --max-rate 15C`)
    raises past the listed rate until the stub saturates, then bisects; printed: the highest throughput achieved
@@ -14,20 +16,15 @@ The stub (tests/loadtest/stub_server.py) serves one request at a time, each in 1
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-from tests.loadtest.stub_server import stub_process  # noqa: E402
-
-from latlab.common import procs  # noqa: E402
-from latlab.loadtest import child  # noqa: E402
-from latlab.loadtest.plan import SweepPlan, Workload  # noqa: E402
-from latlab.loadtest.results import Curve, Step, read_results  # noqa: E402
-from latlab.loadtest.schedule import Schedule  # noqa: E402
+from latlab.common import procs
+from latlab.loadtest import child
+from latlab.loadtest.plan import SweepPlan, Workload
+from latlab.loadtest.results import Curve, Step, read_results
+from latlab.loadtest.schedule import Schedule
+from tests.loadtest.stub_server import stub_process
 
 
 def loadtest(host: str, out: Path, rates: list[float], max_rate: float, step_seconds: float) -> Curve:
@@ -68,8 +65,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--capacity", type=float, default=200.0, help="the stub's requests/s")
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args(argv)
-    env_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    os.environ["PYTHONPATH"] = env_path
     found, ratios = [], []
     with tempfile.TemporaryDirectory() as scratch, stub_process(procs.free_port(), args.capacity) as stub:
         for index in range(args.rounds):

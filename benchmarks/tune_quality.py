@@ -20,21 +20,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from latlab.common.user_input import parse_slo_bound  # noqa: E402
-from latlab.lab.run import ensure_models  # noqa: E402
-from latlab.lab.plan import PLANS, available_cores, cpu_share  # noqa: E402
-from latlab.tune.lab_search import plan_start  # noqa: E402
-from latlab.tune.search import Candidate, brute_force, confirm, quick_search, share_of_best, space_for  # noqa: E402
-from latlab.lab.variants import ensure_variants  # noqa: E402
-from latlab.tune.run import TuneJob, fine_probe, probe_round  # noqa: E402
+from latlab.common.user_input import parse_slo_bound
+from latlab.lab.run import ensure_models
+from latlab.lab.plan import PLANS, available_cores, cpu_share
+from latlab.tune.lab_search import plan_start
+from latlab.tune.search import Candidate, brute_force, confirm, quick_search, share_of_best, space_for
+from latlab.lab.variants import ensure_variants
+from latlab.tune.run import TuneJob, fine_probe, probe_round
 
 REFEREE_ROUNDS = 4
 """How many times the referee measures the two choices side by side."""

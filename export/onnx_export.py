@@ -30,6 +30,7 @@ from latlab.export import fp16 as half
 from latlab.export import samples
 from latlab.export.accuracy import Bound, compare, run
 from latlab.export.flops import flops_per_sample
+from latlab.export.options import EXTERNAL_DATA_THRESHOLD
 from latlab.export.zoo_model import ZooModel
 
 OPSET = 18
@@ -38,8 +39,6 @@ MAX_REL_ERROR = 1e-4
 METADATA_FILE = "metadata.json"
 MODEL_FILE = "model.onnx"
 DATA_SUFFIX = ".data"  # external weights: model.onnx + model.onnx.data
-# protobuf cannot serialise a message over 2 GiB, so bigger models keep their weights beside the graph
-EXTERNAL_DATA_THRESHOLD = 2 * 1024**3
 DEFAULT_AXIS_LIMIT = 65536
 
 __all__ = [

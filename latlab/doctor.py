@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from latlab.loadtest.floor import floor_at, floor_figures
 from latlab.loadtest.plan import SweepPlan, Workload
 from latlab.loadtest.results import read_results
 from latlab.loadtest.schedule import Schedule
+from latlab.server.command import serve_command
 
 PROVIDERS = ("CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider")
 """Checked on every machine, whether or not this onnxruntime build lists them."""
@@ -92,7 +92,6 @@ def nvidia_smi_gpus() -> list[str]:
 
 GENERATOR_RATES = (50.0, 1000.0)
 """The doctor's calibration rates: a lab's low end, and about where one generator process nears its limit."""
-CLI = [sys.executable, "-m", "latlab.cli"]
 
 
 def generator_line(host: str | None = None) -> str:
@@ -108,7 +107,7 @@ def generator_line(host: str | None = None) -> str:
             f'[server]\nhost = "127.0.0.1"\nport = {port}\n\n[[deployments]]\nname = "doctor"\nmodel_path = "{model}"\n'
         )
         log = Path(tmp) / "serve.log"
-        server = procs.start([*CLI, "serve", "--config", str(config)], log_path=log)
+        server = procs.start(serve_command(config), log_path=log)
         try:
             url = f"http://127.0.0.1:{port}"
             procs.wait_ready(f"{url}/v2/health/ready", server, timeout_s=60, log_path=log)

@@ -38,6 +38,9 @@ IMPORTS = (
     "onnxscript safetensors matplotlib onnx numpy torch latlab.cli latlab.server.processes.wsgi"
 )
 """What latlab imports on the device: checked right after the install, before anything is measured."""
+LATLAB = [sys.executable, "-m", "latlab.cli"]
+"""The `latlab` command: the kit runs `latlab doctor`, `latlab lab` and `latlab bench` on the device as a user
+would, so a trip measures the commands users run."""
 
 
 def out_dir() -> Path:
@@ -182,7 +185,7 @@ def cuda(stage: Path, cap_s: float, rehearse: bool) -> None:
 def verify(stage: Path, cap_s: float, rehearse: bool) -> None:
     cuda(stage, cap_s, rehearse)
     log = stage / "verify.log"
-    logged([sys.executable, "-m", "latlab.cli", "doctor"], log, cap_s)
+    logged([*LATLAB, "doctor"], log, cap_s)
     suite = KIT / "suite"  # the tests outside the source tree, so they import the installed latlab
     shutil.rmtree(suite, ignore_errors=True)
     shutil.copytree(ROOT / "tests", suite / "tests", ignore=shutil.ignore_patterns("__pycache__"))
@@ -214,7 +217,7 @@ def buckets(stage: Path, cap_s: float, rehearse: bool) -> None:
 def _lab(stage: Path, cap_s: float, plan: str, extra: list[str], folder: str) -> None:
     """A lab run; its run folder's small files into stage/<folder>/ (results per model, report, logs)."""
     runs = KIT / "runs" / folder
-    command = [sys.executable, "-m", "latlab.cli", "lab", "--plan", plan, "--runs-dir", str(runs)]
+    command = [*LATLAB, "lab", "--plan", plan, "--runs-dir", str(runs)]
     code = logged([*command, "--models-dir", str(MODELS), *extra], stage / "lab.log", cap_s)
     done = [p for p in runs.glob("*") if p.is_dir()]
     if done:
@@ -251,7 +254,7 @@ def bench(stage: Path, cap_s: float, rehearse: bool) -> None:
     args = ["--experiments", "batch_size,d_model,n_layers", "--backends", backends, "--min-time", "0.1"]
     args += ["--max-params", str(2**28), *(["--quick"] if rehearse else [])]
     bench_dir = KIT / "bench"
-    command = [sys.executable, "-m", "latlab.cli", "bench", *args, "--cache-dir", str(KIT / "bench-cache")]
+    command = [*LATLAB, "bench", *args, "--cache-dir", str(KIT / "bench-cache")]
     logged([*command, "--out", str(bench_dir)], stage / "bench.log", cap_s)
     keep_run(bench_dir, stage / "bench")
 

@@ -7,9 +7,6 @@ import argparse
 import json
 import tempfile
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
@@ -133,6 +130,10 @@ SERVED_SETTINGS = ("name", "model", "model_path", "provider", "batcher", "cpu", 
 def _config_of_server(args: argparse.Namespace, path: Path) -> Path:
     """The deployment a running server serves, written as a one-deployment config at `path` from its /config; the
     tokenizer is left out as tune sends the model's own inputs. The model file must be readable from here."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request  # here: it imports ssl, which Locust must patch first in `latlab loadtest`
+
     from latlab.server.config import save_config
 
     if args.config:

@@ -5,7 +5,6 @@ samples those send."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 from typing import Iterable
 
@@ -14,16 +13,14 @@ from latlab.lab.plan import LabPlan, ModelPlan
 from latlab.loadtest.payloads import save_samples
 from latlab.loadtest.plan import PayloadOptions, Workload
 from latlab.loadtest.schedule import Schedule
+from latlab.server.command import serve_command
 
 
 def start_server(config: Path, port: int, log_path: Path) -> tuple[subprocess.Popen, int]:
     """`latlab serve` of a config on `port`, ready (stopped again if it never is); the process and its observer
     port (/metrics on threads of their own: scrapes never wait behind the load)."""
     observer_port = procs.free_port()
-    server = procs.start(
-        [sys.executable, "-m", "latlab.cli", "serve", "--config", str(config), "--metrics-port", str(observer_port)],
-        log_path=log_path,
-    )
+    server = procs.start(serve_command(config, observer_port), log_path=log_path)
     try:
         procs.wait_ready(f"http://127.0.0.1:{port}/v2/health/ready", server, timeout_s=300, log_path=log_path)
     except BaseException:

@@ -220,15 +220,21 @@ MINILM = ModelPlan(
     batching=BatcherSettings.partial(max_batch_size=32, max_queue_delay_ms=3.0),
 )
 
+QUICK_STEPS: dict[str, int | float] = {
+    "step_seconds": 1.5,
+    "max_windows": 3,
+    "warmup_seconds": 0.5,
+    "refine_within": 0.3,
+    "resolution": 0.3,
+}
+"""The step timing and bracket widths of the short plans (quick, gpu-quick, gpu-serve): fewer, shorter steps,
+wider brackets."""
+
 GPU_SERVE = LabPlan(
     models=(replace(CNN, rates=(20, 100, 400)), replace(MINILM, rates=(50, 300, 1200), text=False)),
     providers=("cpu", "cuda"),
     slos=Slos.parse("25ms,50ms"),
-    step_seconds=1.5,
-    max_windows=3,
-    warmup_seconds=0.5,
-    refine_within=0.3,
-    resolution=0.3,
+    **QUICK_STEPS,
     slo_steps=3,
     slo_seconds=15.0,
 )
@@ -251,11 +257,7 @@ PLANS = {
             replace(CNN, rates=(10, 20, 30)),
             replace(MINILM, rates=(25, 100, 250)),
         ),
-        step_seconds=1.5,
-        max_windows=3,
-        warmup_seconds=0.5,
-        refine_within=0.3,
-        resolution=0.3,
+        **QUICK_STEPS,
         slo_steps=4,
     ),
     # For a GPU box: every model on CUDA and on the CPU, batching off and on; merge its run folder with
@@ -279,11 +281,7 @@ PLANS = {
             replace(MINILM, rates=(50, 250, 600, 1200)),
         ),
         providers=("cpu", "cuda"),
-        step_seconds=1.5,
-        max_windows=3,
-        warmup_seconds=0.5,
-        refine_within=0.3,
-        resolution=0.3,
+        **QUICK_STEPS,
         slo_steps=4,
     ),
     # A GPU trip's first leg (benchmarks/gpu_kit.py): cnn and minilm on CUDA against the CPU's fair share of cores,

@@ -5,7 +5,6 @@ Every check runs before the lab makes its run folder or starts a process; each f
 
 from __future__ import annotations
 
-import argparse
 import re
 import statistics
 import time
@@ -149,20 +148,11 @@ def resolve_model(user: UserModel, models_dir: Path) -> tuple[str, Path]:
 
 def _export_module(spec: str, name: str, models_dir: Path) -> Path:
     from latlab.export.command import run_export
-    from latlab.export.onnx_export import EXTERNAL_DATA_THRESHOLD, ExportError, ParityError
+    from latlab.export.onnx_export import ExportError, ParityError
+    from latlab.export.options import ExportOptions
 
-    args = argparse.Namespace(
-        model=None,
-        module=spec,
-        onnx=None,
-        name=name,
-        models_dir=models_dir,
-        fp16=False,
-        external_data_threshold=EXTERNAL_DATA_THRESHOLD,
-        allow_fixed_batch=False,
-    )
     try:
-        run_export(args)
+        run_export(ExportOptions(module=spec, name=name, models_dir=models_dir))
     except (ExportError, ParityError) as exc:
         raise UserError(str(exc)) from None
     return models_dir / name / "model.onnx"

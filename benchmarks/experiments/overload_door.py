@@ -3,9 +3,11 @@ max_queue_size (256), and wrk with 300 connections for 12 s (closed loop: a refu
 once), while another process probes /metrics and /v2/health/ready every 0.1 s on the main port and, when the
 server has one, on its observer port.
 
-    .venv/bin/python benchmarks/overload_door.py [--other /tmp/old/pkg] [--setting "threads = 64"] [--out f.json]
+    .venv/bin/python -m benchmarks.experiments.overload_door [--other /tmp/old/pkg] [--setting "threads = 64"]
+                                                             [--out f.json]
 
-`--other` serves another version's code (its `latlab` package on PYTHONPATH, as for ab_request_path.py).
+(from the repository root, which puts it on sys.path: the test suite's crowd and slow model come from tests/).
+`--other` serves another version's code (its `latlab` package on PYTHONPATH, as for benchmarks/ab_request_path.py).
 Needs wrk (Debian: `apt-get install wrk`). Prints the probes' times, what wrk got and the server's own counts.
 """
 
@@ -18,7 +20,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import tomllib
@@ -27,15 +28,11 @@ from pathlib import Path
 import numpy as np
 import requests
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from ab_request_path import serve  # noqa: E402
-
-from latlab.common import procs  # noqa: E402
-from latlab.server.config import save_config  # noqa: E402
-from tests.reliability.crowd import BODY, INFER, Probe  # noqa: E402
-from tests.reliability.test_overload import build_slow_model  # noqa: E402
+from benchmarks.harness import serve_version
+from latlab.common import procs
+from latlab.server.config import save_config
+from tests.reliability.crowd import BODY, INFER, Probe
+from tests.reliability.test_overload import build_slow_model
 
 PROBED = ("/metrics", "/v2/health/ready")
 WRK_SCRIPT = 'wrk.method = "POST"\nwrk.body = \'{body}\'\nwrk.headers["Content-Type"] = "application/json"\n'
@@ -120,7 +117,7 @@ def run(args: argparse.Namespace, folder: Path) -> dict:
     port = procs.free_port()
     config = write_config(folder / "server.toml", model, port, args.setting)
     url = f"http://127.0.0.1:{port}"
-    server = serve(config, port, folder, args.other)
+    server = serve_version(config, port, folder, args.other)
     context = multiprocessing.get_context("spawn")
     stop, results = context.Event(), context.Queue()
     try:

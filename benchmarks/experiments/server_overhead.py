@@ -1,6 +1,6 @@
 """Where a batch-1 request's time goes: in-process ORT vs the batcher vs the HTTP server, one run.
 
-    .venv/bin/python benchmarks/server_overhead.py [models/ffn/model.onnx]
+    .venv/bin/python -m benchmarks.experiments.server_overhead [models/ffn/model.onnx]
 
 One sequential keep-alive client (no queueing), so the differences are pure overhead per layer. The
 batcher's rows are also taken 2 ms apart, where threads sleep between requests as they do at low load.
@@ -19,6 +19,7 @@ import requests
 
 from latlab.common import procs
 from latlab.server.batching.batcher import DynamicBatcher
+from latlab.server.command import serve_command
 from latlab.server.config import load_config, save_config
 from latlab.server.runtime.model import OnnxModel
 
@@ -77,9 +78,7 @@ def main(model: Path) -> None:
         {"inputs": [{"name": spec.name, "shape": list(x.shape), "datatype": spec.datatype, "data": x.reshape(-1)}]},
         option=orjson.OPT_SERIALIZE_NUMPY,
     )
-    server = procs.start(
-        [sys.executable, "-m", "latlab.cli", "serve", "--config", str(config_path)], log_path=work / "server.log"
-    )
+    server = procs.start(serve_command(config_path), log_path=work / "server.log")
     try:
         host = f"http://127.0.0.1:{port}"
         procs.wait_ready(f"{host}/v2/health/ready", server)

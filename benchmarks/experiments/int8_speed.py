@@ -1,7 +1,7 @@
 """INT8 against FP32 in process: each zoo model and its int8 variant (made as `latlab export --int8` makes it),
 timed side by side on one ONNX Runtime thread at batch 1, 8 and 32, with the variant's accuracy figure.
 
-    .venv/bin/python benchmarks/int8_speed.py [--models mlp ffn cnn minilm] [--seconds 4] [--models-dir DIR]
+    .venv/bin/python -m benchmarks.experiments.int8_speed [--models mlp ffn cnn minilm] [--seconds 4] [--models-dir DIR]
 
 Models at the zoo's default sizes (mlp 4-100-1, ffn 128 x 128 layers, cnn ResNet-18 at 224x224, minilm);
 inputs: seeded random tensors from the model's generator, real sentences for minilm (the first n of the
@@ -46,8 +46,8 @@ def prepared(kind: str, models_dir: Path) -> ZooModel:
     torch.manual_seed(0)
     zoo = BUILDERS[kind]()
     if not (int8_folder(models_dir, kind) / "metadata.json").is_file():
-        export(kind, zoo, models_dir, source=f"benchmarks/int8_speed.py: {kind}")
-        export_int8(kind, zoo, models_dir, f"benchmarks/int8_speed.py: {kind}", Bound.for_model(kind))
+        export(kind, zoo, models_dir, source=f"benchmarks/experiments/int8_speed.py: {kind}")
+        export_int8(kind, zoo, models_dir, f"benchmarks/experiments/int8_speed.py: {kind}", Bound.for_model(kind))
     return zoo
 
 

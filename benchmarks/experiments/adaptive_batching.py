@@ -1,6 +1,6 @@
 """Adaptive vs fixed-delay batching, in process: DynamicBatcher over a real ORT session of the ffn.
 
-    .venv/bin/python benchmarks/adaptive_batching.py [models/ffn/model.onnx] [--rate 1000] [--rounds 5]
+    .venv/bin/python -m benchmarks.experiments.adaptive_batching [models/ffn/model.onnx] [--rate 1000] [--rounds 5]
 
 Lone requests (one every ~10 ms: how long each waits) and open-loop Poisson arrivals at --rate (mean
 batch size, median latency from the scheduled arrival); the cases run in interleaved rounds so a noisy

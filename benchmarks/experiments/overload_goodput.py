@@ -7,8 +7,10 @@ answered: a client that ignores Retry-After). Goodput = 200s per second during t
 seconds of the server's worker and of wrk are read from /proc around each phase, to say where the cores went.
 Variants alternate within a round so that both see the same phase of a drifting VM.
 
-    .venv/bin/python benchmarks/overload_goodput.py [--variant NAME:ENV=VALUE,...] [--rounds 3] [--out f.json]
+    .venv/bin/python -m benchmarks.experiments.overload_goodput [--variant NAME:ENV=VALUE,...] [--rounds 3]
+                                                                [--out f.json]
 
+(from the repository root, which puts it on sys.path: the test suite's slow model comes from tests/).
 Needs wrk (Debian: `apt-get install wrk`).
 """
 
@@ -20,7 +22,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,14 +29,11 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from latlab.common import procs  # noqa: E402
-from latlab.server.config import save_config  # noqa: E402
-from tests.reliability.crowd import BODY, INFER  # noqa: E402
-from tests.reliability.test_overload import build_slow_model, worker_of  # noqa: E402
+from latlab.common import procs
+from latlab.server.command import serve_command
+from latlab.server.config import save_config
+from tests.reliability.crowd import BODY, INFER
+from tests.reliability.test_overload import build_slow_model, worker_of
 
 WRK_SCRIPT = (
     'wrk.method = "POST"\nwrk.body = \'{body}\'\nwrk.headers["Content-Type"] = "application/json"\n'
@@ -108,11 +106,7 @@ def measure(variant: dict, folder: Path, model: Path, args: argparse.Namespace) 
     port = procs.free_port()
     config = write_config(folder / f"server-{port}.toml", model, port)
     log = folder / f"server-{port}.log"
-    server = procs.start(
-        [sys.executable, "-m", "latlab.cli", "serve", "--config", str(config)],
-        log_path=log,
-        env={**os.environ, **variant["env"]},
-    )
+    server = procs.start(serve_command(config), log_path=log, env={**os.environ, **variant["env"]})
     url = f"http://127.0.0.1:{port}"
     lua = folder / "post.lua"
     lua.write_text(WRK_SCRIPT.format(body=BODY.decode()))
