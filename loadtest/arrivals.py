@@ -29,6 +29,9 @@ from typing import Iterator
 
 from latlab.common.user_input import UserError
 
+TRACE_SWING_S = 60.0
+"""The time scale of a trace's swings: production traces are summarised per minute (the shared Azure sample's
+per-minute counts run from 37 to 507)."""
 KINDS = ("poisson", "constant", "gamma", "onoff", "trace")
 SPEC_HELP = (
     "poisson, constant, gamma:CV, onoff:PEAK,ON,OFF (bursts at PEAK x the mean rate, mean ON/OFF s) or trace:FILE"
@@ -138,6 +141,22 @@ class Arrivals:
         """onoff: the rate between bursts as a multiple of the mean, so that the mean rate is the step's."""
         return (self.on_s + self.off_s - self.peak * self.on_s) / self.off_s
 
+    @property
+    def dispersion(self) -> float:
+        """How many times Poisson's variance a window's count of Gamma arrivals has (the index of dispersion of a
+        renewal process, CV^2): bursts make requests arrive, queue and fare together, so it takes that many times
+        as many requests to hold as many independent ones. 1 for the others (their bursts: burst_cycle_s)."""
+        return max(1.0, self.cv**2) if self.kind == "gamma" else 1.0
+
+    def burst_cycle_s(self, rate: float) -> float:
+        """How long one burst and the lull after it last at `rate`: an MMPP's ON + OFF seconds; a trace's swings
+        are its minutes (TRACE_SWING_S), scaled to the rate. 0 for the renewal processes."""
+        if self.kind == "onoff":
+            return self.on_s + self.off_s
+        if self.kind == "trace":
+            return TRACE_SWING_S * load_trace(self.trace).mean_rate / rate
+        return 0.0
+
     def expected_cv(self, rate: float) -> float | None:
         """The inter-arrival coefficient of variation this process asks for at `rate` (None: a trace's own)."""
         if self.kind == "trace":
@@ -145,6 +164,25 @@ class Arrivals:
         if self.kind == "onoff":  # bursts of given seconds: how many arrivals they hold depends on the rate
             return _mmpp_cv(self, rate)
         return {"poisson": 1.0, "constant": 0.0, "gamma": self.cv}[self.kind]
+
+
+def parse_traffic(text: str) -> tuple[Arrivals, ...]:
+    """A list of arrival processes as `--traffic` takes them, comma-separated (an onoff's own three numbers too:
+    `poisson,onoff:4,1,5,gamma:3`), each checked, none twice."""
+    tokens = [t.strip() for t in text.split(",") if t.strip()]
+    found: list[Arrivals] = []
+    while tokens:
+        spec = tokens.pop(0)
+        if spec.lower().startswith("onoff:"):
+            spec = ",".join([spec, *tokens[:2]])
+            del tokens[:2]
+        arrivals = Arrivals.parse(spec).check()
+        if arrivals in found:
+            raise UserError(f"--traffic names {arrivals.spec} twice")
+        found.append(arrivals)
+    if not found:
+        raise UserError("--traffic needs at least one arrival process, e.g. poisson,gamma:3")
+    return tuple(found)
 
 
 def share(offsets: Iterator[float], slot: int, slots: int) -> Iterator[float]:

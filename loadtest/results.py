@@ -152,6 +152,8 @@ class Curve:
     """Compared by server in a report (curves of one model from more than one server)."""
     generator_floor: Figures | None = field(default=None, compare=False, metadata=CONTEXT)
     """The run's generator floor (Run.generator_floor)."""
+    traffic: str = field(default="poisson", compare=False, metadata=CONTEXT)
+    """The arrival process it was measured under (Run.arrivals: "poisson" where an earlier run did not say)."""
 
 
 @dataclass
@@ -182,6 +184,7 @@ class Run:
             deployment.run_id = self.run_id
             deployment.reference = self.reference
             deployment.generator_floor = self.generator_floor
+            deployment.traffic = self.arrivals or "poisson"
             deployment.machine = deployment.machine or self.machine
         return self
 

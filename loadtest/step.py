@@ -27,6 +27,7 @@ from latlab.loadtest.search import GENERATOR_BOUND_CPU, is_stable
 LATE_SHARE_OF_SLO = 0.1
 """A step whose send lateness p99 passes this share of the tightest SLO it decides is generator-bound: latencies
 count from the intended send time, so a tenth of the budget is the instrument's own, which bursts make likely."""
+BURSTS_PER_WINDOW = 3  # bursts (with their lulls) each measurement window holds under bursty arrivals
 LONGEST_WINDOW_S = 10.0  # a low rate's windows grow to hold MIN_SAMPLES_P99 requests in three, up to this
 
 
@@ -125,11 +126,19 @@ def late_for(lateness_p99_s: float | None, bounds: tuple[float, ...]) -> bool:
 
 def window_for(schedule: Schedule, load: float) -> float:
     """The schedule's window, lengthened at a low rate so the step's three windows hold MIN_SAMPLES_P99 requests
-    (up to LONGEST_WINDOW_S): at 5 req/s a 1.5 s window holds 7, and its "p99" would be a maximum."""
+    (up to LONGEST_WINDOW_S): at 5 req/s a 1.5 s window holds 7, and its "p99" would be a maximum. Under bursty
+    arrivals, so that each window holds as many independent requests (Arrivals.dispersion) and BURSTS_PER_WINDOW
+    bursts (Arrivals.burst_cycle_s): the requests of one burst queue behind each other and share their fate, and
+    windows of one burst each would disagree by chance and never settle (the confidence of a percentile counts
+    requests, not bursts)."""
     if schedule.mode != "open" or load <= 0:
         return schedule.window_seconds
     # 1.5x the minimum expected, so that Poisson noise rarely leaves the step below it
-    return max(schedule.window_seconds, min(LONGEST_WINDOW_S, 1.5 * MIN_SAMPLES_P99 / (3 * load)))
+    arrivals = schedule.arrivals
+    enough = max(
+        1.5 * MIN_SAMPLES_P99 * arrivals.dispersion / (3 * load), BURSTS_PER_WINDOW * arrivals.burst_cycle_s(load)
+    )
+    return max(schedule.window_seconds, min(LONGEST_WINDOW_S, enough))
 
 
 def _windows_until_stable(

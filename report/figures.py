@@ -118,6 +118,23 @@ def breakdown_png(model: str, bars: list[dict], parts: tuple[str, ...]) -> bytes
     return _png(fig)
 
 
+def traffic_png(model: str, slo_s: float, lines: list[dict]) -> bytes:
+    """Rate under the SLO against the arrivals' burstiness as sent, one line per provider's best deployment
+    (`lines`: {"label", "points": [(cv, rate), ...]})."""
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    for i, line in enumerate(lines):
+        x, y = [p[0] for p in line["points"]], [p[1] for p in line["points"]]
+        ax.plot(x, y, "o-", color=f"C{i % 10}", label=line["label"])
+    ax.axvline(1.0, color="grey", linestyle=":", linewidth=1)
+    ax.set_xlabel("coefficient of variation of the gaps between requests as sent (1: Poisson)")
+    ax.set_ylabel("highest rate under the SLO (requests/s)")
+    ax.set_title(f"{model}: rate at p99 ≤ {slo_s * 1e3:g} ms against burstiness")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    return _png(fig)
+
+
 def _png(fig: plt.Figure) -> bytes:
     buffer = io.BytesIO()
     fig.tight_layout()

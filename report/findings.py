@@ -146,3 +146,12 @@ def _headline(by_slo: Sequence[AtSlo]) -> AtSlo | None:
     both = [found for found in ordered if meets(found, is_cpu) and meets(found, is_gpu)]
     anyone = [found for found in ordered if meets(found, lambda curve: True)]
     return (both or anyone or [None])[0]
+
+
+def by_traffic(
+    model: str, curves: Sequence[Curve], slos_s: Sequence[float], prices: dict | None = None
+) -> list[Findings]:
+    """The model's findings per arrival process its curves were measured under (Curve.traffic), in the order the
+    processes first appear: the first is the one the verdict speaks of (the lab's first --traffic profile)."""
+    order = list(dict.fromkeys(c.traffic for c in curves))
+    return [findings_of(model, [c for c in curves if c.traffic == t], slos_s, prices) for t in order]

@@ -17,10 +17,11 @@ from latlab.report.bench_crossover import size_crossover
 from latlab.report.bench_plot import plot_bench
 from latlab.report.costs import price_amount_and_unit, price_unit
 from latlab.report.figures import curve_png
-from latlab.report.findings import Findings, findings_of
+from latlab.report.findings import Findings, by_traffic
 from latlab.report.naming import PROVIDER_HINT, UNKNOWN, is_gpu, label, machine_name, provider_of, tag_servers
 from latlab.report.predict import bench_fits, request_overheads
 from latlab.report.prices import DEFAULT_PRICES
+from latlab.report.traffic import traffic_section
 from latlab.report.tried import tried_section
 from latlab.report.verdict import provider_verdict, verdict
 
@@ -95,8 +96,10 @@ def write_report(
     by_model: dict[str, list[Curve]] = defaultdict(list)
     for curve in curves:
         by_model[curve.model or curve.name].append(curve)
-    # A model whose curves come from more than one server is compared by server (naming.tag_servers).
-    models = [findings_of(model, tag_servers(group), slos_s, prices) for model, group in by_model.items()]
+    # A model whose curves come from more than one server is compared by server (naming.tag_servers); one swept
+    # under several arrival processes is judged under the first, and the others are set beside it.
+    per_traffic = [by_traffic(model, tag_servers(group), slos_s, prices) for model, group in by_model.items()]
+    models = [found[0] for found in per_traffic]
     # First screen: the answer. Then the pictures, then the details (folded where long).
     bench_gpu = any(
         p.get("backend", "").endswith("cuda")
@@ -107,6 +110,11 @@ def write_report(
     body = [answer.answer_section(models, _prices_line(prices, example_prices), bench_gpu)]
     searched = tried_section(run_dirs, curves, slos_s)
     body += [searched] if searched else []
+    for found in per_traffic:
+        text, png = traffic_section(found)
+        if png:
+            (out / f"traffic-{_slug(found[0].model)}.png").write_bytes(png)
+        body += [text] if text else []
     body += _pictures(models, out)
     body.append(_gpu_notice([c for found in models for c in found.curves], bench, with_reference, reference_dir))
     for found in models:

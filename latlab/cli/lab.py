@@ -81,6 +81,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "place (default: the plan's: cpu 2, the others 0: no search; docs/tuning.md)",
     )
     lab.add_argument(
+        "--traffic",
+        help="sweep every deployment under each of these arrival processes, e.g. poisson,gamma:3,"
+        "trace:traces/AzureLLMInferenceTrace_conv.csv (each: poisson, constant, gamma:CV, onoff:PEAK,ON,OFF, "
+        "trace:FILE; default poisson): the report's verdict speaks of the first and says what the others changed; "
+        "each costs a sweep",
+    )
+    lab.add_argument(
         "--price",
         metavar="PROVIDER=USD",
         help="hourly price per provider, e.g. cpu=0.10,cuda=2.50 or "
@@ -161,6 +168,10 @@ def cmd_lab(args: argparse.Namespace) -> None:
         if not 0 <= args.search_minutes < float("inf"):
             raise UserError(f"--search-minutes must be >= 0 (0: no search), got {args.search_minutes:g}")
         plan = replace(plan, search_minutes=args.search_minutes)
+    if args.traffic is not None:
+        from latlab.loadtest.arrivals import parse_traffic
+
+        plan = replace(plan, traffic=parse_traffic(args.traffic))
     if args.resolution is not None:
         if not 0 < args.resolution < float("inf"):
             raise UserError(f"--resolution must be a positive fraction, e.g. 0.1, got {args.resolution:g}")

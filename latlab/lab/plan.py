@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from latlab.common.settings import BatcherSettings, CpuOptions
 from latlab.common.user_input import Slos
+from latlab.loadtest.arrivals import Arrivals
 
 if TYPE_CHECKING:
     import numpy as np
@@ -146,6 +147,10 @@ class LabPlan:
     resolution: float = 0.1
     """Each SLO's highest rate is found to within this fraction: the sweep measures between the last rate that
     met it and the first that broke it until they are this close (`latlab loadtest --slos`)."""
+    traffic: tuple[Arrivals, ...] = (Arrivals(),)
+    """Each model's deployments are swept under each of these arrival processes (`latlab lab --traffic`), the
+    first into the model's folder, the others beside it; the report's verdict speaks of the first and says what
+    each other one changed. The built-in plans sweep Poisson arrivals only: every other profile costs a sweep."""
     bench: bool = True
     """Run `latlab bench --quick` on the plan's models first (batch-time curves for the prediction)."""
     cpu: CpuOptions = field(default_factory=lambda: CpuOptions.partial(allow_spinning=False))

@@ -15,6 +15,7 @@ from latlab.common.settings import CpuOptions
 from latlab.lab.children import model_workload, start_server, step_schedule, write_samples
 from latlab.lab.plan import MANY_CORES, PLANS, CpuShare, LabPlan, ModelPlan, available_cores, cpu_share
 from latlab.loadtest import child
+from latlab.loadtest.arrivals import Arrivals
 from latlab.loadtest.plan import Provenance, SweepPlan, Workers
 from latlab.loadtest.results import new_run_id
 from latlab.loadtest.schedule import SloSearch
@@ -246,10 +247,19 @@ def sweep_model(
     load_workers: int = 0,
     machine_name: str | None = None,
 ) -> None:
-    """One Locust sweep over the model's deployments, with the model's loads and request encoding, into
-    run_dir/<model> (a load test of its own: see sweep_plan)."""
-    sweep = sweep_plan(run_dir, plan, model, host, metrics_port, load_workers, machine_name)
-    child.run(sweep, run_dir / model.name, run_id=run_dir.name)
+    """One Locust sweep over the model's deployments per traffic profile of the plan, with the model's loads and
+    request encoding, into run_dir/<model> (the first profile) and run_dir/<model>/traffic-<k> (a load test of its
+    own each: see sweep_plan)."""
+    for k, arrivals in enumerate(plan.traffic):
+        if len(plan.traffic) > 1:
+            _say(f"{model.name}: traffic {k + 1} of {len(plan.traffic)}, {arrivals.spec} arrivals")
+        sweep = sweep_plan(run_dir, plan, model, host, metrics_port, load_workers, machine_name, arrivals)
+        child.run(sweep, traffic_folder(run_dir, model, k), run_id=run_dir.name)
+
+
+def traffic_folder(run_dir: Path, model: ModelPlan, k: int) -> Path:
+    """Where a model's sweep under the plan's k-th traffic profile writes its results."""
+    return run_dir / model.name if k == 0 else run_dir / model.name / f"traffic-{k}"
 
 
 def sweep_plan(
@@ -260,6 +270,7 @@ def sweep_plan(
     metrics_port: int,
     load_workers: int = 0,
     machine_name: str | None = None,
+    arrivals: Arrivals = Arrivals(),
 ) -> SweepPlan:
     """The load test of one model's sweep; with load_workers, a Locust master with that many local worker
     processes. Past the model's rates it raises the load until each deployment saturates or its p99 passes twice
@@ -271,6 +282,7 @@ def sweep_plan(
             model.rates,
             max_rate=max(model.rates) * max(1.0, plan.raise_cap),
             refine_within=plan.refine_within,
+            arrivals=arrivals,
         ),
         slo=SloSearch(
             slos=plan.slos,

@@ -12,7 +12,7 @@ import pytest
 from scipy import stats
 
 from latlab.common.user_input import UserError
-from latlab.loadtest.arrivals import Arrivals, FleetSchedule, load_trace, share
+from latlab.loadtest.arrivals import Arrivals, FleetSchedule, load_trace, parse_traffic, share
 
 TRACE = Path(__file__).parents[2] / "traces" / "AzureLLMInferenceTrace_conv.csv"
 N = 20_000
@@ -171,3 +171,26 @@ def test_a_bad_arrival_process_is_refused_in_one_line(spec, says):
 @pytest.mark.parametrize("spec", ["poisson", "constant", "gamma:3", "onoff:4,1,5"])
 def test_a_process_reads_back_from_its_name(spec):
     assert Arrivals.parse(spec).spec == spec and Arrivals.parse(spec).expected_cv(100.0) is not None
+
+
+def test_bursty_arrivals_ask_for_windows_that_hold_their_bursts():
+    """A window's count of Gamma arrivals varies CV^2 times Poisson's: measured, not only assumed."""
+    arrivals, rate, window = Arrivals.parse("gamma:3"), 400.0, 0.5
+    times = np.fromiter(itertools.islice(arrivals.offsets(rate, 3), 400_000), float)
+    counts = np.bincount((times // window).astype(int))[:-1]
+    assert counts.var() / counts.mean() == pytest.approx(arrivals.dispersion, rel=0.25)
+    assert Arrivals().dispersion == Arrivals.parse("gamma:0.5").dispersion == 1.0
+    assert Arrivals.parse("onoff:4,1,5").burst_cycle_s(rate) == 6.0 and Arrivals().burst_cycle_s(rate) == 0.0
+    trace = load_trace(TRACE)  # a trace minute at its own rate, shorter in proportion at a higher one
+    assert Arrivals("trace", trace=str(TRACE)).burst_cycle_s(trace.mean_rate * 10) == pytest.approx(6.0)
+
+
+def test_traffic_lists_read_an_onoff_with_its_numbers_and_refuse_repeats():
+    assert [a.spec for a in parse_traffic("poisson, onoff:4,1,5,gamma:3")] == ["poisson", "onoff:4,1,5", "gamma:3"]
+    assert parse_traffic(f"trace:{TRACE}")[0].trace == str(TRACE)
+    with pytest.raises(UserError, match="gamma:3 twice"):
+        parse_traffic("gamma:3,gamma:3.0")
+    with pytest.raises(UserError, match="at least one"):
+        parse_traffic(" , ")
+    with pytest.raises(UserError, match="not one of"):
+        parse_traffic("poisson,onoff:4")
