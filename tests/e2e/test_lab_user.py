@@ -163,3 +163,22 @@ def test_lab_searches_configurations_and_sweeps_the_best_in_place_of_the_batchin
     assert table.count("<tr>") - 1 == len(record["configurations"]) and table.count("★ ") == 1
     assert "scorer-tuned, swept in full: p99 ≤ 20 ms:" in tried and "INT8 not made" in tried
     assert page.index("<h2>Configurations tried</h2>") < page.index("<h3>scorer: latency against throughput</h3>")
+
+
+def test_lab_under_two_traffic_profiles_sets_the_bursty_one_beside_the_verdict(
+    tmp_path: Path, short_quick_plan: None
+) -> None:
+    """--traffic poisson,gamma:3: each deployment swept under both, the first in the model's folder, the second
+    beside it; the report judges under Poisson and gives the bursty one a section of its own."""
+    model = scorer(tmp_path / "scorer.onnx")
+    run = run_lab(tmp_path, "--onnx", str(model), "--traffic", "poisson,gamma:3", "--slo", "20ms")
+    (first,) = read_results(run / "scorer" / "results.json")
+    (bursty,) = read_results(run / "scorer" / "traffic-1" / "results.json")
+    assert (first.arrivals, bursty.arrivals) == ("poisson", "gamma:3")
+    assert [d.name for d in bursty.deployments] == [d.name for d in first.deployments]
+    cvs = [s.arrival_cv for d in bursty.deployments for s in d.steps if s.arrival_cv is not None]
+    poisson_cvs = [s.arrival_cv for d in first.deployments for s in d.steps if s.arrival_cv is not None]
+    assert cvs and poisson_cvs and min(cvs) > max(poisson_cvs)  # the bursts reached the server as sent
+    page = (run / "report.html").read_text()
+    assert "<h2>scorer under your traffic</h2>" in page and "Under gamma:3 (CV " in page
+    assert (run / "traffic-scorer.png").exists()
