@@ -38,6 +38,10 @@ class WindowStats:
     arrival_cv: float | None = None
     """The coefficient of variation of the gaps between the window's requests as sent (actual send times, every
     process's merged): 1 for Poisson arrivals, 0 for constant gaps. None: fewer than 3 sent."""
+    intended_cv: float | None = None
+    """The same of the intended send times: what the schedule asked of this window (a bursty process's CV over a
+    few thousand gaps strays from its nominal one by chance), so that arrival_cv / intended_cv is the generator's
+    own doing."""
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -187,9 +191,10 @@ class Recorder:
         sent_at = np.concatenate(
             [np.asarray(self.sent)[mine], np.asarray([s for i, s in self._outstanding.values() if start <= i < end])]
         )
-        lateness = sent_at - np.concatenate(
+        meant = np.concatenate(
             [intended[mine], np.asarray([i for i, _ in self._outstanding.values() if start <= i < end])]
         )
+        lateness = sent_at - meant
         duration = end - start
         # Achieved is the lesser of two counts. By intended send time, as offered counts: answers to requests
         # sent before the window (warm-up, an earlier step) cannot lift it above offered. By completion time:
@@ -216,6 +221,7 @@ class Recorder:
             too_few_samples=len(latencies) < MIN_SAMPLES_P99,
             **lateness_percentiles(lateness),
             arrival_cv=gap_cv(sent_at),
+            intended_cv=gap_cv(meant),
         )
         return stats, latencies, per_source
 

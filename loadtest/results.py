@@ -68,6 +68,8 @@ class Step:
     arrival_cv: float | None = None
     """The coefficient of variation of the gaps between the step's requests as sent (every process's merged):
     the burstiness the server was offered, to set beside the arrival process asked for."""
+    intended_cv: float | None = None
+    """The same of the intended send times: the schedule's own CV over this step (recorder.WindowStats)."""
     duration_s: float | None = None
     windows: int | None = None
     extended_windows: int = 0

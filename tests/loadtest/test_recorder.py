@@ -220,6 +220,7 @@ def test_window_stats_as_dict_has_every_field() -> None:
         "send_lateness_p50_s",
         "send_lateness_p99_s",
         "arrival_cv",
+        "intended_cv",
     }
     assert d["p50_s"] == pytest.approx(0.01)
 
@@ -268,5 +269,6 @@ def test_the_arrivals_burstiness_is_measured_from_the_actual_send_times() -> Non
         intended = i * 0.1
         key = recorder.begin(intended, intended + (0.1 if i % 2 == 0 else 0.0))
         recorder.end(key, intended + 0.15, True)
-    assert recorder.window(0.0, 2.0, now=3.0).arrival_cv == pytest.approx(1.0, abs=0.06)
+    stats = recorder.window(0.0, 2.0, now=3.0)
+    assert stats.arrival_cv == pytest.approx(1.0, abs=0.06) and stats.intended_cv == pytest.approx(0.0, abs=1e-6)
     assert Recorder().window(0.0, 1.0, now=1.0).arrival_cv is None
