@@ -71,6 +71,11 @@ class Schedule:
         if isinstance(self.arrivals, dict):  # from a plan file
             object.__setattr__(self, "arrivals", Arrivals(**self.arrivals))
         self.arrivals.check()
+        if self.mode == "closed" and self.arrivals != Arrivals():
+            raise UserError(
+                f"--arrivals {self.arrivals.spec} shapes open-loop arrivals; a closed loop's users send when answers "
+                "return (--mode open)"
+            )
         if self.calibrate_only and (self.mode != "open" or self.calibrate_seconds <= 0):
             raise UserError("--calibrate-only measures open-loop arrivals for --calibrate-seconds > 0")
         if not 0 < self.refine_within < float("inf"):

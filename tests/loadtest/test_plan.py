@@ -64,6 +64,9 @@ def test_the_options_become_typed_parts() -> None:
     assert closed.schedule.loads == (1.0, 4.0) and not closed.slo.search  # a closed loop sweeps its users
     assert SweepPlan.from_options([*TARGET, "--slo", "25ms", "--sweep"]).slo.search is False
     assert SweepPlan.from_options([*TARGET, "--overload", "3"]).overload == OverloadPlan(factor=3.0)
+    bursty = SweepPlan.from_options([*TARGET, "--arrivals", "onoff:4,1,5", "--seed", "9"]).schedule
+    assert bursty.arrivals == Arrivals("onoff", peak=4, on_s=1, off_s=5) and bursty.seed == 9
+    assert SweepPlan.from_options([*TARGET, "--constant"]).schedule.arrivals == Arrivals("constant")
 
 
 @pytest.mark.parametrize(
@@ -76,6 +79,11 @@ def test_the_options_become_typed_parts() -> None:
         ([*TARGET, "--overload", "2", "--slo", "5ms"], "--overload needs a positive factor, open-loop mode"),
         ([*TARGET, "--provider", "1 cpu"], "--provider names what the deployments compute on"),
         ([*TARGET, "--no-such-option"], "unrecognized arguments: --no-such-option"),
+        ([*TARGET, "--arrivals", "gamma:3", "--mode", "closed"], "a closed loop's users send when answers return"),
+        ([*TARGET, "--arrivals", "gamma:3", "--constant"], "--arrivals and --constant both say how requests arrive"),
+        ([*TARGET, "--trace-rate", "50"], "--trace-rate replays a trace: name it with --trace FILE"),
+        ([*TARGET, "--trace-start", "5"], "--trace-start is where a replayed trace starts"),
+        ([*TARGET, "--arrivals", "onoff:9,1,1"], "PEAK can be at most"),
     ],
 )
 def test_a_plan_refuses_what_the_command_refuses(options: list[str], message: str) -> None:
