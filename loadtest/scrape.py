@@ -252,6 +252,12 @@ SERVER_HISTOGRAMS = {
 """Step figure name -> the server's histogram (seconds). Request and queue are observed per request;
 compute and the transfers per batch, which every request of that batch waits through."""
 PROCESS_CPU = "process_cpu_seconds_total"
+PADDING_COUNTERS = {
+    "padded_position_share": ("latlab_batcher_padded_positions_total", "latlab_batcher_run_positions_total"),
+    "padded_row_share": ("latlab_batcher_padded_rows_total", "latlab_batcher_run_rows_total"),
+}
+"""A step's padding: pad tokens over the positions its padded batches computed (mixed lengths), and rows added to
+reach a batch bucket over the rows run (CUDA graphs and buckets); absent where the server exports neither."""
 REQUESTS = "latlab_server_requests_total"
 """Infer requests answered, by outcome: `ok` and `rejected` counts per step (goodput under overload)."""
 OUTCOMES = ("ok", "rejected")
@@ -277,6 +283,7 @@ def metric_sums(metrics_text: str, deployment: str) -> dict[str, float]:
     From Triton's metrics: its nv_inference_* counters of the model named `deployment`, all versions together,
     keyed by family name (failures also per reason, "<name>:<reason>")."""
     wanted = {name + suffix for name in SERVER_HISTOGRAMS.values() for suffix in ("_sum", "_count")}
+    wanted |= {name for pair in PADDING_COUNTERS.values() for name in pair}
     found: dict[str, float] = {}
     for family in text_string_to_metric_families(metrics_text):
         if family.name in TRITON_COUNTERS:
@@ -327,6 +334,10 @@ def server_step(
     for outcome in OUTCOMES:
         if f"{REQUESTS}:{outcome}" in end:
             figures[f"{outcome}_count"] = delta(f"{REQUESTS}:{outcome}")
+    for key, (padded, run) in PADDING_COUNTERS.items():
+        computed = delta(run)
+        if computed:  # no padded batch in the step: no share to speak of
+            figures[key] = (delta(padded) or 0.0) / computed
     cpu = delta(PROCESS_CPU)
     figures["process_cpu_cores"] = cpu / seconds if cpu is not None else None
     busy = delta(SERVER_HISTOGRAMS["compute"] + "_sum")  # batches run: the device's (or ORT's) busy time

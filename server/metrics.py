@@ -192,6 +192,20 @@ class ServerMetrics:
             registry=registry,
         )
 
+        # Padding on a padded axis (a text model's tokens): a run computes its rows x the batch's longest request.
+        self.run_positions = Counter(
+            "latlab_batcher_run_positions",
+            "Positions along the padded axis computed by model runs that padded (rows x the batch's longest).",
+            LABELS,
+            registry=registry,
+        )
+        self.padded_positions = Counter(
+            "latlab_batcher_padded_positions",
+            "Positions added to requests to reach their batch's longest on the padded axis (pad tokens).",
+            LABELS,
+            registry=registry,
+        )
+
     def for_deployment(self, labels: dict[str, str]) -> "DeploymentMetrics":
         return DeploymentMetrics(self, labels)
 
@@ -211,6 +225,8 @@ class DeploymentMetrics:
         self.inflight = metrics.inflight.labels(**labels)
         self._run_rows = metrics.run_rows.labels(**labels)
         self._padded_rows = metrics.padded_rows.labels(**labels)  # at 0 from the start: no padding is a figure
+        self._run_positions = metrics.run_positions.labels(**labels)
+        self._padded_positions = metrics.padded_positions.labels(**labels)
         self._outcomes: dict[tuple[Counter, str], Counter] = {}  # (counter, outcome) -> child, see _child
 
     def queue_depth(self, depth: int) -> None:
@@ -231,6 +247,11 @@ class DeploymentMetrics:
         self._run_rows.inc(rows)
         if rows > samples:
             self._padded_rows.inc(rows - samples)
+
+    def positions_run(self, run: int, real: int) -> None:
+        """A padded batch ran `run` positions on the padded axis for its requests' `real` ones."""
+        self._run_positions.inc(run)
+        self._padded_positions.inc(run - real)
 
     def transfer_done(self, input_s: float, output_s: float) -> None:
         """A device run's host-to-device and device-to-host copy times (never called on CPU)."""

@@ -113,6 +113,21 @@ def test_server_step_means_per_request_busy_share_and_transfers(metrics: ServerM
     assert figures["process_cpu_cores"] >= 0  # this test's own process, through ServerMetrics
 
 
+def test_server_step_gives_the_padding_its_batches_added(metrics: ServerMetrics) -> None:
+    """Pad tokens over the positions computed, and rows added for a bucket over rows run, in the step only."""
+    fast = metrics.for_deployment(FAST)
+    fast.positions_run(100, 10)  # before the step: must not count
+    before = (100.0, scrape(metrics))
+    assert "padded_position_share" not in server_step(before, (101.0, scrape(metrics)), "fast")  # none padded
+    fast.positions_run(4 * 12, 3 + 12 + 7 + 8)  # lengths 3, 12, 7, 8 padded to 12
+    fast.positions_run(2 * 5, 2 * 5)  # two of one length: nothing added
+    fast.rows_run(8, 6)
+    metrics.for_deployment(SLOW).positions_run(50, 1)  # another deployment's
+    figures = server_step(before, (102.0, scrape(metrics)), "fast")
+    assert figures["padded_position_share"] == pytest.approx((48 - 30) / (48 + 10))
+    assert figures["padded_row_share"] == pytest.approx(2 / 8)
+
+
 def test_server_step_reads_process_cpu_and_preprocess_when_exported() -> None:
     before = (
         10.0,

@@ -88,11 +88,29 @@ class RecordingSession:
         return dict(zip(self.names, self.session.run(self.names, inputs)))
 
 
+class Positions:
+    """The batcher's metrics, keeping what its padded batches computed and what was asked."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[int, int]] = []
+
+    def queue_depth(self, depth: int) -> None: ...
+    def rejected(self, reason: str) -> None: ...
+    def batch_done(self, size: int, queue_s, compute_s: float, ok: bool) -> None: ...
+
+    def positions_run(self, run: int, real: int) -> None:
+        self.runs.append((run, real))
+
+
 def run_through_batcher(
-    model: RecordingSession, requests: list[dict], padding: PaddingSettings | None, max_batch_size: int = 16
+    model: RecordingSession,
+    requests: list[dict],
+    padding: PaddingSettings | None,
+    max_batch_size: int = 16,
+    metrics: Positions | None = None,
 ) -> list[dict]:
     settings = BatcherSettings(max_batch_size=max_batch_size, max_queue_delay_ms=300.0)
-    batcher = DynamicBatcher(model, settings, padding=padding)
+    batcher = DynamicBatcher(model, settings, metrics, padding=padding)
     try:
         futures = [batcher.submit(r, len(r["input_ids"])) for r in requests]
         return [f.result(WAIT_S) for f in futures]
@@ -105,8 +123,10 @@ def test_mixed_lengths_share_a_batch_and_match_running_alone(tmp_path: Path, out
     model = RecordingSession(build_token_model(tmp_path / "m.onnx", outputs))
     rng = np.random.default_rng(0)
     requests = [tokens(rng, n) for n in (3, 7, 5, 1)] + [tokens(rng, 4, rows=2), tokens(rng, 7)]
-    results = run_through_batcher(model, requests, PADDING, max_batch_size=7)  # 7 samples: one full batch
+    positions = Positions()
+    results = run_through_batcher(model, requests, PADDING, max_batch_size=7, metrics=positions)  # one full batch
     assert model.shapes == [(7, 7)]  # every length in one batch, padded to the longest
+    assert positions.runs == [(7 * 7, 3 + 7 + 5 + 1 + 2 * 4 + 7)]  # the pad tokens it added, counted
     for request, got in zip(requests, results):
         want = model.alone(request)
         assert set(got) == set(outputs)
