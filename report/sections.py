@@ -205,6 +205,8 @@ def steps_table(curve: Curve) -> str:
             for k in ("p50_s", "p90_s", "p99_s", "max_s")
         }
         batch = f"{s.avg_batch_size:.1f}" if s.avg_batch_size else "–"
+        padded = (s.server or {}).get("padded_position_share")
+        batch += f", {padded:.0%} pad tokens" if padded is not None else ""
         flags = (
             (" (generator-bound)" if s.generator_bound else "")
             + (f" (too few samples: {samples_text(s)})" if s.too_few_samples else "")

@@ -60,3 +60,14 @@ def test_one_process_adds_no_traffic_section(tmp_path: Path) -> None:
     swept(run / "minilm", "poisson", 1.0, cpu_p99_ms=[5, 8, 30], gpu_p99_ms=[4, 6, 9])
     page = write_report(run, SLOS, prices=PRICES, out=tmp_path / "out").read_text()
     assert "under your traffic" not in page and not (tmp_path / "out" / "traffic-minilm.png").exists()
+
+
+def test_a_step_shows_the_pad_tokens_its_batches_added(tmp_path: Path) -> None:
+    env = {"name": CPU_NAME, "cpu": "SYNTHETIC CPU", "cores": 16, "cpu_threads": 16}
+    figures = {"seconds": 10.0, "request_s": 0.01, "padded_position_share": 0.23}
+    text = curve("minilm-text-batch", "cpu", 8, [step(50, 8, server=figures), step(100, 9)], env)
+    write_results(
+        tmp_path / "run" / "results.json", Run(run_id="r", machine={"hostname": "vm", **env}, deployments=[text])
+    )
+    page = write_report(tmp_path / "run", SLOS, prices=PRICES, out=tmp_path / "out").read_text()
+    assert "<td>1.0, 23% pad tokens</td>" in page and page.count("pad tokens") == 1
