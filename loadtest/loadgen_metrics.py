@@ -46,7 +46,7 @@ STEP_GAUGES = {
     "errors": ("latlab_loadtest_step_errors", "Failed requests among the window's arrivals."),
     "generator_bound": (
         "latlab_loadtest_step_generator_bound",
-        "1 if the load generator was saturated (CPU) or sent late by a tenth of the SLO.",
+        "1 if the load generator was saturated (CPU) or sent late enough to break an SLO the step broke.",
     ),
     "stable": ("latlab_loadtest_step_stable", "1 if the step's latency was judged stable."),
 }

@@ -22,11 +22,8 @@ from latlab.loadtest.recorder import MIN_SAMPLES_P99, Recorder, recovery_spans
 from latlab.loadtest.results import Step
 from latlab.loadtest.schedule import Schedule, SloSearch
 from latlab.loadtest.scrape import QueueWatch, average_batch, metrics_source, scrape_batches, server_step, snapshot
-from latlab.loadtest.search import GENERATOR_BOUND_CPU, is_stable
+from latlab.loadtest.search import GENERATOR_BOUND_CPU, is_stable, late_for
 
-LATE_SHARE_OF_SLO = 0.1
-"""A step whose send lateness p99 passes this share of the tightest SLO it decides is generator-bound: latencies
-count from the intended send time, so a tenth of the budget is the instrument's own, which bursts make likely."""
 BURSTS_PER_WINDOW = 3  # bursts (with their lulls) each measurement window holds under bursty arrivals
 LONGEST_WINDOW_S = 10.0  # a low rate's windows grow to hold MIN_SAMPLES_P99 requests in three, up to this
 
@@ -97,7 +94,7 @@ def measure_step(
         avg_batch_size=average_batch(batches_before, batches_after),
         server=server_step(server_before, server_after, deployment),
         generator_cpu_percent=cpu,
-        generator_bound=cpu > GENERATOR_BOUND_CPU or late_for(stats.send_lateness_p99_s, plan.slo.bounds),
+        generator_bound=cpu > GENERATOR_BOUND_CPU or late_for(stats.send_lateness_p99_s, stats.p99_s, plan.slo.bounds),
         sent_by_worker=per_source if driver.distributed else None,
         by_status=by_status,
         **queue.stop(),
@@ -117,11 +114,6 @@ def measure_step(
     metrics.count_late(deployment, stats.late)
     recorder.forget_before(first)
     return step
-
-
-def late_for(lateness_p99_s: float | None, bounds: tuple[float, ...]) -> bool:
-    """Whether the generator's send lateness is a material share of the tightest SLO bound (LATE_SHARE_OF_SLO)."""
-    return bool(bounds) and lateness_p99_s is not None and lateness_p99_s > LATE_SHARE_OF_SLO * min(bounds)
 
 
 def window_for(schedule: Schedule, load: float) -> float:

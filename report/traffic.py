@@ -13,14 +13,20 @@ from latlab.report.figures import traffic_png
 from latlab.report.findings import AtSlo, Findings
 from latlab.report.pictures import img
 
+KEPT_UP = 0.9
+"""A step kept up when it achieved this share of what it offered (the sweep's own saturation rule)."""
 KEPT = 0.05
 """A rate within this fraction of the first process's is said to be kept rather than to fall or rise."""
 
 
 def sent_cv(found: Findings) -> float | None:
-    """The burstiness the server was offered under this process: the median over its steps of the CV of the gaps
-    between requests as sent (Step.arrival_cv); None where no step recorded one."""
-    cvs = [s.arrival_cv for c in found.curves for s in c.steps if s.arrival_cv is not None]
+    """The burstiness the server was offered under this process: the median over its steps that kept up (achieved
+    at least KEPT_UP of offered, the generator not bound) of the CV of the gaps between requests as sent
+    (Step.arrival_cv); past saturation the generator sends in bunches whatever the process. None where no step
+    recorded one."""
+    steps = [s for c in found.curves for s in c.steps if s.arrival_cv is not None]
+    kept_up = [s for s in steps if s.achieved_rps >= KEPT_UP * s.offered_rps and not s.generator_bound]
+    cvs = [s.arrival_cv for s in kept_up or steps]
     return statistics.median(cvs) if cvs else None
 
 

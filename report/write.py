@@ -217,9 +217,9 @@ def _model_section(findings: Findings, fits: list[dict], overheads: dict[str, fl
         if s.generator_bound
     ]
     flagged = (
-        f"<p class='warning'>Generator-bound steps (the load generator's CPU was saturated, or it sent late by a "
-        f"tenth of the SLO; these numbers "
-        f"describe it as much as the server): {html.escape('; '.join(bound))}.</p>"
+        f"<p class='warning'>Generator-bound steps (the load generator's CPU was saturated, or its sends were late "
+        f"enough to break an SLO the step broke; these numbers describe it as much as the server): "
+        f"{html.escape('; '.join(bound))}.</p>"
         if bound
         else ""
     )

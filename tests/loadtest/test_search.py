@@ -8,7 +8,7 @@ import pytest
 
 from latlab.loadtest.results import Step
 from latlab.loadtest.search import MIN_REQUESTS, meets, slo_search
-from latlab.loadtest.search import is_stable
+from latlab.loadtest.search import is_stable, late_for
 from tests.loadtest.steps import simulated as step
 
 
@@ -73,6 +73,7 @@ def test_saturation_counts_as_a_failure_even_when_latency_looks_fine():
         ({"sent": MIN_REQUESTS - 1}, "too few requests"),
         ({"stable": False}, "unstable"),
         ({"generator_bound": True}, "generator saturated"),
+        ({"generator_bound": True, "generator_cpu_percent": 20.0, "send_lateness_p99_s": 0.004}, "generator late"),
     ],
 )
 def test_untrustworthy_passing_step_makes_the_result_invalid(extra, reason):
@@ -139,3 +140,12 @@ def test_the_search_halves_no_further_than_its_floor():
     assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
         "latlab: error: --slo-growth must be above 1 and at most 16, got 1"
     ]
+
+
+def test_lateness_marks_a_step_only_where_it_could_decide_an_slo():
+    ms = 1e-3
+    assert late_for(2 * ms, 11 * ms, (10 * ms,))  # 2 ms late, 1 ms over a 10 ms bound: it could have decided it
+    assert not late_for(2 * ms, 9 * ms, (10 * ms,))  # met in spite of the generator
+    assert not late_for(2 * ms, 40 * ms, (10 * ms,))  # broken by far more than the lateness
+    assert not late_for(0.5 * ms, 10.2 * ms, (10 * ms,))  # close, but the lateness is no material share
+    assert late_for(6 * ms, 52 * ms, (10 * ms, 50 * ms)) and not late_for(None, 10 * ms, (10 * ms,))
