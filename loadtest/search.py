@@ -1,6 +1,8 @@
 """SLO search: the highest offered rate whose p99 meets a bound (bracket, then bisect), MLPerf-style.
 
-Pure logic over a `measure(rate) -> step` callable, so it is tested without a server."""
+Pure logic over a `measure(rate) -> step` callable, so it is tested without a server. A little over 400 lines on
+purpose: what makes a passing step trustworthy (validity, the generator's lateness) stays beside the searches
+that judge by it."""
 
 from __future__ import annotations
 
