@@ -20,6 +20,7 @@ import bisect
 import csv
 import itertools
 import math
+import os
 import random
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -97,8 +98,10 @@ class Arrivals:
         kind = kind.strip().lower()
         if kind in ("poisson", "constant") and not rest:
             return cls(kind)
-        if kind == "trace":
-            return cls("trace", trace=rest.strip(), trace_start_s=trace_start_s)
+        if kind == "trace":  # absolute: the sweep's child processes read it too
+            return cls(
+                "trace", trace=os.path.abspath(rest.strip()) if rest.strip() else "", trace_start_s=trace_start_s
+            )
         try:
             numbers = [float(x) for x in rest.split(",")] if rest else []
         except ValueError:

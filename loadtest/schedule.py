@@ -25,7 +25,7 @@ def arrivals_from_cli_args(args: argparse.Namespace) -> Arrivals:
     if args.trace_start and not (args.trace or args.arrivals.startswith("trace:")):
         raise UserError("--trace-start is where a replayed trace starts: name one with --trace FILE")
     if args.trace:
-        return Arrivals("trace", trace=args.trace, trace_start_s=args.trace_start)
+        return Arrivals.parse(f"trace:{args.trace}", args.trace_start)
     if args.constant:
         return Arrivals("constant")
     return Arrivals.parse(args.arrivals, args.trace_start) if args.arrivals else Arrivals()
