@@ -15,7 +15,6 @@ Printed as ratios and correlations measured in this run; docs/measurement.md kee
 from __future__ import annotations
 
 import argparse
-import itertools
 import tempfile
 from pathlib import Path
 
@@ -81,8 +80,7 @@ def main() -> None:
     step, arrived = measured(arrivals, args.trace_rate, args.seconds, work / "trace", args.workers)
     seconds = int(arrived[-1] - arrived[0])
     server = np.bincount((arrived - arrived[0]).astype(int))[:seconds]
-    replay = np.fromiter(itertools.islice(trace.replay(args.trace_rate), len(arrived)), float)
-    asked = np.bincount((replay - replay[0]).astype(int))[:seconds]
+    asked = trace.per_second(args.trace_rate, 0.0, seconds)
     correlation = float(np.corrcoef(server, asked)[0, 1])
     print(
         f"  trace at {args.trace_rate:g} req/s: {len(arrived)} requests over {arrived[-1] - arrived[0]:.1f} s "

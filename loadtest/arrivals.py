@@ -31,8 +31,8 @@ from typing import Iterator
 from latlab.common.user_input import UserError
 
 TRACE_SWING_S = 60.0
-"""The time scale of a trace's swings: production traces are summarised per minute (the shared Azure sample's
-per-minute counts run from 37 to 507)."""
+"""The time scale of a trace's swings: production traces are summarised per minute (traces/README.md gives the
+shared sample's per-minute counts)."""
 KINDS = ("poisson", "constant", "gamma", "onoff", "trace")
 SPEC_HELP = (
     "poisson, constant, gamma:CV, onoff:PEAK,ON,OFF (bursts at PEAK x the mean rate, mean ON/OFF s) or trace:FILE"

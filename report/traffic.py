@@ -30,8 +30,8 @@ def sent_cv(found: Findings) -> float | None:
     return statistics.median(cvs) if cvs else None
 
 
-def traffic_name(found: Findings) -> str:
-    cv = sent_cv(found)
+def traffic_name(found: Findings, cv: float | None) -> str:
+    """The process's name, with the CV its steps were sent at (sent_cv)."""
     return f"{found.curves[0].traffic}" + (f" (CV {cv:.1f} as sent)" if cv is not None else "")
 
 
@@ -69,11 +69,13 @@ def traffic_section(per_traffic: list[Findings]) -> tuple[str, bytes | None]:
     """The section of one model swept under several processes (none for one), and its picture's PNG."""
     if len(per_traffic) < 2:
         return "", None
-    first, others = per_traffic[0], per_traffic[1:]
+    first = per_traffic[0]
     model = html.escape(first.model)
     headline = (first.headline or first.by_slo[-1]).slo_s if first.by_slo else None
-    sentences = [moved(first.at(headline), o.at(headline), traffic_name(o)) for o in others] if headline else []
-    names = [traffic_name(f) for f in per_traffic]
+    cvs = [sent_cv(f) for f in per_traffic]
+    names = [traffic_name(f, cv) for f, cv in zip(per_traffic, cvs)]
+    pairs = list(zip(per_traffic, names))[1:]
+    sentences = [moved(first.at(headline), o.at(headline), name) for o, name in pairs] if headline else []
     head = "".join(f"<th>{html.escape(n)}</th>" for n in names)
     rows = []
     for slo_s in first.slos_s:
@@ -85,7 +87,7 @@ def traffic_section(per_traffic: list[Findings]) -> tuple[str, bytes | None]:
                 cells.append(f"<td>{rate}</td>")
             slo = f"p99 ≤ {slo_s * 1e3:g} ms" if k == 0 else ""
             rows.append(f"<tr><td>{slo}</td><td>{html.escape(row.group)}</td>{''.join(cells)}</tr>")
-    png = traffic_png(first.model, headline, _lines(per_traffic, headline)) if headline else None
+    png = traffic_png(first.model, headline, _lines(per_traffic, cvs, headline)) if headline else None
     text = (
         f"<h2>{model} under your traffic</h2>"
         f"<p>The verdict above speaks of {html.escape(names[0])} arrivals. "
@@ -101,14 +103,13 @@ def traffic_section(per_traffic: list[Findings]) -> tuple[str, bytes | None]:
     return text, png
 
 
-def _lines(per_traffic: list[Findings], slo_s: float) -> list[dict]:
+def _lines(per_traffic: list[Findings], cvs: list[float | None], slo_s: float) -> list[dict]:
     """Per provider group of the first process: its best rate under the SLO against the CV as sent, per process
     (in the order of the CV; a process without a CV recorded is left off the picture)."""
     lines = []
     for row in per_traffic[0].at(slo_s).best:
         points = []
-        for found in per_traffic:
-            cv = sent_cv(found)
+        for found, cv in zip(per_traffic, cvs):
             match = next((b for b in found.at(slo_s).best if b.group == row.group), None)
             if cv is not None and match is not None:
                 points.append((cv, match.rate))

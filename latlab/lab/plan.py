@@ -254,7 +254,7 @@ PLANS = {
         search_minutes=2.0,
         slo_seconds=25.0,
     ),
-    # Same models, fewer and shorter steps (318 s measured on 2 cores, models already exported).
+    # Same models, fewer and shorter steps (how long it takes: docs/measurement.md, "The lab's plan").
     "quick": LabPlan(
         models=(
             replace(MLP, rates=(250, 1000, 2000)),

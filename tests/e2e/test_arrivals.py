@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +13,7 @@ import pytest
 
 from latlab.loadtest.arrivals import Arrivals, load_trace
 from latlab.loadtest.results import Step
-from tests.e2e.test_loadtest import loadtest
+from tests.e2e.test_loadtest import CLI, loadtest
 from tests.loadtest.stub_server import StubModel, stub_server
 
 pytestmark = pytest.mark.e2e
@@ -88,9 +87,7 @@ def test_a_bad_trace_stops_the_run_in_one_line_before_any_load(tmp_path):
     with stub_server(model) as host:
         done = subprocess.run(
             [
-                sys.executable,
-                "-m",
-                "latlab.cli",
+                *CLI,
                 "loadtest",
                 "--host",
                 host,
