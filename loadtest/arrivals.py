@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Iterator
 
 from latlab.common.user_input import UserError
+from latlab.loadtest.sizes import Sizes
 
 TRACE_SWING_S = 60.0
 """The time scale of a trace's swings: production traces are summarised per minute (traces/README.md gives the
@@ -209,14 +210,35 @@ class FleetSchedule:
     """Senders per process."""
     trace: Trace | None = None
 
+    def slot(self, local: int) -> int:
+        """The place of this process's `local`-th sender among all the fleet's senders."""
+        return self.process * self.users + local % self.users
+
     def times(self, arrivals: Arrivals, local: int) -> Iterator[float]:
         """The intended send times of this process's `local`-th sender."""
-        slot = self.process * self.users + local % self.users
         offsets = arrivals.offsets(max(self.rate, 1e-9), self.seed, self.trace)
-        return (self.origin + t for t in share(offsets, slot, self.processes * self.users))
+        return (self.origin + t for t in share(offsets, self.slot(local), self.processes * self.users))
 
-    def as_message(self, arrivals: Arrivals) -> dict:
-        """Its fields for a Locust message (the trace's times only where the process replays one)."""
+    def sizes(self, sizes: Sizes, arrivals: Arrivals, local: int) -> Iterator[int]:
+        """The sizes of the requests of this process's `local`-th sender, in the order of its times(): a trace's
+        column row for row with the arrivals it replays, else the sender's own draws (one stream per sender)."""
+        slot = self.slot(local)
+        if sizes.kind != "trace":
+            return sizes.draws(self.seed * 1_000_003 + slot)
+        if arrivals.kind != "trace":
+            raise UserError(
+                f"--dim seq={sizes.spec} takes each request's size from the replayed trace: name it with --trace"
+            )
+        trace = (
+            self.trace if self.trace is not None and sizes.column in self.trace.columns else load_trace(arrivals.trace)
+        )
+        column = sizes.column_values(trace.columns, arrivals.trace)
+        return sizes.draws(0, share(trace.rows(arrivals.trace_start_s), slot, self.processes * self.users), column)
+
+    def as_message(self, arrivals: Arrivals, columns: tuple[str, ...] = ()) -> dict:
+        """Its fields for a Locust message (the trace's times, and the `columns` request sizes come from, only
+        where the process replays one)."""
+        replays = self.trace is not None and arrivals.kind == "trace"
         return {
             "rate": self.rate,
             "seed": self.seed,
@@ -224,13 +246,15 @@ class FleetSchedule:
             "process": self.process,
             "processes": self.processes,
             "users": self.users,
-            "trace": list(self.trace.times) if self.trace is not None and arrivals.kind == "trace" else None,
+            "trace": list(self.trace.times) if replays else None,
+            "columns": {c: list(self.trace.columns[c]) for c in columns if c in self.trace.columns} if replays else {},
         }
 
     @classmethod
     def from_message(cls, message: dict, arrivals: Arrivals) -> FleetSchedule:
         times = message.pop("trace", None)
-        trace = Trace(arrivals.trace, tuple(times), {}) if times is not None else None
+        columns = {name: tuple(values) for name, values in message.pop("columns", {}).items()}
+        trace = Trace(arrivals.trace, tuple(times), columns) if times is not None else None
         return cls(**message, trace=trace)
 
 
@@ -292,6 +316,11 @@ class Trace:
         for lap in itertools.count():
             for t in self.times[first if lap == 0 else 0 :]:
                 yield (t - start_s + lap * period) * scale
+
+    def rows(self, start_s: float = 0.0) -> Iterator[int]:
+        """The index of each request replay() yields, in its order (a column's value of each replayed request)."""
+        first = bisect.bisect_left(self.times, start_s)
+        return itertools.chain(range(first, len(self.times)), itertools.cycle(range(len(self.times))))
 
     def per_second(self, rate: float, start_s: float, seconds: int) -> list[int]:
         """Requests in each second of a replay at `rate` from `start_s`, for `seconds` (to compare a run with)."""

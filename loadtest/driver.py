@@ -171,9 +171,11 @@ class LoadDriver:
             "payload": asdict(self.plan.workload.payload),
             "route": self.route,
         }
-        self.state.update({**message, "schedule": schedule.as_message(self.plan.schedule.arrivals)})
+        sizes = self.plan.workload.payload.size_spec
+        columns = (sizes.column,) if sizes.kind == "trace" else ()
+        self.state.update({**message, "schedule": schedule.as_message(self.plan.schedule.arrivals, columns)})
         for index, client_id in enumerate(live if self.distributed else []):
-            own = replace(schedule, process=index).as_message(self.plan.schedule.arrivals)
+            own = replace(schedule, process=index).as_message(self.plan.schedule.arrivals, columns)
             self.runner.send_message(users.LOAD_MESSAGE, {**message, "schedule": own}, client_id=client_id)
 
     @property

@@ -3,9 +3,10 @@ text deployment's BYTES input), as JSON tensors or with the binary tensor extens
 
 from __future__ import annotations
 
+import math
 import random
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +14,12 @@ import orjson
 
 from latlab.loadtest.plan import PayloadOptions
 from latlab.loadtest.sentences import sentence, token_length
+from latlab.loadtest.sizes import max_length
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 JSON_HEADERS = {"Content-Type": "application/json"}
+MIN_SENTENCE_TOKENS = 3
+"""[CLS], a word and [SEP]: the shortest sentence (sentences.py)."""
 MAX_BODIES = 32
 BODY_BUDGET_BYTES = 16 * 2**20
 """Bodies kept per user: a 3x224x224 image is 0.6 MB binary, ~3 MB as JSON text; a few are enough
@@ -56,10 +60,23 @@ def random_bodies(metadata: dict, seed: int, options: PayloadOptions = PayloadOp
     if options.text:
         require_text(metadata)
     rng = np.random.default_rng(seed)
+    sizes = options.size_spec
+    if sizes.varies and sizes.kind != "trace":  # a trace's sizes come with its rows (users.py); these stand for it
+        cap = max_length(metadata)
+        draws = sizes.draws(seed)
+        return [sized_body(metadata, rng, options, min(next(draws), cap or math.inf)) for _ in range(MAX_BODIES)]
     bodies = [_body(metadata, rng, options)]
     count = max(1, min(MAX_BODIES, BODY_BUDGET_BYTES // max(len(bodies[0].data), 1)))
     bodies += [_body(metadata, rng, options) for _ in range(count - 1)]
     return bodies
+
+
+def sized_body(metadata: dict, rng: np.random.Generator, options: PayloadOptions, size: int) -> Body:
+    """A valid infer body of batch 1 whose dynamic axes after the batch are `size` long (a text input: sentences of
+    `size` tokens, at least the 3 a sentence takes)."""
+    if any(spec["datatype"] == "BYTES" for spec in metadata["inputs"]):
+        size = max(size, MIN_SENTENCE_TOKENS)
+    return _body(metadata, rng, replace(options, seq_len=size, seq_len_max=0, sizes=""))
 
 
 def require_text(metadata: dict) -> None:

@@ -19,7 +19,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from latlab.common.user_input import Slos, UserError
+from latlab.loadtest.arrivals import load_trace
 from latlab.loadtest.schedule import Schedule, SloSearch
+from latlab.loadtest.sizes import AXIS, SPEC_HELP, Sizes
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,13 @@ class PayloadOptions:
     inputs: str = ""
     """An .npz file of sample inputs sent instead of random ones, one request per row (payloads.sample_bodies);
     "" for random inputs. It must exist where each load-generator process runs."""
+    sizes: str = ""
+    """Each request's size along the dynamic axes (`--dim seq=SPEC`, sizes.py): "" for seq_len (up to seq_len_max)."""
+
+    @property
+    def size_spec(self) -> Sizes:
+        """The sizes requests are sent at (sizes.py)."""
+        return Sizes.of(self.seq_len, self.seq_len_max, self.sizes)
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,16 @@ class Workload:
             raise UserError(f"--seq-len-max ({payload.seq_len_max}) must be at least --seq-len ({payload.seq_len})")
         if payload.inputs and payload.text:
             raise UserError("--inputs and --text do not combine: a sample file holds tensors, --text sends sentences")
+        if payload.sizes:
+            sizes = payload.size_spec
+            if payload.seq_len_max:
+                raise UserError(f"--dim {AXIS}={sizes.spec} and --seq-len-max both size the requests: give one")
+            if payload.inputs:
+                raise UserError(f"--dim {AXIS}={sizes.spec} sizes generated requests; --inputs sends the file's own")
+            if payload.text and sizes.kind != "trace" and sizes.low < 3:
+                raise UserError(
+                    f"--text: a sentence needs at least 3 tokens, but --dim {AXIS}={sizes.spec} starts lower"
+                )
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -96,6 +115,15 @@ class Workload:
             help="above --seq-len: each sentence's length drawn uniformly from --seq-len..this many tokens",
         )
         parser.add_argument(
+            "--dim",
+            action="append",
+            default=[],
+            metavar=f"{AXIS}=SPEC",
+            help=f"each request's size along the dynamic axes after the batch (a text request's tokens), drawn per "
+            f"request: {SPEC_HELP}; sizes above a text deployment's max_length are sent at it, and the run says how "
+            f"many",
+        )
+        parser.add_argument(
             "--inputs",
             type=Path,
             metavar="FILE.npz",
@@ -119,9 +147,27 @@ class Workload:
             text=args.text,
             seq_len_max=args.seq_len_max,
             inputs=str(args.inputs) if args.inputs is not None else "",
+            sizes=_sizes_option(args.dim),
         )
         deployments = tuple(d for item in args.deployment or [] for d in item.split(",") if d)
         return cls(host=args.host or "", deployments=deployments, payload=payload)
+
+
+def _sizes_option(values: list[str]) -> str:
+    """The spec of `--dim seq=SPEC` ("" when not given); a load test sizes every dynamic axis as one."""
+    if not values:
+        return ""
+    if len(values) > 1:
+        raise UserError(
+            f"--dim is given {len(values)} times; a load test sizes every dynamic axis as one: --dim {AXIS}=SPEC"
+        )
+    key, sep, spec = values[0].partition("=")
+    if not sep or key.strip() != AXIS:
+        raise UserError(
+            f"--dim {values[0]!r}: write --dim {AXIS}=SPEC ({SPEC_HELP}); the server's metadata names no axes, so a "
+            f"load test sizes every dynamic axis after the batch as one"
+        )
+    return Sizes.parse(spec).spec
 
 
 DEFAULT_MASTER_PORT = 5557
@@ -310,6 +356,14 @@ class SweepPlan:
             raise UserError(OVERLOAD_NEEDS)
         if self.slo.slos and self.schedule.mode != "open":
             raise UserError("--slos brackets offered rates: it needs --mode open")
+        sizes, arrivals = self.workload.payload.size_spec, self.schedule.arrivals
+        if sizes.kind == "trace":
+            if self.schedule.mode != "open" or arrivals.kind != "trace":
+                raise UserError(
+                    f"--dim {AXIS}={sizes.spec} takes each request's size from the trace it replays: name it with "
+                    f"--trace FILE"
+                )
+            sizes.column_values(load_trace(arrivals.trace).columns, arrivals.trace)  # a bad column stops here
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:

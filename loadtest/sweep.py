@@ -31,6 +31,8 @@ from latlab.loadtest.describe import describe, extras_notice
 from latlab.loadtest.scrape import fetch, metrics_source
 from latlab.loadtest.search import SATURATED_BELOW, bracket_slos, open_slos, slo_search
 from latlab.loadtest.single import one_at_a_time
+from latlab.loadtest.sizes import max_length, truncation_line
+from latlab.loadtest.arrivals import load_trace
 from latlab.loadtest.step import LONGEST_WINDOW_S, measure_step, progress_line
 
 SERVER_BACK_S = 10.0  # after an interrupted step, how long to wait for the server to answer again
@@ -88,6 +90,7 @@ def run_sweep(
             "text": payload.text,
             "seq_len_max": payload.seq_len_max,
             **({"inputs": payload.inputs} if payload.inputs else {}),
+            **({"sizes": payload.sizes} if payload.sizes else {}),
         },
         slo_p99_s=plan.slo.p99_s,
     )
@@ -351,7 +354,22 @@ def _describe(plan: SweepPlan, deployment: str, progress: Callable[[str], None])
         info = {**info, "provider": provider, "provider_from": "--provider"}
     elif provider and str(info["provider"]).lower() != provider.lower():
         progress(f"{deployment}: --provider {provider} ignored: the server says {info['provider']}")
+    _say_truncation(plan, deployment, progress)
     return {**info, "server_metrics": source.as_dict()}
+
+
+def _say_truncation(plan: SweepPlan, deployment: str, progress: Callable[[str], None]) -> None:
+    """Where sizes vary and the deployment says its maximum (a text deployment's max_length): how many requests
+    would be longer, which the users send at the maximum."""
+    sizes, arrivals = plan.workload.payload.size_spec, plan.schedule.arrivals
+    if not sizes.varies:
+        return
+    metadata = fetch(plan.workload.host, f"/v2/models/{deployment}", timeout=10)
+    cap = max_length(metadata.json()) if metadata.status_code == 200 else 0
+    column = sizes.column_values(load_trace(arrivals.trace).columns, arrivals.trace) if sizes.kind == "trace" else ()
+    line = truncation_line(sizes, deployment, cap, column) if cap else None
+    if line:
+        progress(line)
 
 
 def _wait_for_server(host: str, deployment: str, step: Step, progress: Callable[[str], None]) -> None:

@@ -6,6 +6,7 @@ The locustfiles (`locustfile.py`, `locustfile_closed.py`) each expose one of the
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import time
@@ -15,6 +16,7 @@ from urllib.parse import urlsplit
 
 import gevent
 import locust.runners
+import numpy as np
 from gevent.pool import Group
 from locust import FastHttpUser, events, task
 from locust.runners import MasterRunner, WorkerRunner
@@ -22,9 +24,11 @@ from locust.runners import MasterRunner, WorkerRunner
 from latlab.loadtest.arrivals import SPEC_HELP, Arrivals, FleetSchedule
 from latlab.loadtest.fleet_cpu import FleetCpu, cpu_reading
 from latlab.loadtest.lean_http import LeanClient
-from latlab.loadtest.payloads import Body, request_bodies
+from latlab.loadtest.payloads import BODY_BUDGET_BYTES, Body, request_bodies, sized_body
 from latlab.loadtest.plan import PayloadOptions
 from latlab.loadtest.recorder import Recorder
+from latlab.loadtest.sizes import SPEC_HELP as SIZES_HELP
+from latlab.loadtest.sizes import Sizes, max_length
 
 MAX_OUTSTANDING_PER_USER = 256
 SPIN_S = 0.0012
@@ -33,6 +37,9 @@ which wakes up to a millisecond late (epoll's whole milliseconds, plus a margin)
 SPIN_SHARE = 0.25
 """At most this share of a core spent so (the process's rate times SPIN_S): on a machine the generator shares
 with the server, a punctual send must not cost the server its CPU."""
+SIZED_BUDGET_BYTES = 4 * BODY_BUDGET_BYTES
+"""Bodies of sizes drawn per request kept per user: a text deployment's sizes end at its max_length, so all are
+kept; past this (long tensors of many sizes) the kept ones are dropped and built again as they come."""
 LOAD_MESSAGE = "latlab_load"
 # Workers ship their samples with each report; once a second keeps the master's windows current.
 locust.runners.WORKER_REPORT_INTERVAL = 1.0
@@ -82,6 +89,10 @@ class LoadState:
             self.schedule = FleetSchedule(self.rate, random.randrange(2**32), time.time(), users=max(users, 1))
         return self.schedule.times(self.arrivals, self.senders.index(sender))
 
+    def sizes_for(self, sender: object) -> Iterator[int]:
+        """The sizes of one of this process's senders' requests, in the order of its times_for() (after it)."""
+        return self.schedule.sizes(self.payload.size_spec, self.arrivals, self.senders.index(sender))
+
 
 @events.init_command_line_parser.add_listener
 def _add_arguments(parser) -> None:
@@ -101,6 +112,11 @@ def _add_arguments(parser) -> None:
         type=int,
         default=0,
         help="above --latlab-seq-len: sentence lengths drawn uniformly up to this many tokens",
+    )
+    parser.add_argument(
+        "--latlab-sizes",
+        default="",
+        help=f"each request's size along the dynamic axes, drawn per request: {SIZES_HELP}",
     )
     parser.add_argument(
         "--latlab-text",
@@ -153,6 +169,7 @@ def _init_state(environment, **_kwargs) -> None:
                 options.latlab_text,
                 options.latlab_seq_len_max,
                 options.latlab_inputs,
+                Sizes.parse(options.latlab_sizes).spec if options.latlab_sizes else "",
             )
     state: LoadState = environment.latlab
     if isinstance(environment.runner, WorkerRunner):
@@ -214,9 +231,14 @@ class _InferenceUser(FastHttpUser):
             self.method, self.path, self.bodies = "GET", self.state.route, [Body(b"", {})]
         else:
             self.method, self.path = "POST", f"/v2/models/{self.deployment}/infer"
-            metadata = self.client.get(f"/v2/models/{self.deployment}", name="metadata").json()
-            self.bodies = request_bodies(metadata, seed=random.randrange(2**32), options=self.state.payload)
+            self.metadata = self.client.get(f"/v2/models/{self.deployment}", name="metadata").json()
+            self.bodies = request_bodies(self.metadata, seed=random.randrange(2**32), options=self.state.payload)
         self.rng = random.Random()
+        self.sized = not self.state.route and self.state.payload.size_spec.varies
+        """Requests of sizes drawn per request (--dim seq=SPEC): bodies by size, built as each size first comes."""
+        self.by_size: dict[int, tuple[Body, object]] = {}
+        self.size_bytes = 0
+        self.cap = max_length(self.metadata) if self.sized else 0
         # Infer requests go through the lean client, encoded once (lean_http.py), where it can reach the host;
         # Locust's FastHttpSession otherwise (https) or when asked for.
         self.lean = None
@@ -224,21 +246,41 @@ class _InferenceUser(FastHttpUser):
             self.lean = LeanClient(self.host, self.network_timeout, self.connection_timeout)
             self.requests = [self.lean.prepare(self.method, self.path, b.data, b.headers) for b in self.bodies]
 
+    def _sized(self, size: int) -> tuple[Body, object]:
+        """The body of `size` (capped at the deployment's maximum) and its prepared lean request, built once; the
+        bodies kept stay within a few times BODY_BUDGET_BYTES."""
+        size = min(size, self.cap) if self.cap else size
+        found = self.by_size.get(size)
+        if found is None:
+            if self.size_bytes > SIZED_BUDGET_BYTES:
+                self.by_size.clear()
+                self.size_bytes = 0
+            body = sized_body(self.metadata, np.random.default_rng(self.rng.randrange(2**32)), self.state.payload, size)
+            lean = self.lean.prepare(self.method, self.path, body.data, body.headers) if self.lean is not None else None
+            found = self.by_size[size] = (body, lean)
+            self.size_bytes += len(body.data)
+        return found
+
     def on_stop(self) -> None:
         if self.lean is not None:
             self.lean.close()
 
-    def _send(self, intended: float) -> None:
+    def _send(self, intended: float, size: int = 0) -> None:
+        """One request, of `size` along its dynamic axes where sizes vary (else one of the user's bodies)."""
         recorder = self.state.recorder
         sent = time.time()
         key = recorder.begin(intended, sent)
-        which = self.rng.randrange(len(self.bodies))
+        if size:
+            body, prepared = self._sized(size)
+        else:
+            which = self.rng.randrange(len(self.bodies))
+            body, prepared = self.bodies[which], self.requests[which] if self.lean is not None else None
         status, retry_after, received, error, failure = 0, False, 0, "", None
         try:
             if self.lean is not None:
-                status, retry_after, received, failure = self._post_lean(which)
+                status, retry_after, received, failure = self._post_lean(prepared)
             else:
-                status, retry_after, received, error = self._post_locust(which)
+                status, retry_after, received, error = self._post_locust(body)
         except Exception as exc:  # no HTTP answer (refused, reset, timed out): status 0
             error = type(exc).__name__
             failure = RequestFailed(f"no answer: {exc!r}")
@@ -257,16 +299,16 @@ class _InferenceUser(FastHttpUser):
                 url=self.path,
             )
 
-    def _post_lean(self, which: int) -> tuple[int, bool, int, Exception | None]:
-        answer = self.lean.send(self.requests[which])
+    def _post_lean(self, prepared: object) -> tuple[int, bool, int, Exception | None]:
+        answer = self.lean.send(prepared)
         failure = None
         if answer.status != 200:
             failure = RequestFailed(f"HTTP {answer.status}: {answer.body[:200].decode('utf-8', 'replace')}")
         return answer.status, bool(answer.headers.get("retry-after")), len(answer.body), failure
 
-    def _post_locust(self, which: int) -> tuple[int, bool, int, str]:
+    def _post_locust(self, body: Body) -> tuple[int, bool, int, str]:
         """Through Locust's client, which reports to Locust's statistics itself."""
-        body, error = self.bodies[which], ""
+        error = ""
         with self.client.request(
             self.method, self.path, data=body.data, headers=body.headers, name=self.deployment, catch_response=True
         ) as response:
@@ -312,13 +354,15 @@ class OpenLoopUser(_InferenceUser):
         while True:
             version = state.version
             users = self.environment.runner.target_user_count if self.environment.runner else 1
-            for intended in state.times_for(self, users or 1):
+            times = state.times_for(self, users or 1)
+            sizes = state.sizes_for(self) if self.sized else itertools.repeat(0)
+            for intended, size in zip(times, sizes):
                 if not self._wait_until(intended, version):
                     break  # the load changed: the new schedule from its own origin
                 if len(self.inflight) >= MAX_OUTSTANDING_PER_USER:
                     state.recorder.drop(intended)
                     continue
-                self.inflight.spawn(self._send, intended)
+                self.inflight.spawn(self._send, intended, size)
 
     def _wait_until(self, when: float, version: int) -> bool:
         """Sleep until `when` in short slices; False if the load changed from `version`, the one `when` was
@@ -342,6 +386,10 @@ class ClosedLoopUser(_InferenceUser):
     """Locust's native model: the next request leaves when the last one returned (no think time).
     Under a stall it simply stops sending, so its percentiles understate the stall."""
 
+    def on_start(self) -> None:
+        super().on_start()
+        self.sizes = self.state.payload.size_spec.draws(self.rng.randrange(2**32)) if self.sized else None
+
     @task
     def request(self) -> None:
-        self._send(time.time())
+        self._send(time.time(), next(self.sizes) if self.sizes is not None else 0)

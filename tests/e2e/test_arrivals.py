@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from latlab.loadtest.arrivals import Arrivals, load_trace
 from latlab.loadtest.results import Step
@@ -111,3 +112,26 @@ def test_a_bad_trace_stops_the_run_in_one_line_before_any_load(tmp_path):
         .endswith("row 3: its timestamp is earlier than the row before's: the trace must be sorted")
     )
     assert not model.arrived and not (tmp_path / "out").exists()
+
+
+def test_a_replayed_trace_sends_each_request_at_its_rows_size(tmp_path):
+    """Sizes from the trace's ContextTokens, row for row with the times replayed: what reached the server follows
+    the column over the replayed span (two-sample KS), and not a column drawn from elsewhere."""
+    start_s, rate, model = 1200.0, 100.0, StubModel(dynamic=True)
+    with stub_server(model) as host:
+        run = loadtest(
+            host,
+            tmp_path,
+            *("--trace", str(TRACE), "--trace-rate", f"{rate:g}", "--trace-start", f"{start_s:g}"),
+            *("--dim", "seq=trace:ContextTokens", "--workers", "2"),
+            *STEP,
+        )
+    assert run.payload["sizes"] == "trace:ContextTokens"
+    trace = load_trace(TRACE)
+    rows = list(itertools.islice(trace.rows(start_s), len(model.sizes)))
+    replayed = np.array([trace.columns["ContextTokens"][row] for row in rows])
+    assert stats.ks_2samp(model.sizes, replayed).pvalue > 0.001
+    shifted = np.array(
+        [trace.columns["ContextTokens"][row] for row in itertools.islice(trace.rows(0.0), 4 * len(rows))]
+    )
+    assert stats.ks_2samp(model.sizes, np.sort(shifted)[len(shifted) // 2 :]).pvalue < 1e-6  # the test tells them apart

@@ -162,3 +162,33 @@ def test_plain_locust_with_the_shipped_locustfile_sends_sentences(host: str, tmp
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert preprocess(host, "count") - before >= 20  # ~60 sentences in 3 s at 20/s, all tokenized
+
+
+def text_run(host: str, out: Path, *options: str) -> tuple[subprocess.CompletedProcess, object]:
+    result = subprocess.run(
+        [*CLI, "loadtest", "--host", host, "--deployment", "text", "--text", "--rates", "200"]
+        + ["--step-seconds", "2", "--warmup-seconds", "0.5", "--max-windows", "3", "--calibrate-seconds", "0"]
+        + ["--out", str(out), *options],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (doc,) = read_results(out / "results.json")
+    return result, doc
+
+
+def test_sentences_of_drawn_lengths_are_capped_at_max_length_said_and_padded_in_batches(
+    host: str, tmp_path: Path
+) -> None:
+    """Log-normal token counts past the deployment's max_length (64): the run says how many are sent at 64, and
+    the server's batches pad their shorter sentences (its padding counters, read into the step); sentences of
+    one length, the same server and rate, are padded not at all."""
+    result, doc = text_run(host, tmp_path / "drawn", "--dim", "seq=lognormal:16:160")
+    assert doc.payload["sizes"] == "lognormal:16:160"
+    assert "of the sizes lognormal:16:160 are above its maximum of 64 tokens" in result.stdout
+    (step,) = doc.deployments[0].steps
+    assert step.ok > 0 and not step.errors, step
+    assert step.server["padded_position_share"] > 0
+    _, fixed = text_run(host, tmp_path / "fixed", "--seq-len", "16")
+    assert fixed.deployments[0].steps[0].server["padded_position_share"] == 0  # none padded

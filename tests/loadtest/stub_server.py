@@ -36,6 +36,7 @@ METADATA = {
     "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
     "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 4]}],
 }
+DYNAMIC_METADATA = {**METADATA, "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, -1]}]}
 CONFIG = {"name": "m", "model": "stub", "provider": "cpu", "batcher": {"max_batch_size": 1}}
 SERVER = {"name": "stub-oip", "version": "0.1", "extensions": []}
 TRITON_METRICS = Path(__file__).with_name("triton_metrics.txt")
@@ -66,7 +67,8 @@ def advance(text: str, model: str, add: dict[str, float]) -> str:
 class StubModel:
     """stall_every/stall_for: every `stall_every` s, requests wait out a `stall_for` s stall;
     capacity: one request at a time, each taking 1/capacity s; slow_every/slow_for: every `slow_every`-th request
-    takes `slow_for` s, the others none (a known tail: exactly 1/slow_every of the answers are slow)."""
+    takes `slow_for` s, the others none (a known tail: exactly 1/slow_every of the answers are slow);
+    dynamic: its input's second axis is dynamic too, and `sizes` notes each request's size along it."""
 
     def __init__(
         self,
@@ -75,6 +77,7 @@ class StubModel:
         capacity: float = 0.0,
         slow_every: int = 0,
         slow_for: float = 0.0,
+        dynamic: bool = False,
     ) -> None:
         self.stall_every, self.stall_for, self.capacity = stall_every, stall_for, capacity
         self.slow_every, self.slow_for = slow_every, slow_for
@@ -82,6 +85,9 @@ class StubModel:
         self.lock = threading.Lock()
         self.next_free = 0.0
         self.served = 0
+        self.metadata = DYNAMIC_METADATA if dynamic else METADATA
+        self.sizes: list[int] = []
+        """Each infer request's size along the dynamic axis (a dynamic stub), as the server read it."""
         self.arrived: list[float] = []
         """When each infer request reached the server (time.time()): the arrivals as the server saw them."""
         self.triton = {"requests": 0, "request_us": 0, "input_us": 0, "infer_us": 0, "output_us": 0}
@@ -153,13 +159,15 @@ def _app(model: StubModel, standard_only: bool = False, triton_metrics_path: str
         elif path in ("/v2/health/ready", "/v2/health/live", "/v2/models/m/ready"):
             response = Response("", status=200)
         elif path == "/v2/models/m":
-            response = Response(json.dumps(METADATA), content_type="application/json")
+            response = Response(json.dumps(model.metadata), content_type="application/json")
         elif path == "/v2/models/m/config" and not standard_only:
             response = Response(json.dumps(CONFIG), content_type="application/json")
         elif path == "/v2/models/m/infer" and request.method == "POST":
             model.arrived.append(time.time())
             began = time.perf_counter()
-            request.get_data()
+            data = request.get_data()
+            if model.metadata is DYNAMIC_METADATA:
+                model.sizes.append(json.loads(data)["inputs"][0]["shape"][1])
             read = time.perf_counter()
             model.serve()
             served = time.perf_counter()
