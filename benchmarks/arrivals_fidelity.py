@@ -8,21 +8,26 @@ that notes when each request reached it, in one run:
 1. Gamma gaps of CV 0.5, 3 and 6 (and Poisson) at --rate: the CV of the gaps between requests as the generator
    sent them (the step's `arrival_cv`) and as the server received them, each over the asked CV; the generator's
    send lateness p50/p99.
-2. The shared Azure trace replayed at --trace-rate: the correlation of the server's per-second arrival counts
-   with the trace's own counts at that rate (the replay's shape), the achieved mean rate, and the lateness.
+2. The shared Azure trace replayed at --trace-rate with each request's size from its ContextTokens column
+   (`--dim seq=trace:ContextTokens`, to a stub that takes at most --max-length): the correlation of the server's
+   per-second arrival counts with the trace's own counts at that rate (the replay's shape), the achieved mean rate,
+   the lateness, and a two-sample KS test of the sizes the server received against the column over the replayed
+   rows, truncated at --max-length.
 Printed as ratios and correlations measured in this run; docs/measurement.md keeps the figures."""
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import tempfile
 from pathlib import Path
 
 import numpy as np
+from scipy import stats
 
 from latlab.loadtest import child
 from latlab.loadtest.arrivals import Arrivals, load_trace
-from latlab.loadtest.plan import SweepPlan, Workers, Workload
+from latlab.loadtest.plan import PayloadOptions, SweepPlan, Workers, Workload
 from latlab.loadtest.results import Step, read_results
 from latlab.loadtest.schedule import Schedule
 from tests.loadtest.stub_server import StubModel, stub_server
@@ -30,10 +35,12 @@ from tests.loadtest.stub_server import StubModel, stub_server
 TRACE = Path(__file__).parents[1] / "traces" / "AzureLLMInferenceTrace_conv.csv"
 
 
-def measured(arrivals: Arrivals, rate: float, seconds: float, out: Path, workers: int) -> tuple[Step, np.ndarray]:
-    """One step at `rate` under `arrivals` from `workers` Locust workers: the step and when each request reached
-    the server (the warm-up's and the step's)."""
-    model = StubModel()
+def measured(
+    arrivals: Arrivals, rate: float, seconds: float, out: Path, workers: int, sizes: str = "", max_length: int = 0
+) -> tuple[Step, np.ndarray, list[int]]:
+    """One step at `rate` under `arrivals` from `workers` Locust workers (each request sized by `sizes`): the step,
+    when each request reached the server (the warm-up's and the step's), and the sizes it received."""
+    model = StubModel(dynamic=bool(sizes), max_length=max_length)
     with stub_server(model) as host:
         schedule = Schedule(
             loads=(rate,),
@@ -44,10 +51,11 @@ def measured(arrivals: Arrivals, rate: float, seconds: float, out: Path, workers
             calibrate_seconds=0.0,
             stop_at_saturation=False,
         )
-        plan = SweepPlan(Workload(host, ("m",)), schedule, workers=Workers(local=workers))
+        workload = Workload(host, ("m",), PayloadOptions(sizes=sizes))
+        plan = SweepPlan(workload, schedule, workers=Workers(local=workers))
         results = child.run(plan, out, log_path=out.parent / f"{out.name}.log")
     (step,) = read_results(results)[0].deployments[0].steps
-    return step, np.sort(np.asarray(model.arrived))
+    return step, np.sort(np.asarray(model.arrived)), model.sizes
 
 
 def cv(times: np.ndarray) -> float:
@@ -61,13 +69,14 @@ def main() -> None:
     parser.add_argument("--trace-rate", type=float, default=200.0)
     parser.add_argument("--seconds", type=float, default=12.0, help="each step's measured seconds")
     parser.add_argument("--workers", type=int, default=2, help="Locust worker processes")
+    parser.add_argument("--max-length", type=int, default=2048, help="the stub's largest size (the trace's is cut)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="latlab-arrivals-"))
     print(f"{args.workers} Locust workers, {args.seconds:g} s steps; work in {work}")
     for spec in ("poisson", "gamma:0.5", "gamma:3", "gamma:6"):
         arrivals = Arrivals.parse(spec)
         asked = arrivals.expected_cv(args.rate)
-        step, arrived = measured(arrivals, args.rate, args.seconds, work / spec.replace(":", "-"), args.workers)
+        step, arrived, _ = measured(arrivals, args.rate, args.seconds, work / spec.replace(":", "-"), args.workers)
         print(
             f"  {spec:>9} at {args.rate:g} req/s: offered {step.offered_rps:.0f}/s; CV scheduled "
             f"{step.intended_cv:.2f} ({step.intended_cv / asked:.3f}x asked), as sent {step.arrival_cv:.2f} "
@@ -77,7 +86,9 @@ def main() -> None:
         )
     trace = load_trace(TRACE)
     arrivals = Arrivals("trace", trace=str(TRACE))
-    step, arrived = measured(arrivals, args.trace_rate, args.seconds, work / "trace", args.workers)
+    step, arrived, sizes = measured(
+        arrivals, args.trace_rate, args.seconds, work / "trace", args.workers, "trace:ContextTokens", args.max_length
+    )
     seconds = int(arrived[-1] - arrived[0])
     server = np.bincount((arrived - arrived[0]).astype(int))[:seconds]
     asked = trace.per_second(args.trace_rate, 0.0, seconds)
@@ -87,6 +98,15 @@ def main() -> None:
         f"({len(arrived) / (arrived[-1] - arrived[0]):.0f}/s); per-second counts against the trace's at that rate: "
         f"correlation {correlation:.3f} over {seconds} s; sent late p50 {step.send_lateness_p50_s * 1e3:.2f} ms, "
         f"p99 {step.send_lateness_p99_s * 1e3:.2f} ms"
+    )
+    rows = itertools.islice(trace.rows(0.0), len(sizes))
+    column = np.minimum([trace.columns["ContextTokens"][row] for row in rows], args.max_length)
+    test = stats.ks_2samp(sizes, column)
+    print(
+        f"  trace sizes: {len(sizes)} requests, p50 {np.median(sizes):.0f} p99 {np.percentile(sizes, 99):.0f} at "
+        f"the server, {np.median(column):.0f} / {np.percentile(column, 99):.0f} in the replayed rows truncated at "
+        f"{args.max_length} ({float((column >= args.max_length).mean()):.1%} at it); two-sample KS D "
+        f"{test.statistic:.4f}, p-value {test.pvalue:.3f}"
     )
 
 

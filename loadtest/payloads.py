@@ -79,6 +79,11 @@ def sized_body(metadata: dict, rng: np.random.Generator, options: PayloadOptions
     return _body(metadata, rng, replace(options, seq_len=size, seq_len_max=0, sizes=""))
 
 
+def sizeable(metadata: dict) -> bool:
+    """Whether a request's size can vary: an input with a dynamic axis after the batch, or text."""
+    return any(spec["datatype"] == "BYTES" or any(d < 0 for d in spec["shape"][1:]) for spec in metadata["inputs"])
+
+
 def require_text(metadata: dict) -> None:
     """ValueError naming the model unless it takes text (a BYTES input: a text deployment's sentences)."""
     if not any(spec["datatype"] == "BYTES" for spec in metadata["inputs"]):

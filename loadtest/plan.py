@@ -147,13 +147,13 @@ class Workload:
             text=args.text,
             seq_len_max=args.seq_len_max,
             inputs=str(args.inputs) if args.inputs is not None else "",
-            sizes=_sizes_option(args.dim),
+            sizes=sizes_option(args.dim),
         )
         deployments = tuple(d for item in args.deployment or [] for d in item.split(",") if d)
         return cls(host=args.host or "", deployments=deployments, payload=payload)
 
 
-def _sizes_option(values: list[str]) -> str:
+def sizes_option(values: list[str]) -> str:
     """The spec of `--dim seq=SPEC` ("" when not given); a load test sizes every dynamic axis as one."""
     if not values:
         return ""

@@ -186,7 +186,9 @@ class Run:
             deployment.run_id = self.run_id
             deployment.reference = self.reference
             deployment.generator_floor = self.generator_floor
-            deployment.traffic = self.arrivals or "poisson"
+            deployment.traffic = (self.arrivals or "poisson") + (
+                f", sizes {self.payload['sizes']}" if self.payload and self.payload.get("sizes") else ""
+            )
             deployment.machine = deployment.machine or self.machine
         return self
 

@@ -24,7 +24,7 @@ from locust.runners import MasterRunner, WorkerRunner
 from latlab.loadtest.arrivals import SPEC_HELP, Arrivals, FleetSchedule
 from latlab.loadtest.fleet_cpu import FleetCpu, cpu_reading
 from latlab.loadtest.lean_http import LeanClient
-from latlab.loadtest.payloads import BODY_BUDGET_BYTES, Body, request_bodies, sized_body
+from latlab.loadtest.payloads import BODY_BUDGET_BYTES, Body, request_bodies, sizeable, sized_body
 from latlab.loadtest.plan import PayloadOptions
 from latlab.loadtest.recorder import Recorder
 from latlab.loadtest.sizes import SPEC_HELP as SIZES_HELP
@@ -234,7 +234,7 @@ class _InferenceUser(FastHttpUser):
             self.metadata = self.client.get(f"/v2/models/{self.deployment}", name="metadata").json()
             self.bodies = request_bodies(self.metadata, seed=random.randrange(2**32), options=self.state.payload)
         self.rng = random.Random()
-        self.sized = not self.state.route and self.state.payload.size_spec.varies
+        self.sized = not self.state.route and self.state.payload.size_spec.varies and sizeable(self.metadata)
         """Requests of sizes drawn per request (--dim seq=SPEC): bodies by size, built as each size first comes."""
         self.by_size: dict[int, tuple[Body, object]] = {}
         self.size_bytes = 0

@@ -114,8 +114,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="NAME=SIZE",
-        help="size of a dynamic axis other than the batch, e.g. --dim seq=128 (an unnamed axis: "
-        "--dim INPUT:AXIS=SIZE); repeat for several",
+        help="your model: size of a dynamic axis other than the batch, e.g. --dim seq=128 (an unnamed axis: "
+        "--dim INPUT:AXIS=SIZE); repeat for several. The zoo: --dim seq=SPEC sizes each request along its "
+        "dynamic axes (a text request's tokens), drawn per request: N, uniform:LO:HI, lognormal:P50:P99 or "
+        "trace:COLUMN (with a --traffic trace)",
     )
     own.add_argument("--providers", help="e.g. cpu,cuda (default: every provider that loads on this machine)")
     own.add_argument(
@@ -137,9 +139,9 @@ def cmd_lab(args: argparse.Namespace) -> None:
     from latlab.tune.lab_search import search_plan
 
     own = args.onnx is not None or args.module is not None or args.exported is not None
-    if not own and any(v for v in (args.name, args.inputs, args.dim, args.providers, args.rates)):
+    if not own and any(v for v in (args.name, args.inputs, args.providers, args.rates)):
         raise UserError(
-            "--name, --inputs, --dim, --providers and --rates are for your own model: "
+            "--name, --inputs, --providers and --rates are for your own model: "
             "give --onnx FILE, --module PKG.MOD:FACTORY or --model NAME"
         )
     if own and args.models:
@@ -172,6 +174,16 @@ def cmd_lab(args: argparse.Namespace) -> None:
         from latlab.loadtest.arrivals import parse_traffic
 
         plan = replace(plan, traffic=parse_traffic(args.traffic))
+    if not own and args.dim:  # the zoo's requests: sizes drawn per request along their dynamic axes
+        from latlab.loadtest.plan import sizes_option
+        from latlab.loadtest.sizes import Sizes
+
+        plan = replace(plan, sizes=sizes_option(args.dim))
+        if Sizes.parse(plan.sizes).kind == "trace" and any(a.kind != "trace" for a in plan.traffic):
+            raise UserError(
+                f"--dim seq={plan.sizes} takes each request's size from the trace it replays: every --traffic "
+                f"profile must be a trace (trace:FILE)"
+            )
     if args.resolution is not None:
         if not 0 < args.resolution < float("inf"):
             raise UserError(f"--resolution must be a positive fraction, e.g. 0.1, got {args.resolution:g}")

@@ -29,12 +29,14 @@ def start_server(config: Path, port: int, log_path: Path) -> tuple[subprocess.Po
     return server, observer_port
 
 
-def model_workload(model: ModelPlan, run_dir: Path, host: str, deployments: Iterable[str]) -> Workload:
-    """What every measurement of a model sends to its deployments: the model's request encoding and samples."""
+def model_workload(model: ModelPlan, run_dir: Path, host: str, deployments: Iterable[str], sizes: str = "") -> Workload:
+    """What every measurement of a model sends to its deployments: the model's request encoding and samples, or
+    requests of `sizes` along their dynamic axes (LabPlan.sizes; a sample file keeps its own)."""
     payload = PayloadOptions(
         binary=model.binary,
         seq_len=model.seq_len,
         inputs=str(samples_path(run_dir, model)) if model.samples is not None else "",
+        sizes=sizes if model.samples is None else "",
     )
     return Workload(host=host, deployments=tuple(deployments), payload=payload)
 

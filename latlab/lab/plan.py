@@ -151,6 +151,9 @@ class LabPlan:
     """Each model's deployments are swept under each of these arrival processes (`latlab lab --traffic`), the
     first into the model's folder, the others beside it; the report's verdict speaks of the first and says what
     each other one changed. The built-in plans sweep Poisson arrivals only: every other profile costs a sweep."""
+    sizes: str = ""
+    """Each request's size along the dynamic axes of the models that have them (`latlab lab --dim seq=SPEC`:
+    loadtest/sizes.py); "" for each model's seq_len."""
     bench: bool = True
     """Run `latlab bench --quick` on the plan's models first (batch-time curves for the prediction)."""
     cpu: CpuOptions = field(default_factory=lambda: CpuOptions.partial(allow_spinning=False))

@@ -276,7 +276,7 @@ def sweep_plan(
     processes. Past the model's rates it raises the load until each deployment saturates or its p99 passes twice
     the plan's largest SLO (beyond that no SLO of the report can change), then brackets every SLO of the plan."""
     return SweepPlan(
-        workload=model_workload(model, run_dir, host, plan.deployment_names(model)),
+        workload=model_workload(model, run_dir, host, plan.deployment_names(model), plan.sizes),
         schedule=step_schedule(
             plan,
             model.rates,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from latlab.lab.run import frontends_for, sweep_plan, write_config
@@ -83,3 +84,12 @@ def test_gpu_plans_run_front_ends_sized_to_the_machine(tmp_path: Path, plan: str
     ).read_text()
     assert (f"frontends = {frontends}" in text) == (frontends > 1)
     assert frontends_for(chosen, cpu_share(cores)) == frontends
+
+
+def test_the_zoos_requests_take_the_plans_sizes_and_a_sample_file_keeps_its_own(tmp_path: Path) -> None:
+    plan = replace(PLANS["quick"], sizes="lognormal:16:160")
+    (model, *_) = plan.models
+    sweep = sweep_plan(tmp_path, plan, model, "http://127.0.0.1:1", metrics_port=0)
+    assert sweep.workload.payload.sizes == "lognormal:16:160" and sweep.workload.payload.size_spec.varies
+    sampled = replace(model, samples={"x": np.zeros((2, 4), np.float32)})
+    assert sweep_plan(tmp_path, plan, sampled, "http://127.0.0.1:1", metrics_port=0).workload.payload.sizes == ""

@@ -198,7 +198,10 @@ def test_sources_and_options_are_checked_before_any_work(tmp_path, capsys) -> No
     assert "name one model" in lab(tmp_path, capsys, "--onnx", str(model), "--model", "mine")
     assert "must be letters, digits" in lab(tmp_path, capsys, "--onnx", str(model), "--name", "my model")
     assert "taken by the run folder's own" in lab(tmp_path, capsys, "--onnx", str(model), "--name", "prometheus")
-    assert "are for your own model" in lab(tmp_path, capsys, "--dim", "seq=4")
+    assert "are for your own model" in lab(tmp_path, capsys, "--rates", "4")
+    assert "write --dim seq=SPEC" in lab(tmp_path, capsys, "--dim", "x:1=4")  # the zoo's sizes: one spec for all
+    assert "not one of" in lab(tmp_path, capsys, "--dim", "seq=lognormal:5")
+    assert "every --traffic profile must be a trace" in lab(tmp_path, capsys, "--dim", "seq=trace:ContextTokens")
     assert "--models picks the plan's zoo models" in lab(tmp_path, capsys, "--onnx", str(model), "--models", "mlp")
     assert "--slo: cannot read" in lab(tmp_path, capsys, "--onnx", str(model), "--slo", "soon")
     assert "--price: cannot read" in lab(tmp_path, capsys, "--onnx", str(model), "--price", "cpu=cheap")

@@ -68,7 +68,8 @@ class StubModel:
     """stall_every/stall_for: every `stall_every` s, requests wait out a `stall_for` s stall;
     capacity: one request at a time, each taking 1/capacity s; slow_every/slow_for: every `slow_every`-th request
     takes `slow_for` s, the others none (a known tail: exactly 1/slow_every of the answers are slow);
-    dynamic: its input's second axis is dynamic too, and `sizes` notes each request's size along it."""
+    dynamic: its input's second axis is dynamic too, and `sizes` notes each request's size along it; max_length:
+    the most it takes along it, in its metadata (as a text deployment's)."""
 
     def __init__(
         self,
@@ -78,6 +79,7 @@ class StubModel:
         slow_every: int = 0,
         slow_for: float = 0.0,
         dynamic: bool = False,
+        max_length: int = 0,
     ) -> None:
         self.stall_every, self.stall_for, self.capacity = stall_every, stall_for, capacity
         self.slow_every, self.slow_for = slow_every, slow_for
@@ -86,6 +88,8 @@ class StubModel:
         self.next_free = 0.0
         self.served = 0
         self.metadata = DYNAMIC_METADATA if dynamic else METADATA
+        if max_length:  # says its maximum size as a text deployment does
+            self.metadata = {**self.metadata, "parameters": {"max_length": max_length}}
         self.sizes: list[int] = []
         """Each infer request's size along the dynamic axis (a dynamic stub), as the server read it."""
         self.arrived: list[float] = []
@@ -166,7 +170,7 @@ def _app(model: StubModel, standard_only: bool = False, triton_metrics_path: str
             model.arrived.append(time.time())
             began = time.perf_counter()
             data = request.get_data()
-            if model.metadata is DYNAMIC_METADATA:
+            if model.metadata["inputs"] is DYNAMIC_METADATA["inputs"]:
                 model.sizes.append(json.loads(data)["inputs"][0]["shape"][1])
             read = time.perf_counter()
             model.serve()
