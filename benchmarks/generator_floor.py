@@ -12,12 +12,17 @@ process's). Per step, from the results file:
   with no cost of its own would read, less the loopback hop), as its mean (exact: sum over count) and its
   p50/p99 (interpolated within the histogram's buckets, as Prometheus does);
 - the generator's added latency: reported minus direct, for the mean and for p50 and p99.
-One row per rate and round, rounds alternating the order of rates; the figures go to docs/measurement.md."""
+With `--timers timerfd,loop` every step runs once per way the generator waits for a send time (loadtest/timer.py:
+its timerfd, or the event loop's own timer, LATLAB_TIMER=loop, spinning out the last 1.2 ms below ~208 req/s per
+process), side by side against the same server. One row per rate, timer and round, rounds alternating the order;
+the figures go to docs/measurement.md."""
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import os
 import time
 from pathlib import Path
 
@@ -76,10 +81,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rates", default="50,200,1000")
     parser.add_argument("--step-seconds", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--timers", default="timerfd", help="comma-separated: timerfd, loop (each step once per timer)")
     parser.add_argument("--models-dir", type=Path, default=Path("models/bench"))
     parser.add_argument("--out", type=Path, default=Path("runs") / f"generator-floor-{time.strftime('%Y%m%d-%H%M%S')}")
     args = parser.parse_args(argv)
     rates = [float(r) for r in args.rates.split(",")]
+    timers = args.timers.split(",")
     work = args.out.resolve()
     work.mkdir(parents=True, exist_ok=True)
     ffn = export_zoo(args.models_dir.resolve(), "ffn", "--d-model", "128", "--n-layers", "128")
@@ -87,16 +94,20 @@ def main(argv: list[str] | None = None) -> None:
     config = write_config(work / "ffn.toml", port, {"ffn-b1": (ffn, batching(1, 0.0))})
     rows = []
     print(
-        "rate  round  achieved | reported p50 p99 mean | sent late p50 p99 | direct p50 p99 mean | added p50 p99 mean"
+        "rate  round  timer   achieved | reported p50 p99 mean | sent late p50 p99 | direct p50 p99 mean | "
+        "added p50 p99 mean"
     )
     with serving(config, port, work / "server.log") as served:
         for k in range(args.rounds):
-            for rate in rates if k % 2 == 0 else rates[::-1]:
-                row = {"round": k, **step_row(served, "ffn-b1", work / f"r{k}-{rate:g}", rate, args.step_seconds)}
+            order = timers if k % 2 == 0 else timers[::-1]
+            for rate, timer in itertools.product(rates if k % 2 == 0 else rates[::-1], order):
+                os.environ["LATLAB_TIMER"] = timer  # the load test's processes inherit it
+                found = step_row(served, "ffn-b1", work / f"r{k}-{rate:g}-{timer}", rate, args.step_seconds)
+                row = {"round": k, "timer": timer, **found}
                 rows.append(row)
                 rep, late, direct, added = row["reported"], row["send_lateness"], row["direct"], row["added"]
                 print(
-                    f"{rate:5.0f} {k:5d} {row['achieved_rps']:9.0f} | {ms(rep['p50_s'])} {ms(rep['p99_s'])} "
+                    f"{rate:5.0f} {k:5d} {timer:>7} {row['achieved_rps']:9.0f} | {ms(rep['p50_s'])} {ms(rep['p99_s'])} "
                     f"{ms(rep['mean_s'])} | {ms(late['p50_s'])} {ms(late['p99_s'])} | {ms(direct['p50_s'])} "
                     f"{ms(direct['p99_s'])} {ms(direct['mean_s'])} | {ms(added['p50_s'])} {ms(added['p99_s'])} "
                     f"{ms(added['mean_s'])}",

@@ -29,11 +29,15 @@ from latlab.loadtest.plan import PayloadOptions
 from latlab.loadtest.recorder import Recorder
 from latlab.loadtest.sizes import SPEC_HELP as SIZES_HELP
 from latlab.loadtest.sizes import Sizes, max_length
+from latlab.loadtest.timer import Timer
 
 MAX_OUTSTANDING_PER_USER = 256
+HANDOFF_S = 0.002
+"""An open-loop arrival's last stretch of waiting is on the sender's timerfd (timer.py), which wakes it within
+tens of microseconds; before that, on the event loop's own timer, which wakes up to a millisecond late."""
 SPIN_S = 0.0012
-"""An open-loop arrival's last stretch of waiting is spent yielding to the event loop rather than on its timer,
-which wakes up to a millisecond late (epoll's whole milliseconds, plus a margin)."""
+"""Without a timerfd (not Linux): the last stretch is spent yielding to the event loop instead, which keeps
+reading answers meanwhile."""
 SPIN_SHARE = 0.25
 """At most this share of a core spent so (the process's rate times SPIN_S): on a machine the generator shares
 with the server, a punctual send must not cost the server its CPU."""
@@ -341,11 +345,15 @@ class OpenLoopUser(_InferenceUser):
     def on_start(self) -> None:
         super().on_start()
         self.inflight = Group()
+        self.timer = Timer.make()
 
     def on_stop(self) -> None:
         if self in self.state.senders:
             self.state.senders.remove(self)
         self.inflight.join(timeout=self.network_timeout)
+        if self.timer is not None:
+            self.timer.close()
+            self.timer = None
         super().on_stop()
 
     @task
@@ -367,11 +375,18 @@ class OpenLoopUser(_InferenceUser):
     def _wait_until(self, when: float, version: int) -> bool:
         """Sleep until `when` in short slices; False if the load changed from `version`, the one `when` was
         planned at. The event loop's timers wake up to a millisecond late (epoll waits in whole milliseconds),
-        and every latency counts from `when`: so the last SPIN_S are spent yielding to the loop (answers keep
-        being read) until `when`, where the process's rate keeps that spinning below SPIN_SHARE of a core; above
-        it the timer's lateness stays."""
+        and every latency counts from `when`: so the last HANDOFF_S are waited on the sender's timerfd. Without
+        one, the last SPIN_S are spent yielding to the loop (answers keep being read) until `when`, where the
+        process's rate keeps that spinning below SPIN_SHARE of a core; above it the timer's lateness stays."""
         if self.state.version != version:
             return False
+        if self.timer is not None:
+            while (delay := when - time.time()) > HANDOFF_S:
+                gevent.sleep(min(delay - HANDOFF_S, 0.25))
+                if self.state.version != version:
+                    return False
+            self.timer.wait_until(when)
+            return self.state.version == version
         spin = SPIN_S if self.state.rate * SPIN_S <= SPIN_SHARE else 0.0
         while (delay := when - time.time()) > spin:
             gevent.sleep(min(delay - spin, 0.25))
