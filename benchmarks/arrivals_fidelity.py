@@ -13,12 +13,15 @@ that notes when each request reached it, in one run:
    per-second arrival counts with the trace's own counts at that rate (the replay's shape), the achieved mean rate,
    the lateness, and a two-sample KS test of the sizes the server received against the column over the replayed
    rows, truncated at --max-length.
-Printed as ratios and correlations measured in this run; docs/measurement.md keeps the figures."""
+With `--timers timerfd,loop` each Gamma/Poisson step runs once per way the senders wait for a send time
+(loadtest/timer.py), side by side. Printed as ratios and correlations measured in this run; docs/measurement.md
+keeps the figures."""
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import tempfile
 from pathlib import Path
 
@@ -69,21 +72,25 @@ def main() -> None:
     parser.add_argument("--trace-rate", type=float, default=200.0)
     parser.add_argument("--seconds", type=float, default=12.0, help="each step's measured seconds")
     parser.add_argument("--workers", type=int, default=2, help="Locust worker processes")
+    parser.add_argument("--timers", default="timerfd", help="comma-separated: timerfd, loop (each step once per timer)")
     parser.add_argument("--max-length", type=int, default=2048, help="the stub's largest size (the trace's is cut)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="latlab-arrivals-"))
     print(f"{args.workers} Locust workers, {args.seconds:g} s steps; work in {work}")
-    for spec in ("poisson", "gamma:0.5", "gamma:3", "gamma:6"):
+    for spec, timer in itertools.product(("poisson", "gamma:0.5", "gamma:3", "gamma:6"), args.timers.split(",")):
         arrivals = Arrivals.parse(spec)
         asked = arrivals.expected_cv(args.rate)
-        step, arrived, _ = measured(arrivals, args.rate, args.seconds, work / spec.replace(":", "-"), args.workers)
+        os.environ["LATLAB_TIMER"] = timer  # the load test's processes inherit it
+        folder = work / f"{spec.replace(':', '-')}-{timer}"
+        step, arrived, _ = measured(arrivals, args.rate, args.seconds, folder, args.workers)
         print(
-            f"  {spec:>9} at {args.rate:g} req/s: offered {step.offered_rps:.0f}/s; CV scheduled "
+            f"  {spec:>9} {timer:>7} at {args.rate:g} req/s: offered {step.offered_rps:.0f}/s; CV scheduled "
             f"{step.intended_cv:.2f} ({step.intended_cv / asked:.3f}x asked), as sent {step.arrival_cv:.2f} "
             f"({step.arrival_cv / step.intended_cv:.3f}x scheduled), at the server {cv(arrived):.2f} "
             f"({cv(arrived) / step.intended_cv:.3f}x); sent late p50 {step.send_lateness_p50_s * 1e3:.2f} ms, "
             f"p99 {step.send_lateness_p99_s * 1e3:.2f} ms"
         )
+    os.environ.pop("LATLAB_TIMER", None)
     trace = load_trace(TRACE)
     arrivals = Arrivals("trace", trace=str(TRACE))
     step, arrived, sizes = measured(
