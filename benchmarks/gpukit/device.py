@@ -233,6 +233,12 @@ def lab_small(stage: Path, cap_s: float, rehearse: bool) -> None:
     _lab(stage, cap_s, "quick" if rehearse else "gpu-quick", ["--models", "mlp,ffn"], "lab-small")
 
 
+def lab_traffic(stage: Path, cap_s: float, rehearse: bool) -> None:
+    # P99 100 tokens: a length past minilm's 512 positions comes about once in a million requests
+    extra = ["--models", "minilm", "--traffic", "poisson,gamma:3", "--dim", "seq=lognormal:16:100"]
+    _lab(stage, cap_s, "gpu-serve-cpu" if rehearse else "gpu-serve", extra, "lab-traffic")
+
+
 def search(stage: Path, cap_s: float, rehearse: bool) -> None:
     # one side-by-side round and 1.5 minutes of search per model: both models inside one call's cap
     provider, minutes = ("cpu", "0.5") if rehearse else ("cuda", "1.5")
@@ -267,6 +273,7 @@ STEPS = {
     "buckets": buckets,
     "lab": lab,
     "lab-small": lab_small,
+    "lab-traffic": lab_traffic,
     "search": search,
     "frontends": frontends,
     "bench": bench,

@@ -94,6 +94,15 @@ SPECS = (
         ((Step("cuda", 30), Step("bench", 150), Step("lab-small", 300)),),
         ("bench/*.json", "lab-small/mlp/results.json", "lab-small/ffn/results.json"),
     ),
+    LegSpec(
+        5,
+        "traffic",
+        "minilm served on CUDA against the fair CPU baseline under Poisson and Gamma CV 3 arrivals, requests of "
+        "log-normal lengths (plan gpu-serve, --traffic poisson,gamma:3 --dim seq=lognormal:16:100): what "
+        "burstiness and padding do to each side",
+        ((Step("cuda", 30), Step("lab-traffic", 450)),),
+        ("lab-traffic/minilm/results.json", "lab-traffic/minilm/traffic-1/results.json"),
+    ),
 )
 
 
