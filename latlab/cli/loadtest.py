@@ -31,6 +31,7 @@ HELP_ORDER = (
     "--seq-len",
     "--text",
     "--seq-len-max",
+    "--dim",
     "--inputs",
     "--client",
     "--no-stop",
