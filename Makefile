@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml
 	@command -v prometheus >/dev/null || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus)) >/dev/null 2>&1 || echo "note: could not install Debian's prometheus; the lab runs without it"
 	# Debian's chromium renders the report in the browser test (tests/report/test_report_browser.py); optional for the lab.
 	@command -v chromium >/dev/null || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)) >/dev/null 2>&1 || echo "note: could not install Debian's chromium; the report's browser test will fail, the lab runs without it"
+	# Debian's haproxy is the load balancer of `latlab fleet` and its tests (tests/fleet); optional for the lab.
+	@command -v haproxy >/dev/null || test -x /usr/sbin/haproxy || (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq haproxy)) >/dev/null 2>&1 || echo "note: could not install Debian's haproxy; latlab fleet and its tests need it, the lab runs without it"
 	rm -f $(VENV)/.installed-* && touch $(STAMP)
 
 lab: $(STAMP)
