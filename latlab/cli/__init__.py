@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from latlab.cli import bench, doctor, export, fleet, lab, loadtest, report, serve, tune
+from latlab.cli import bench, doctor, export, fleet, lab, loadtest, plan, report, serve, tune
 from latlab.cli.options import apply_env_and_file
 from latlab.common.user_input import UserError
 
@@ -61,4 +61,5 @@ def _parser() -> argparse.ArgumentParser:
     doctor.add_parser(sub)
     tune.add_parser(sub)
     fleet.add_parser(sub)
+    plan.add_parser(sub)
     return parser

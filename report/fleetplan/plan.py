@@ -1,0 +1,169 @@
+"""The fleet plan of a lab run: the replica kinds it validated (or the committed GPU reference), the fleets made of
+them, each over the day of traffic, and the verdict."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from latlab.common.settings import BatcherSettings
+from latlab.common.user_input import UserError
+from latlab.report.fleetplan.autoscale import DEFAULT_COLD_START_S, Autoscaler
+from latlab.report.fleetplan.fleet import (
+    SECONDS_PER_FLEET,
+    FleetDay,
+    FleetSpec,
+    ReplicaKind,
+    Sizing,
+    Slo,
+    plan_fleets,
+    size_replica,
+    verdict,
+)
+from latlab.report.fleetplan.replica import ReplicaModel
+from latlab.report.fleetplan.traffic import DayTraffic
+from latlab.report.fleetplan.validate import validation_rows
+from latlab.report.predict import bench_fits
+
+GPU_BATCHER = BatcherSettings(max_batch_size=64, max_queue_delay_ms=2.0, max_queue_size=256)
+"""The batcher of a GPU replica planned from the reference bench (no GPU deployment measured): batches of up to
+64 formed within 2 ms."""
+TARGET_HELP = "inflight:N (Ray Serve's target_ongoing_requests, default 2) or util:U (U x one replica's SLO rate)"
+
+
+class PlanError(UserError):
+    """A plan that cannot be made from what it is given; the message says what is missing."""
+
+
+@dataclass
+class Plan:
+    """Everything the plan found, for the CLI and the report to show."""
+
+    traffic: DayTraffic
+    slo: Slo
+    kinds: list[ReplicaKind]
+    sizing: dict[str, Sizing]
+    days: list[FleetDay]
+    stride: int
+    validation: list[dict]
+    notes: list[str] = field(default_factory=list)
+    simulate_s: float = 0.0
+    """How long the fleets' day took to simulate (wall clock, to tell the simulator's speed)."""
+
+    @property
+    def verdict(self) -> str:
+        return verdict(self.days, self.slo)
+
+
+def check_target(target: str) -> str:
+    """The autoscaler target as given, once checked; PlanError otherwise."""
+    kind, _, value = target.partition(":")
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if kind not in ("inflight", "util") or not 0 < number < math.inf or (kind == "util" and number > 1):
+        raise PlanError(f"--target {target!r}: write {TARGET_HELP}")
+    return target
+
+
+def make_plan(
+    run_dir: Path,
+    traffic: DayTraffic,
+    slo: Slo,
+    prices: dict[str, float],
+    scaler: Autoscaler | None = None,
+    target: str = "inflight:2",
+    model: str | None = None,
+    use_off: bool = False,
+    budget_s: float = SECONDS_PER_FLEET,
+) -> Plan:
+    """The plan for one model of a run: validate its deployments, take the best usable one per provider (the
+    committed H100 reference where no GPU deployment was measured), size each, and run the fleets over the day."""
+    check_target(target)
+    notes: list[str] = []
+    rows = validation_rows(run_dir)
+    models = sorted({r["model"] for r in rows if r["model"]})
+    if not rows:
+        raise PlanError(f"{run_dir}: no deployment with server figures or a bench fit to model")
+    model = model or models[0]
+    if model not in models:
+        raise PlanError(f"--model {model!r}: the run measured {', '.join(models)}")
+    if len(models) > 1 and model == models[0]:
+        notes.append(f"planned for {model}, the first of the run's models ({', '.join(models)}); choose with --model")
+    kinds = []
+    cpu = _kind("cpu", [r for r in rows if r["model"] == model and r["provider"] == "cpu"], prices, use_off, notes)
+    if cpu is not None:
+        kinds.append(cpu)
+    gpu = _kind("gpu", [r for r in rows if r["model"] == model and r["provider"] == "cuda"], prices, use_off, notes)
+    if gpu is None:
+        gpu = _reference_gpu(model, cpu, prices, notes)
+    if gpu is not None:
+        kinds.append(gpu)
+    if not kinds:
+        raise PlanError(f"no usable replica model for {model}: every deployment's model is off (see --use-off)")
+    scaler = scaler or Autoscaler()
+    if scaler.cold_start_s == DEFAULT_COLD_START_S:
+        notes.append(f"cold start {DEFAULT_COLD_START_S:g} s, an assumption: the run measured none")
+    sizing = {k.name: size_replica(k.model, slo, traffic.cv, target) for k in kinds}
+    specs = fleet_specs(kinds, traffic, sizing)
+    started = time.perf_counter()
+    days, stride = plan_fleets(specs, traffic, slo, sizing, scaler, budget_s=budget_s)
+    return Plan(traffic, slo, kinds, sizing, days, stride, rows, notes, time.perf_counter() - started)
+
+
+def _kind(name: str, rows: list[dict], prices: dict, use_off: bool, notes: list[str]) -> ReplicaKind | None:
+    """The best usable deployment of a provider (the highest predicted rate under the loosest SLO checked)."""
+    usable = [r for r in rows if not r["off"]] or (rows if use_off else [])
+    if rows and not [r for r in rows if not r["off"]]:
+        said = "used anyway (--use-off)" if use_off else "not used"
+        notes.append(f"every {name} deployment's model is off by more than 20% of a measured rate: {said}")
+    if not usable:
+        return None
+    best = max(usable, key=lambda r: r["slos"][-1]["predicted_rps"])
+    price = _price(prices, name)
+    return ReplicaKind(name, best["replica"], price, f"{best['deployment']}: {best['source']}")
+
+
+def _price(prices: dict, name: str) -> float:
+    value = prices.get(name, prices.get("cuda" if name == "gpu" else name))
+    if not isinstance(value, (int, float)):
+        raise PlanError(f"--price needs {name}=USD per machine-hour (per-core prices do not price a replica)")
+    return float(value)
+
+
+def _reference_gpu(model: str, cpu: ReplicaKind | None, prices: dict, notes: list[str]) -> ReplicaKind | None:
+    """A GPU replica from the committed H100 bench of the same model, with the CPU deployment's serving work."""
+    from latlab.report.write import REFERENCE_DIR, read_bench  # here: only a plan without GPU data reads it
+
+    fit = next(
+        (f["fit"] for f in bench_fits(read_bench(REFERENCE_DIR)) if f["model"] == model and f["backend"] == "ort-cuda"),
+        None,
+    )
+    if fit is None:
+        notes.append(f"no GPU data: the run measured no GPU deployment and the H100 reference has no {model}")
+        return None
+    c_s = cpu.model.c_s if cpu is not None else 0.0
+    notes.append(
+        f"GPU replica from the committed H100 reference bench of {model} (report/reference/h100), not a measured "
+        "deployment: batches of up to 64 within 2 ms, the CPU deployment's serving work per request"
+    )
+    replica = ReplicaModel.of(fit.a_s, fit.b_s, c_s, GPU_BATCHER)
+    return ReplicaKind("gpu", replica, _price(prices, "gpu"), "H100 reference bench")
+
+
+def fleet_specs(kinds: list[ReplicaKind], traffic: DayTraffic, sizing: dict[str, Sizing]) -> list[FleetSpec]:
+    """Each kind alone, autoscaled; and each as a fixed base sized to the day's trough with the other autoscaled
+    for the rest (MArk's shape: a batching GPU base, elastic capacity for the peaks), and the reverse."""
+    specs = [FleetSpec(f"{k.name.upper()} only", k) for k in kinds]
+    trough = float(traffic.rates_rps.min())
+    for base in kinds:
+        for elastic in kinds:
+            if base is elastic or sizing[base.name].target_rps <= 0:
+                continue
+            count = max(1, math.floor(trough / sizing[base.name].target_rps))
+            name = f"{count} {base.name.upper()} base + {elastic.name.upper()} for peaks"
+            specs.append(FleetSpec(name, elastic, base, count))
+    return specs

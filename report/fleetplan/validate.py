@@ -1,0 +1,186 @@
+"""The replica model of each measured deployment, fitted to what the lab measured and checked against it: p99 at
+each measured rate and the highest rate under each SLO, off where the rate misses by more than OFF_BY."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from latlab.common.machine import key as machine_key
+from latlab.common.settings import BatcherSettings
+from latlab.loadtest.results import Curve, Run
+from latlab.report.fleetplan.fleet import highest_rate
+from latlab.report.fleetplan.replica import ReplicaModel, simulate
+from latlab.report.fleetplan.traffic import gamma_arrivals
+from latlab.report.predict import BatchTimeFit, FitError, bench_fits, matching_fit, request_overheads
+from latlab.report.rates import max_rate_under
+
+OFF_BY = 0.20
+"""A predicted rate further than this from the measured one (relative) is off, and the plan does not use it."""
+SLOS_S = (0.010, 0.025, 0.050, 0.100)
+VALIDATION_REQUESTS = 20_000
+BENCH_SOURCE = "bench batch-time fit + the machine's serving work per request"
+OWN_SOURCE = "fit of its own steps (server batch sizes and run times, capacity at its highest rate)"
+
+
+def curve_models(curve: Curve, fits: list[dict], overheads: dict[str, float]) -> list[tuple[ReplicaModel, str]]:
+    """The replica models of a deployment worth checking, each with where it comes from: the bench's batch-time fit
+    of its model where the bench ran the same model (FP32 export) on its machine, with the machine's serving work
+    per request (report/predict.py's); and a fit of its own steps' server figures."""
+    batcher = curve.batcher or BatcherSettings()
+    found = []
+    bench = matching_fit(curve, fits) if curve.variant is None else None
+    host = machine_key(curve.machine or {})
+    if bench is not None and host in overheads:
+        fit = bench["fit"]
+        c_s = overheads[host]
+        found.append((ReplicaModel.of(fit.a_s, fit.b_s, c_s, batcher), BENCH_SOURCE))
+    own = own_fit(curve)
+    if own is not None:
+        fit, c_s = own
+        found.append((ReplicaModel.of(fit.a_s, fit.b_s, c_s, batcher), OWN_SOURCE))
+    return found
+
+
+def own_fit(curve: Curve) -> tuple[BatchTimeFit, float] | None:
+    """t(n) = a + b·n from each step's mean batch size and the server's mean run time per request, and the serving
+    work per request c that makes the model's capacity the highest rate the deployment achieved (where the sweep
+    saturated it; else the server's time per request outside the queue and the run)."""
+    steps = [s for s in curve.steps if s.server and s.server.get("compute_s") and s.avg_batch_size]
+    if not steps:
+        return None
+    points = [(float(s.avg_batch_size), float(s.server["compute_s"])) for s in steps]
+    try:
+        fit = BatchTimeFit.from_points(points)
+    except FitError:  # one batch size (batching off): the run time is a constant
+        fit = BatchTimeFit(statistics.median(t for _, t in points), 0.0, len(points), int(points[0][0]))
+    top = max(steps, key=lambda s: s.achieved_rps)
+    instances = int((curve.batcher or BatcherSettings()).instances)
+    if curve.saturated and top.achieved_rps > 0:
+        n = float(top.avg_batch_size)
+        c_s = instances / top.achieved_rps - fit.time_s(n) / n
+    else:
+        outside = [
+            s.server["request_s"] - s.server.get("queue_s", 0.0) - s.server["compute_s"]
+            for s in steps
+            if s.server.get("request_s") is not None
+        ]
+        c_s = statistics.median(outside) if outside else 0.0
+    return fit, max(c_s, 0.0)
+
+
+def floor_p99_s(curve: Curve, rate: float) -> float:
+    """The load generator's own p99 round trip at `rate` (its floor, measured before the sweep), interpolated; 0
+    where the run did not measure it. Every measured latency includes it; the model's do not."""
+    points = sorted(
+        (r["achieved_rps"], r["p99_s"])
+        for r in (curve.generator_floor or {}).get("rates", [])
+        if r.get("p99_s") is not None and r.get("achieved_rps")
+    )
+    if not points:
+        return 0.0
+    return float(np.interp(rate, [p[0] for p in points], [p[1] for p in points]))
+
+
+def sent_cv(curve: Curve, rate: float) -> float:
+    """The burstiness the server was offered at `rate`: the CV of the gaps between requests as the generator sent
+    them (a loaded generator sends burstier than it intends), interpolated over the steps; 1 (Poisson) unsaid."""
+    points = sorted(
+        (s.achieved_rps, s.arrival_cv or s.intended_cv) for s in curve.steps if s.arrival_cv or s.intended_cv
+    )
+    if not points:
+        return 1.0
+    return float(np.interp(rate, [p[0] for p in points], [p[1] for p in points]))
+
+
+def predicted_p99_s(model: ReplicaModel, curve: Curve, rate: float, seed: int = 0) -> float:
+    """The model's p99 at `rate`, under the burstiness sent at that rate, with the generator's floor added."""
+    cv = sent_cv(curve, rate)
+    base = gamma_arrivals(1.0, cv, VALIDATION_REQUESTS * 1.02, np.random.default_rng(seed))[:VALIDATION_REQUESTS]
+    return simulate(base / rate, model).percentile_s(99) + floor_p99_s(curve, rate)
+
+
+def validate_curve(curve: Curve, model: ReplicaModel, source: str, slos_s=SLOS_S, seed: int = 0) -> dict:
+    """One deployment's check: p99 per measured step, the rate under each SLO, measured and predicted, and whether
+    the model is off (any SLO's rate further than OFF_BY from the measured one)."""
+    steps = [
+        {
+            "rate": s.achieved_rps,
+            "measured_p99_s": s.p99_s,
+            "predicted_p99_s": predicted_p99_s(model, curve, s.achieved_rps, seed),
+        }
+        for s in curve.steps
+        if s.p99_s is not None and s.achieved_rps > 0
+    ]
+    for step in steps:
+        step["error"] = _error(step["predicted_p99_s"], step["measured_p99_s"])
+    slos = []
+    for slo_s in slos_s:
+        best = max_rate_under(curve.steps, slo_s)
+        measured = best.achieved_rps if best is not None else 0.0
+        predicted = highest_rate(lambda r: predicted_p99_s(model, curve, r, seed) <= slo_s, model.capacity_rps())
+        error = _error(predicted, measured)
+        slos.append(
+            {
+                "slo_s": slo_s,
+                "measured_rps": measured,
+                "predicted_rps": predicted,
+                "error": error,
+                "off": abs(error) > OFF_BY,
+            }
+        )
+    return {
+        "deployment": curve.name,
+        "model": curve.model,
+        "provider": curve.provider,
+        "traffic": curve.traffic,
+        "cv": sent_cv(curve, max((s.achieved_rps for s in curve.steps), default=0.0)),
+        "source": source,
+        "replica": model,
+        "steps": steps,
+        "slos": slos,
+        "off": any(s["off"] for s in slos),
+    }
+
+
+def _error(predicted: float, measured: float | None) -> float:
+    """Relative error of a prediction; 0 when both are 0, infinite when only the measurement is."""
+    if measured is None or not math.isfinite(predicted):
+        return math.inf
+    if measured == 0:
+        return 0.0 if predicted == 0 else math.inf
+    return (predicted - measured) / measured
+
+
+def validation_rows(results: Path | str | tuple[list[Run], list[dict]], slos_s=SLOS_S) -> list[dict]:
+    """Every deployment of a lab run (a run folder, or its runs and bench documents as report.write.load_inputs
+    returns them) with its replica model and how far it is from what was measured (validate_curve's rows)."""
+    if isinstance(results, (str, Path)):
+        from latlab.report.write import load_inputs  # here: the report's reader, not needed by the simulator
+
+        runs, bench = load_inputs([Path(results)], None)
+    else:
+        runs, bench = results
+    curves = [c for run in runs for c in run.deployments if c.steps]
+    fits = bench_fits(bench)
+    overheads = request_overheads(curves, fits)
+    rows = []
+    for curve in curves:
+        checked = [
+            validate_curve(curve, model, source, slos_s=slos_s)
+            for model, source in curve_models(curve, fits, overheads)
+        ]
+        if checked:  # the closer of the fits is kept; the other's worst error is shown beside it
+            checked.sort(key=_worst)
+            rows.append(
+                {**checked[0], "others": [{"source": r["source"], "worst_error": _worst(r)} for r in checked[1:]]}
+            )
+    return rows
+
+
+def _worst(row: dict) -> float:
+    """The largest relative error of a row's SLO rates."""
+    return max((abs(s["error"]) for s in row["slos"]), default=math.inf)
