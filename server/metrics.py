@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from bisect import bisect_left
+from collections import Counter as Tally
 from typing import Iterator, Sequence
 
 import psutil
@@ -236,10 +238,9 @@ class DeploymentMetrics:
         self._metrics.rejections.labels(**self.labels, reason=reason).inc()
 
     def batch_done(self, size: int, queue_s: Sequence[float], compute_s: float, ok: bool) -> None:
-        for seconds in queue_s:
-            self._queue_duration.observe(seconds)
-        self._compute.observe(compute_s)
-        self._batch_size.observe(size)
+        observe_all(self._queue_duration, queue_s)
+        observe_all(self._compute, (compute_s,))
+        observe_all(self._batch_size, (size,))
         self._child(self._metrics.batches, "ok" if ok else "error").inc()
 
     def rows_run(self, rows: int, samples: int) -> None:
@@ -263,7 +264,7 @@ class DeploymentMetrics:
         self._metrics.preprocess_duration.labels(**self.labels).observe(seconds)
 
     def answered(self, outcome: str, seconds: float) -> None:
-        self.request_duration.observe(seconds)
+        observe_all(self.request_duration, (seconds,))
         self._child(self._metrics.requests, outcome).inc()
 
     def _child(self, counter: Counter, outcome: str) -> Counter:
@@ -272,6 +273,24 @@ class DeploymentMetrics:
         if child is None:
             child = self._outcomes[(counter, outcome)] = counter.labels(**self.labels, outcome=outcome)
         return child
+
+
+def observe_all(histogram: Histogram, amounts: Sequence[float]) -> None:
+    """Observe every amount into a labelled histogram exactly as Histogram.observe does one at a time (an amount
+    counts in the first bucket whose bound it does not exceed), with one write per bucket touched and one to the sum
+    for the lot. Each write takes a lock, and in multiprocess mode writes a file-backed value, so a batch's queue
+    times cost a few writes instead of two per request; the bucket is found by bisection, not the linear scan of
+    Histogram.observe over LATENCY_BUCKETS. Reads the child's value fields, which prometheus_client has kept alike
+    across its releases; tests/server/test_metrics.py holds it to Histogram.observe's samples."""
+    if not amounts:
+        return
+    bounds, buckets = histogram._upper_bounds, histogram._buckets
+    if len(amounts) == 1:
+        buckets[bisect_left(bounds, amounts[0])].inc(1)
+    else:
+        for index, count in Tally(bisect_left(bounds, amount) for amount in amounts).items():
+            buckets[index].inc(count)
+    histogram._sum.inc(sum(amounts))
 
 
 def use_multiprocess_values(folder: str) -> None:

@@ -33,7 +33,15 @@ from latlab.server.http.app import ServerState, create_app
 from latlab.server.http.observer import Observer
 from latlab.server.metrics import multiprocess_registry, use_multiprocess_values
 from latlab.server.processes.frontend import Engines, Forward
-from latlab.server.processes.hop import error_header, pack, tensor_frames, tensors_from, unpack
+from latlab.server.processes.hop import (
+    error_header,
+    pack,
+    recv_frames,
+    send_frames,
+    tensor_frames,
+    tensors_from,
+    unpack,
+)
 from latlab.server.processes.shared import LOG_FORMAT, EngineStatus, SharedAdmission, endpoint, metrics_folder
 from latlab.server.runtime.deployment import picked
 
@@ -103,7 +111,7 @@ class Engine:
         messages = []
         router = self.router
         while len(messages) < READ_AT_ONCE and router.get(zmq.EVENTS) & POLLIN:
-            messages.append(router.recv_multipart(NOBLOCK, copy=False))
+            messages.append(recv_frames(router, NOBLOCK))
         for message in messages:
             identity, header = message[0], unpack(message[1])
             try:
@@ -169,7 +177,7 @@ class Engine:
                 batch = list(self.answers)
                 self.answers.clear()
             for message in batch:
-                self.router.send_multipart(message, copy=False)
+                send_frames(self.router, message)
 
     def _http(self, header: dict) -> dict:
         """A GET (or HEAD) a front end forwarded, answered by the server's Flask app."""

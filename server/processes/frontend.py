@@ -31,7 +31,7 @@ from latlab.server.errors import ModelNotReady, RequestTimeout, ServingError
 from latlab.server.http.app import ServerState
 from latlab.server.http.fastpath import InferRoute, error_answer, status_line
 from latlab.server.metrics import ServerMetrics, use_multiprocess_values
-from latlab.server.processes.hop import pack, raise_error, tensor_frames, tensors_from, unpack
+from latlab.server.processes.hop import pack, raise_error, recv_frames, send_frames, tensor_frames, tensors_from, unpack
 from latlab.server.processes.shared import EngineStatus, SharedAdmission, endpoint, metrics_folder
 from latlab.server.protocol import InferRequest
 from latlab.server.runtime.deployment import tokenized
@@ -45,6 +45,7 @@ CONNECT_WAIT_MS = 2000
 DESCRIBE_WAIT_S = 60.0
 FORWARD_WAIT_S = 30.0
 TIMEOUT_MARGIN_S = 5.0
+NOBLOCK = int(zmq.NOBLOCK)
 """Past the request's own timeout (which the engine's batcher enforces), how long a front end still waits."""
 
 
@@ -65,6 +66,9 @@ class EngineClient:
             sock = self._local.socket = self.context.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for an engine not connected: refuse instead
+            # a receive gives up after POLL_MS (zmq.Again) to look at the engine: one call per answer, where a poll
+            # before each receive built a Poller each time
+            sock.setsockopt(zmq.RCVTIMEO, POLL_MS)
             sock.connect(self.address)
         return sock
 
@@ -81,7 +85,7 @@ class EngineClient:
         connect_until = time.monotonic() + CONNECT_WAIT_MS / 1000
         while True:
             try:
-                sock.send_multipart(message, zmq.NOBLOCK, copy=False)
+                send_frames(sock, message, NOBLOCK)
                 break
             except zmq.Again:  # a new socket still connecting, or the engine just died
                 sock.poll(POLL_MS, zmq.POLLOUT)
@@ -89,8 +93,11 @@ class EngineClient:
                     raise ModelNotReady("the server's engine is not reachable (restarting); retry shortly") from None
         deadline = time.monotonic() + wait_s
         while True:
-            if sock.poll(POLL_MS):
-                reply = sock.recv_multipart(copy=False)
+            try:
+                reply = recv_frames(sock)
+            except zmq.Again:
+                reply = None
+            if reply is not None:
                 answer = unpack(reply[0])
                 if answer.get("id") == request_id:
                     return answer, reply[1:]

@@ -154,6 +154,36 @@ def test_metrics_count_every_front_end_and_the_engine(shared):
     assert requests.get(f"{shared.url}/metrics", timeout=10).text.count("latlab_server_requests_total{") >= 1
 
 
+def test_each_request_is_counted_once_by_the_front_ends_and_the_engine(shared):
+    """Requests counted in the front ends (request durations) and in the engine's batches (queue durations, batch
+    sizes) read back in one view, each request exactly once, however batches grouped them."""
+    names = {
+        "latlab_server_request_duration_seconds_count": 1.0,
+        "latlab_batcher_queue_duration_seconds_count": 1.0,
+        "latlab_batcher_batch_size_sum": 1.0,  # one sample per request
+    }
+    before = {name: sample(observer_metrics(shared), name, deployment="tiny") for name in names}
+    n = 32
+    with ThreadPoolExecutor(8) as pool:
+        codes = list(
+            pool.map(
+                lambda _: (
+                    requests.post(
+                        f"{shared.url}/v2/models/tiny/infer",
+                        data=tiny_body(np.ones((1, 4), np.float32)),
+                        headers={"Content-Type": "application/json"},
+                        timeout=30,
+                    ).status_code
+                ),
+                range(n),
+            )
+        )
+    assert codes == [200] * n
+    text = observer_metrics(shared)
+    for name, per_request in names.items():
+        assert sample(text, name, deployment="tiny") == before[name] + n * per_request, name
+
+
 def slow_server(folder: Path, rows: int = 4096, **batcher: object):
     """The slow model behind a batcher that runs one request at a time, served by two front ends."""
     model = build_slow_model(folder / "slow.onnx", layers=48, rows=rows)

@@ -1,0 +1,190 @@
+"""CPU per request of the server under batched closed-loop load, this checkout beside another version of the code in
+one run: one process, and front ends + engine, split by process.
+
+    git archive HEAD | tar -x -C /tmp/before/src      # laid out as a package: /tmp/before/pkg/latlab/{server,...}
+    .venv/bin/python benchmarks/server_cpu.py --other /tmp/before/pkg [--rounds 8] [--seconds 3] [--frontends 1 2]
+                                              [--models-dir DIR] [--profile DIR]
+
+mlp (batching <= 64 / 2 ms, one ORT thread) served by both versions at once, `wrk` (16 connections, 2 threads,
+a fixed JSON body) as the load: the cheapest client there is, so the CPU measured is the server's. Bursts of
+--seconds alternate between the versions for --rounds rounds, so a neighbour's load lands on both. Per burst:
+requests answered per second, and the CPU time of the server's processes (all; the engine; the front ends)
+divided by the requests answered; then the medians, and the median of each round's ratio now / before.
+--profile writes py-spy raw profiles (collapsed stacks, `--gil`: only the thread running Python) of every process
+of this checkout's server during its first burst.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import signal
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+from harness import batching, export_zoo, json_infer_body, serve_version
+
+from latlab.common import procs
+from latlab.server.config import save_config
+
+WRK_SCRIPT = """wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = io.open("{body}", "rb"):read()
+"""
+
+
+def config(path: Path, port: int, model: Path, frontends: int) -> Path:
+    cpu = {"intra_op_threads": 1, "allow_spinning": False}
+    return save_config(
+        {
+            "server": {"port": port, "max_body_bytes": 67108864, "frontends": frontends},
+            "deployments": [{"name": "mlp", "model_path": model, "cpu": cpu, "batcher": batching(64, 2.0)}],
+        },
+        path,
+    )
+
+
+def server_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of the server's processes: all, the engine's, the front ends' (one process: all of it)."""
+    root = psutil.Process(pid)
+    split = {"all": 0.0, "engine": 0.0, "front ends": 0.0}
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+            line = " ".join(process.cmdline())
+        except psutil.Error:
+            continue
+        seconds = times.user + times.system
+        split["all"] += seconds
+        if "latlab.server.processes.engine" in line:
+            split["engine"] += seconds
+        elif process.pid != root.pid:
+            split["front ends"] += seconds
+    return split
+
+
+def wrk(url: str, script: Path, seconds: float, connections: int = 16) -> int:
+    """Requests answered with 2xx in `seconds` of closed-loop load."""
+    done = subprocess.run(
+        ["wrk", "-t2", f"-c{connections}", f"-d{max(1, round(seconds))}s", "-s", str(script), url],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    total = int(re.search(r"(\d+) requests in", done.stdout).group(1))
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", done.stdout)
+    return total - (int(errors.group(1)) if errors else 0)
+
+
+def profile(pid: int, out: Path, seconds: float) -> list[subprocess.Popen]:
+    """py-spy record of every Python process of the server, for `seconds`."""
+    root = psutil.Process(pid)
+    spies = []
+    for process in [root, *root.children(recursive=True)]:
+        spies.append(
+            subprocess.Popen(
+                [
+                    str(Path(__file__).resolve().parents[1] / ".venv/bin/py-spy"),
+                    "record",
+                    "--pid",
+                    str(process.pid),
+                    "--duration",
+                    str(int(seconds)),
+                    "--rate",
+                    "250",
+                    "--format",
+                    "raw",
+                    "--gil",
+                    "-o",
+                    str(out / f"prof-{process.pid}.txt"),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+    return spies
+
+
+def started(folder: Path, model: Path, frontends: int, pythonpath: str | None, port: int) -> subprocess.Popen:
+    cfg = config(folder / f"server-{port}.toml", port, model, frontends)
+    return serve_version(cfg, port, folder, pythonpath)
+
+
+def burst(process: subprocess.Popen, url: str, script: Path, seconds: float, spy: Path | None) -> dict:
+    """One burst of load on a running server: its rate and CPU per request, by process kind."""
+    before = server_cpu(process.pid)
+    spies = profile(process.pid, spy, seconds) if spy else []
+    answered = wrk(url, script, seconds)
+    after = server_cpu(process.pid)
+    for spied in spies:
+        spied.wait()
+    us = {k: (after[k] - before[k]) / max(answered, 1) * 1e6 for k in after}
+    return {"rate": answered / seconds, **{f"{k} µs": v for k, v in us.items()}}
+
+
+def alternate(
+    folder: Path, model: Path, frontends: int, versions: dict, script: Path, args: argparse.Namespace
+) -> dict[str, list]:
+    """Both versions up at once, bursts alternating between them: a neighbour's load lands on both alike."""
+    servers, results = {}, {name: [] for name in versions}
+    try:
+        for index, (name, pythonpath) in enumerate(versions.items()):
+            port = 18600 + 100 * frontends + 10 * index  # the observer port takes the next one
+            url = f"http://127.0.0.1:{port}/v2/models/mlp/infer"
+            servers[name] = (started(folder, model, frontends, pythonpath, port), url)
+            wrk(url, script, 1.0)  # warm: connections, batch sizes, the engine's sockets
+        for round_ in range(args.rounds):
+            for name in list(versions) if round_ % 2 == 0 else list(reversed(versions)):
+                spy = None
+                if args.profile and name == "now" and round_ == 0:
+                    spy = args.profile / f"frontends-{frontends}"
+                    spy.mkdir(parents=True, exist_ok=True)
+                got = burst(*servers[name], script, args.seconds, spy)
+                results[name].append(got)
+                shown = "  ".join(f"{k} {v:.0f}" for k, v in got.items())
+                print(f"round {round_} frontends={frontends} {name:6s} {shown}", flush=True)
+    finally:
+        for process, _ in servers.values():
+            process.send_signal(signal.SIGTERM)
+            procs.stop(process)
+    return results
+
+
+def summary(frontends: int, now: list[dict], before: list[dict]) -> None:
+    for key in now[0]:
+        ratios = [n[key] / b[key] for n, b in zip(now, before) if b[key]]
+        ratio = statistics.median(ratios) if ratios else float("nan")
+        old, new = statistics.median(b[key] for b in before), statistics.median(n[key] for n in now)
+        print(f"frontends={frontends} {key:16s} before {old:8.0f}  now {new:8.0f}  ratio {ratio:.2f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--other", required=True, help="PYTHONPATH of the other version (the baseline)")
+    parser.add_argument("--models-dir", type=Path, default=None)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--frontends", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--profile", type=Path, default=None, help="py-spy raw profiles of this checkout's server")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch)
+        model = export_zoo(args.models_dir or folder / "models", "mlp")
+        body = folder / "body.json"
+        body.write_bytes(json_infer_body(np.ones((1, 4), dtype=np.float32)))
+        script = folder / "post.lua"
+        script.write_text(WRK_SCRIPT.format(body=body))
+        versions = {"before": args.other, "now": None}
+        results = {n: alternate(folder, model, n, versions, script, args) for n in args.frontends}
+    print("\nmedians over rounds (now / before per round, then the median ratio)")
+    for frontends, got in results.items():
+        summary(frontends, got["now"], got["before"])
+
+
+if __name__ == "__main__":
+    main()
