@@ -20,6 +20,7 @@ from pathlib import Path
 
 from latlab.common.user_input import Slos, UserError
 from latlab.loadtest.arrivals import load_trace
+from latlab.loadtest.fleet import read_targets
 from latlab.loadtest.schedule import Schedule, SloSearch
 from latlab.loadtest.sizes import AXIS, SPEC_HELP, Sizes
 
@@ -215,7 +216,7 @@ class Workers:
 @dataclass(frozen=True)
 class Provenance:
     """What the results record about the run beyond what the server says: the machine's name, what the
-    deployments compute on, where the server's own figures are read."""
+    deployments compute on, where the server's own figures are read, the fleet behind a proxy."""
 
     machine_name: str | None = None
     """What reports call the machine (default: its CPU model, or the GPU of a GPU deployment)."""
@@ -226,8 +227,13 @@ class Provenance:
     server_metrics: str = ""
     """Where the server's own figures are read: a Prometheus text URL (latlab's series or Triton's nv_inference_*
     counters); empty: the server's /metrics (on latlab's observer port when it has one), if it answers."""
+    fleet: str = ""
+    """The file_sd targets of the fleet behind the host (`latlab fleet --targets FILE`): every step then also
+    records the requests each replica answered and the proxy's counters (loadtest/fleet.py); empty: one server."""
 
     def __post_init__(self) -> None:
+        if self.fleet:
+            read_targets(self.fleet)  # a missing or garbled file stops here, before any load
         if self.server_metrics and not self.server_metrics.startswith(("http://", "https://")):
             raise UserError(f"--server-metrics must be an http:// or https:// URL, got {self.server_metrics!r}")
         if self.provider and not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", self.provider.strip()):
@@ -256,6 +262,14 @@ class Provenance:
             "CPU or GPU deployments (default: provider unknown, neither); latlab's own server says",
         )
         parser.add_argument(
+            "--fleet",
+            metavar="FILE",
+            type=Path,
+            help="--host is a `latlab fleet`'s proxy and FILE its Prometheus targets (`latlab fleet --targets "
+            "FILE`): each step also records the requests every replica answered, their imbalance and the proxy's "
+            "requests, retries, queue and 5xx",
+        )
+        parser.add_argument(
             "--machine-name", help="what reports call this machine (default: its CPU model, or the GPU)"
         )
 
@@ -265,6 +279,7 @@ class Provenance:
             machine_name=args.machine_name,
             provider=args.provider or "",
             server_metrics=args.server_metrics or "",
+            fleet=str(args.fleet) if args.fleet is not None else "",
         )
 
 

@@ -97,6 +97,9 @@ class Step:
     """The p50/p99 intervals and each SLO's decision (loadtest/confidence.py)."""
     phase: str | None = None
     """The overload test's phase (before, burst, after)."""
+    fleet: Figures | None = None
+    """Through a fleet's proxy (--fleet): the requests each replica answered over the step, their imbalance (the
+    busiest's over the mean) and the proxy's counters (loadtest/fleet.py's fleet_step); None for one server."""
     recovery_spans: list[Figures] | None = None
 
 
@@ -176,6 +179,8 @@ class Run:
     workers: int | None = None
     generator_floor: Figures | None = None
     """The generator's own round trip to a trivial route of the server before the sweep (loadtest/floor.py)."""
+    fleet: Figures | None = None
+    """The fleet behind the proxy it loaded (--fleet): its targets file, replicas, proxy and balance."""
     path: str = field(default="", compare=False, metadata=CONTEXT)
     """The file it was read from."""
     reference: bool = field(default=False, compare=False, metadata=CONTEXT)

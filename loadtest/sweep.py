@@ -28,6 +28,7 @@ from latlab.loadtest.loadgen_metrics import LoadGenMetrics, start_exporter
 from latlab.loadtest.recorder import MIN_SAMPLES_P99
 from latlab.loadtest.results import Curve, Run, Step, write_results
 from latlab.loadtest.describe import describe, extras_notice
+from latlab.loadtest.fleet import FleetTargets, fleet_step, read_fleet, read_targets
 from latlab.loadtest.scrape import fetch, metrics_source
 from latlab.loadtest.search import SATURATED_BELOW, bracket_slos, open_slos, slo_search
 from latlab.loadtest.single import one_at_a_time
@@ -93,6 +94,7 @@ def run_sweep(
             **({"sizes": payload.sizes} if payload.sizes else {}),
         },
         slo_p99_s=plan.slo.p99_s,
+        fleet=read_targets(plan.provenance.fleet).as_dict() if plan.provenance.fleet else None,
     )
     if run_one is None:
         run_one = overload_runner(plan.overload) if plan.overload is not None else _run_deployment
@@ -128,12 +130,15 @@ def _run_deployment(
 ) -> Curve:
     info = _describe(plan, deployment, progress)
     steps: list[Step] = []
+    fleet = read_targets(plan.provenance.fleet) if plan.provenance.fleet else None
 
     def measure(load: float) -> Step:
         decide_for = open_slos(plan.slo.slos.seconds, steps, load)
+        watch = fleet_watch(fleet, deployment, plan.schedule.warmup_seconds)
         step = measure_step(plan, driver, metrics, deployment, load, index=len(steps), decide_for=decide_for)
+        step.fleet = watch()
         steps.append(step)
-        progress(progress_line(deployment, step, plan.schedule.mode, driver.floor))
+        progress(progress_line(deployment, step, plan.schedule.mode, driver.floor) + fleet_text(step))
         if step.server_interrupted:
             _wait_for_server(plan.workload.host, deployment, step, progress)
         return step
@@ -169,6 +174,24 @@ def _run_deployment(
 
 
 _DEPLOYMENT_FIELDS = frozenset(f.name for f in dataclasses.fields(Curve) if not f.metadata.get("context"))
+
+
+def fleet_watch(fleet: FleetTargets | None, deployment: str, warmup_s: float) -> Callable[[], dict | None]:
+    """Read the fleet once the step's warm-up is over (when step.py first reads the server) and return what reads
+    it again at the step's end and gives the step's fleet figures; None for a run against one server."""
+    if fleet is None:
+        return lambda: None
+    before = gevent.spawn_later(warmup_s, read_fleet, fleet, deployment)
+    return lambda: fleet_step(before.get(), read_fleet(fleet, deployment))
+
+
+def fleet_text(step: Step) -> str:
+    """The progress line's fleet figures: the replicas' imbalance, the proxy's retries and 5xx."""
+    if not step.fleet:
+        return ""
+    imbalance, proxy = step.fleet["imbalance"], step.fleet["proxy"] or {}
+    text = f"  imbalance {imbalance:.2f}" if imbalance is not None else "  imbalance -"
+    return text + "".join(f"  proxy {key} {proxy[key]:.0f}" for key in ("retries", "5xx") if proxy.get(key))
 
 
 def _record(info: dict, **fields: object) -> Curve:
@@ -299,6 +322,7 @@ def overload_runner(overload: OverloadPlan) -> Callable[..., Curve]:
     ) -> Curve:
         info = _describe(plan, deployment, progress)
         steps: list[Step] = []
+        fleet = read_targets(plan.provenance.fleet) if plan.provenance.fleet else None
 
         def phase(
             name: str,
@@ -321,7 +345,9 @@ def overload_runner(overload: OverloadPlan) -> Callable[..., Curve]:
                 queue_sample_seconds=QUEUE_SAMPLE_S,
             )
             timing = replace(plan, schedule=schedule)
+            watch = fleet_watch(fleet, deployment, warmup)
             step = measure_step(timing, driver, metrics, deployment, load, index=len(steps), spans=spans, phase=name)
+            step.fleet = watch()
             steps.append(step)
             progress(f"{name:>9}: {progress_line(deployment, step, 'open').strip()}")
             return step

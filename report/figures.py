@@ -135,6 +135,27 @@ def traffic_png(model: str, slo_s: float, lines: list[dict]) -> bytes:
     return _png(fig)
 
 
+def fleet_png(title: str, fleets: list[dict], tick_s: float) -> bytes:
+    """Replicas over the day, one panel per fleet, one line per kind of replica (`fleets`: {"name", "kinds":
+    {kind: (ready per tick, billed per tick)}}); billed and not ready is a replica still starting."""
+    fig, axes = plt.subplots(len(fleets), 1, figsize=(8, 1.0 + 1.3 * len(fleets)), dpi=110, sharex=True, squeeze=False)
+    colors = {kind: f"C{i}" for i, kind in enumerate(dict.fromkeys(k for f in fleets for k in f["kinds"]))}
+    for ax, fleet in zip(axes[:, 0], fleets):
+        for kind, (ready, billed) in fleet["kinds"].items():
+            hours = [k * tick_s / 3600 for k in range(len(ready))]
+            ax.step(hours, ready, where="post", color=colors[kind], label=f"{kind} ready")
+            ax.step(hours, billed, where="post", color=colors[kind], linestyle=":", linewidth=1, label=f"{kind} billed")
+        ax.yaxis.get_major_locator().set_params(integer=True)  # replicas come whole
+        ax.set_title(fleet["name"], fontsize=8, loc="left")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=6, loc="upper right")
+    axes[-1, 0].set_xlabel("hour of the day")
+    axes[len(fleets) // 2, 0].set_ylabel("replicas")
+    fig.suptitle(title, fontsize=9)
+    return _png(fig)
+
+
 def _png(fig: plt.Figure) -> bytes:
     buffer = io.BytesIO()
     fig.tight_layout()

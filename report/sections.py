@@ -218,6 +218,7 @@ def steps_table(curve: Curve) -> str:
             flags += f" (server interrupted: {s.interruption})"
         if s.workers_lost:
             flags += f" (workers lost: {', '.join(s.workers_lost)})"
+        flags += fleet_flag(s)
         cpu = f"{s.generator_cpu_percent:.0f}%" if s.generator_cpu_percent is not None else "–"
         dropped = s.dropped if s.dropped is not None else "–"
         rows.append(
@@ -237,6 +238,17 @@ def steps_table(curve: Curve) -> str:
         f"<th>avg batch</th><th>sent late p50 / p99 ms</th><th>generator CPU, flags</th></tr>{''.join(rows)}"
         f"</table><p>{esc(floor_line(curve.generator_floor))}</p></details>"
     )
+
+
+def fleet_flag(step: Step) -> str:
+    """' (fleet: imbalance 1.04, proxy retries 0, 5xx 0)' for a step measured through a fleet's proxy (--fleet): the
+    busiest replica's requests over the mean, and what the proxy retried or failed; '' for one server."""
+    if not step.fleet:
+        return ""
+    imbalance, proxy = step.fleet.get("imbalance"), step.fleet.get("proxy") or {}
+    parts = [f"imbalance {imbalance:.2f}" if imbalance is not None else "imbalance unknown"]
+    parts += [f"proxy {key} {proxy[key]:.0f}" for key in ("retries", "5xx") if key in proxy]
+    return f" (fleet: {', '.join(parts)})"
 
 
 def lateness_text(step: Step) -> str:

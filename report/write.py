@@ -5,20 +5,22 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import re
 import time
 from collections import defaultdict
 from pathlib import Path
 
-from latlab.loadtest.results import Curve, Run, read_results
+from latlab.loadtest.results import Curve, Run
 from latlab.report import answer, pictures, sections
 from latlab.report.bench_crossover import size_crossover
 from latlab.report.bench_plot import plot_bench
 from latlab.report.costs import price_amount_and_unit, price_unit
 from latlab.report.figures import curve_png
 from latlab.report.findings import Findings, by_traffic
+from latlab.report.fleetplan.plan import PlanRequest
+from latlab.report.inputs import BENCH_SCHEMA, REFERENCE_DIR, load_inputs, read_bench  # noqa: F401 (also named here)
 from latlab.report.naming import PROVIDER_HINT, UNKNOWN, is_gpu, label, machine_name, provider_of, tag_servers
+from latlab.report.plan_section import fleet_plan_sections
 from latlab.report.predict import bench_fits, request_overheads
 from latlab.report.prices import DEFAULT_PRICES
 from latlab.report.traffic import traffic_section
@@ -26,9 +28,6 @@ from latlab.report.tried import tried_section
 from latlab.report.verdict import provider_verdict, verdict
 
 REPORT_FILE = "report.html"
-BENCH_SCHEMA = "latlab.bench/1"
-REFERENCE_DIR = Path(__file__).parent / "reference"
-"""Measurements committed with the code (e.g. from a GPU machine), merged in with --with-reference."""
 GPU_HINT = (
     "run `latlab bench` and the lab on a GPU box and merge with `latlab report CPU_RUN GPU_RUN` "
     "(or add `--with-reference` when GPU reference data are committed under report/reference/)"
@@ -41,36 +40,6 @@ def _curves(runs: list[Run]) -> list[Curve]:
     return [deployment for run in runs for deployment in run.deployments]
 
 
-def read_bench(folder: Path) -> list[dict]:
-    """Every bench*.json (schema latlab.bench/1) under a folder."""
-    docs = []
-    for file in sorted(Path(folder).glob("**/bench*.json")):
-        doc = json.loads(file.read_text())
-        if doc.get("schema") == BENCH_SCHEMA:
-            docs.append({**doc, "_path": str(file)})
-    return docs
-
-
-def load_inputs(run_dirs: list[Path], reference_dir: Path | None) -> tuple[list[Run], list[dict]]:
-    """The runs and bench documents of every folder (and the reference folder's, marked as such)."""
-    results, bench = [], []
-    folders = [(Path(d), False) for d in run_dirs] + ([(Path(reference_dir), True)] if reference_dir else [])
-    for folder, reference in folders:
-        if not folder.exists():
-            raise FileNotFoundError(f"no such run folder: {folder}")
-        found = bool(list(folder.glob("**/results*.json"))) if folder.is_dir() else folder.is_file()
-        runs = read_results(folder) if found else []
-        bench_docs = read_bench(folder) if folder.is_dir() else []
-        for run in runs:
-            run.reference = reference
-            run.context()  # its deployments are marked too
-        results += runs
-        bench += [{**doc, "_reference": reference} for doc in bench_docs]
-    if not results:
-        raise FileNotFoundError(f"no results*.json under {', '.join(str(d) for d in run_dirs)}")
-    return results, bench
-
-
 def write_report(
     run_dirs: Path | list[Path],
     slos_s: list[float],
@@ -78,10 +47,12 @@ def write_report(
     out: Path | None = None,
     with_reference: bool = False,
     reference_dir: Path | None = None,
+    plan: PlanRequest | None = None,
 ) -> Path:
     """Write report.html and its PNGs into `out` (default: the first run folder); return the HTML's path.
 
-    With `with_reference`, the measurements under `reference_dir` (default: report/reference/) are merged in.
+    With `with_reference`, the measurements under `reference_dir` (default: report/reference/) are merged in; with
+    `plan`, the fleet plan of the first run over that day of traffic follows the cost picture.
     """
     reference_dir = Path(reference_dir) if reference_dir else REFERENCE_DIR
     run_dirs = [Path(run_dirs)] if isinstance(run_dirs, (str, Path)) else [Path(d) for d in run_dirs]
@@ -116,6 +87,7 @@ def write_report(
             (out / f"traffic-{_slug(found[0].model)}.png").write_bytes(png)
         body += [text] if text else []
     body += _pictures(models, out)
+    body += fleet_plan_sections(run_dirs[0], results, bench, prices, out, plan)
     body.append(_gpu_notice([c for found in models for c in found.curves], bench, with_reference, reference_dir))
     for found in models:
         png = curve_png(found.model, list(found.curves), slos_s)

@@ -38,11 +38,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_fleet(args: argparse.Namespace) -> None:
     from latlab.fleet.build import build_fleet  # the server's config loader and HTTP client: only when run
+    from latlab.lab.plan import available_cores
 
     folder = args.dir or Path(tempfile.mkdtemp(prefix="latlab-fleet-"))
     fleet = build_fleet(
         args.config,
         folder,
+        available_cores(),
         replicas=args.replicas,
         port=args.port,
         stats_port=args.stats_port,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from latlab.cli.plan import add_plan_arguments, plan_request
 from latlab.common.user_input import Slos, UserError
 
 
@@ -42,6 +43,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--load-workers",
         type=int,
         help="Locust worker processes (default: none below 8 cores, then one per 4 cores, up to 8)",
+    )
+    lab.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="serve the deployments as a `latlab fleet` of N replicas behind HAProxy, the CPU threads split "
+        "between them, every step recording each replica's requests and the proxy's counters (default 1: one "
+        "server, no proxy; docs/fleet.md)",
+    )
+    lab.add_argument(
+        "--balance",
+        default="leastconn",
+        help="--replicas above 1: the proxy's balance algorithm, roundrobin, leastconn or random(2)",
     )
     lab.add_argument("--machine-name", help="what reports call this machine (default: its CPU model, or the GPU)")
     lab.add_argument("--models", help="only these of the plan's models, e.g. cnn,minilm")
@@ -93,6 +107,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="hourly price per provider, e.g. cpu=0.10,cuda=2.50 or "
         "cpu=0.04/core (default: example prices, labelled as such in the report)",
     )
+    add_plan_arguments(lab.add_argument_group("the fleet plan in the report (latlab plan's options)"), "plan-")
     own = lab.add_argument_group("your own model (instead of the plan's zoo models)")
     own.add_argument("--onnx", type=Path, metavar="FILE", help="serve this ONNX file as it is")
     own.add_argument(
@@ -146,12 +161,21 @@ def cmd_lab(args: argparse.Namespace) -> None:
         )
     if own and args.models:
         raise UserError("--models picks the plan's zoo models; your own model (--onnx, --module, --model) runs alone")
+    if args.replicas > 1:
+        from latlab.fleet.haproxy import haproxy_binary
+        from latlab.fleet.spec import BALANCES
+
+        if args.balance not in BALANCES:
+            raise UserError(f"--balance must be one of {', '.join(BALANCES)}, got {args.balance!r}")
+        haproxy_binary()  # a fleet needs HAProxy: one line now, not after the export and the bench
     try:
-        share = cpu_share(available_cores(), args.cpu_threads, args.load_workers)
+        share = cpu_share(available_cores(), args.cpu_threads, args.load_workers, args.replicas)
         plan = PLANS[args.plan].only(args.models.split(",") if args.models else None)
+        plan = replace(plan, replicas=args.replicas, balance=args.balance)
         prices = parse_prices(args.price) if args.price is not None else None
     except (ValueError, PriceError) as exc:
         raise UserError(str(exc)) from None
+    fleet_plan = plan_request(args, "plan-")  # a bad --plan-traffic is one line now, not after the sweep
     if args.slo is not None:
         plan = replace(plan, slos=Slos.parse(args.slo))  # a bad bound is refused here, before any work
     if args.slo_seconds is not None:
@@ -213,4 +237,5 @@ def cmd_lab(args: argparse.Namespace) -> None:
             args.machine_name,
             prices,
             search=search_plan,
+            fleet_plan=fleet_plan,
         )

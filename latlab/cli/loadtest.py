@@ -54,6 +54,7 @@ HELP_ORDER = (
     "--metrics-port",
     "--server-metrics",
     "--provider",
+    "--fleet",
     "--overload",
     "--burst-seconds",
     "--capacity",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import time
 from pathlib import Path
 
@@ -16,21 +17,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="simulate CPU, GPU and hybrid fleets of a run's deployments over a day of traffic: cost, SLO attainment",
     )
     plan.add_argument("run_dir", type=Path, metavar="RUN", help="a lab run folder (results*.json, bench*.json)")
-    plan.add_argument(
-        "--traffic",
-        required=True,
-        metavar="PROFILE",
-        help="diurnal:PEAK:TROUGH[:CV] (req/s over a day, trough at midnight, peak at noon, gamma bursts of CV "
-        "within each minute) or trace:FILE (the trace's per-minute rates repeated over the day)",
-    )
-    plan.add_argument(
-        "--trace-rate",
-        type=float,
-        metavar="PEAK",
-        help="with trace:FILE: the req/s of the trace's busiest minute (a PEAK, not a mean)",
-    )
-    plan.add_argument("--burst-cv", type=float, help="the gaps' CV within a minute (default: diurnal 1, a trace's own)")
-    plan.add_argument("--slo", default="p99:50ms", help="p99:50ms or attain:99.9%%:50ms (default p99:50ms)")
+    add_plan_arguments(plan, required=True)
     plan.add_argument(
         "--price",
         action="append",
@@ -39,51 +26,98 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="USD per machine-hour of a replica, e.g. --price cpu=0.10 --price gpu=2.50 (default: the report's "
         "example prices)",
     )
-    plan.add_argument("--model", help="which of the run's models to plan for (default: the first)")
-    plan.add_argument("--target", default="inflight:2", help="inflight:N (Ray Serve's default 2) or util:U")
-    plan.add_argument("--upscale-delay", type=float, default=30.0, help="seconds (Ray Serve's default 30)")
-    plan.add_argument("--downscale-delay", type=float, default=600.0, help="seconds (Ray Serve's default 600)")
-    plan.add_argument("--cold-start", type=float, help="seconds from a replica's start to ready (default 60)")
-    plan.add_argument(
-        "--sim-seconds",
+    plan.set_defaults(func=cmd_plan)
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser, prefix: str = "", required: bool = False) -> None:
+    """The options that ask for a plan, for `latlab plan` (no prefix) and for `latlab report` and `lab` (prefix
+    "plan-": --plan-traffic and its companions); read back with plan_request."""
+    extra = " (asks for the fleet plan's section)" if prefix else ""
+    parser.add_argument(
+        f"--{prefix}traffic",
+        required=required,
+        metavar="PROFILE",
+        help="diurnal:PEAK:TROUGH[:CV] (req/s over a day, trough at midnight, peak at noon, gamma bursts of CV "
+        "within each minute) or trace:FILE (the trace's per-minute rates repeated over the day)" + extra,
+    )
+    parser.add_argument(
+        f"--{prefix}trace-rate",
+        type=float,
+        metavar="PEAK",
+        help=f"with --{prefix}traffic trace:FILE: the req/s of the trace's busiest minute (a PEAK, not a mean)",
+    )
+    parser.add_argument(
+        f"--{prefix}burst-cv", type=float, help="the gaps' CV within a minute (default: diurnal 1, a trace's own)"
+    )
+    parser.add_argument(f"--{prefix}slo", default="p99:50ms", help="p99:50ms or attain:99.9%%:50ms (default p99:50ms)")
+    parser.add_argument(f"--{prefix}model", help="which of the run's models to plan for (default: the first)")
+    parser.add_argument(f"--{prefix}target", default="inflight:2", help="inflight:N (Ray Serve's default 2) or util:U")
+    parser.add_argument(f"--{prefix}upscale-delay", type=float, default=30.0, help="seconds (Ray Serve's default 30)")
+    parser.add_argument(
+        f"--{prefix}downscale-delay", type=float, default=600.0, help="seconds (Ray Serve's default 600)"
+    )
+    parser.add_argument(
+        f"--{prefix}cold-start", type=float, help="seconds from a replica's start to ready (default 60)"
+    )
+    parser.add_argument(
+        f"--{prefix}sim-seconds",
         type=float,
         default=8.0,
         help="about how long one fleet's day may take to simulate; beyond it every k-th minute is (default 8)",
     )
-    plan.add_argument("--use-off", action="store_true", help="plan with replica models the validation found off")
-    plan.set_defaults(func=cmd_plan)
+    parser.add_argument(
+        f"--{prefix}use-off", action="store_true", help="plan with replica models the validation found off"
+    )
+
+
+def plan_request(args: argparse.Namespace, prefix: str = ""):
+    """The checked PlanRequest of add_plan_arguments' options (None where no traffic was given); a UserError
+    naming the option otherwise, before any work."""
+
+    def given(name: str):
+        return getattr(args, (prefix + name).replace("-", "_"))
+
+    if given("traffic") is None:
+        return None
+    try:
+        return _checked(given, prefix)
+    except UserError as exc:  # the messages name latlab plan's options: name the ones this command was given
+        raise UserError(re.sub(r"(?<![\w-])--(?=[a-z])", f"--{prefix}", str(exc))) from None
+
+
+def _checked(given, prefix: str):
+    from latlab.report.fleetplan.autoscale import DEFAULT_COLD_START_S, Autoscaler
+    from latlab.report.fleetplan.fleet import Slo
+    from latlab.report.fleetplan.plan import PlanRequest, check_target
+    from latlab.report.fleetplan.traffic import parse_profile
+
+    slo = Slo.parse(given("slo"))
+    check_target(given("target"))
+    try:
+        cold = given("cold-start")
+        scaler = Autoscaler(
+            given("upscale-delay"), given("downscale-delay"), DEFAULT_COLD_START_S if cold is None else cold
+        )
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if not given("sim-seconds") > 0:
+        raise UserError(f"--sim-seconds must be > 0, got {given('sim-seconds'):g}")
+    traffic = parse_profile(given("traffic"), given("trace-rate"), given("burst-cv"))
+    return PlanRequest(traffic, slo, scaler, given("target"), given("model"), given("use-off"), given("sim-seconds"))
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
-    from latlab.report.fleetplan.autoscale import DEFAULT_COLD_START_S, Autoscaler
-    from latlab.report.fleetplan.fleet import Slo
-    from latlab.report.fleetplan.plan import check_target, make_plan
-    from latlab.report.fleetplan.traffic import parse_profile
     from latlab.report.prices import DEFAULT_PRICES, PriceError, parse_prices
 
     started = time.perf_counter()
-    slo = Slo.parse(args.slo)
-    check_target(args.target)
+    request = plan_request(args)
     try:
         prices = parse_prices(",".join(args.price)) if args.price else {"cpu": DEFAULT_PRICES["cpu"]}
     except PriceError as exc:
         raise UserError(str(exc)) from None
     if not args.price:
         prices["gpu"] = DEFAULT_PRICES["cuda"]
-    try:
-        scaler = Autoscaler(
-            args.upscale_delay,
-            args.downscale_delay,
-            DEFAULT_COLD_START_S if args.cold_start is None else args.cold_start,
-        )
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    if not args.sim_seconds > 0:
-        raise UserError(f"--sim-seconds must be > 0, got {args.sim_seconds:g}")
-    traffic = parse_profile(args.traffic, args.trace_rate, args.burst_cv)
-    plan = make_plan(
-        args.run_dir, traffic, slo, prices, scaler, args.target, args.model, args.use_off, args.sim_seconds
-    )
+    plan = request.make(args.run_dir, prices)
     for line in plan_lines(plan, example_prices=not args.price):
         print(line)
     print(f"planned in {time.perf_counter() - started:.1f} s")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from latlab.cli.plan import add_plan_arguments, plan_request
 from latlab.common.user_input import UserError, parse_slos
 
 
@@ -37,6 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     report.add_argument("--from-prometheus", metavar="URL", help="rebuild the curves from this Prometheus alone")
     report.add_argument("--run", help="with --from-prometheus: the run id (default: the run folder's name)")
     report.add_argument("--slo", default="10ms,25ms,50ms,100ms", help="p99 bounds, e.g. 25ms,50ms,0.1s")
+    add_plan_arguments(report, prefix="plan-")
     report.set_defaults(func=cmd_report)
 
 
@@ -45,6 +47,7 @@ def cmd_report(args: argparse.Namespace) -> None:
     from latlab.report.prices import PriceError, parse_prices
 
     slos = parse_slos(args.slo)
+    plan = plan_request(args, prefix="plan-")  # a bad --plan-traffic is one line now, before any work
     try:
         prices = parse_prices(args.price) if args.price is not None else None
     except PriceError as exc:
@@ -59,5 +62,5 @@ def cmd_report(args: argparse.Namespace) -> None:
         run = curves_from_prometheus(args.from_prometheus, args.run or run_dir.name)
         write_results(run_dir / "results-prometheus.json", run)
         print(f"rebuilt {sum(len(d.steps) for d in run.deployments)} steps from {args.from_prometheus}")
-    path = write_report(args.run_dirs, slos, prices=prices, out=args.out, with_reference=args.with_reference)
+    path = write_report(args.run_dirs, slos, prices=prices, out=args.out, with_reference=args.with_reference, plan=plan)
     print(f"report: {path}")

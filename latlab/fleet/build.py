@@ -1,7 +1,9 @@
-"""A Fleet from `latlab fleet`'s options: free ports for the replicas, their share of this machine's cores."""
+"""A Fleet from `latlab fleet`'s options (or the lab's): free ports for the replicas, their share of the cores."""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -9,15 +11,15 @@ from latlab.common import procs
 from latlab.common.user_input import UserError
 from latlab.fleet.run import Fleet
 from latlab.fleet.spec import FleetSpec, plan_replicas
-from latlab.lab.plan import available_cores
 
-MAX_SOCKET_PATH = 107
-"""Longest path of a Unix socket (sun_path holds 108 bytes, the last a NUL)."""
+MAX_SOCKET_PATH = 97
+"""Longest runtime socket path HAProxy takes (sun_path's 108 bytes, less the temporary suffix it binds under)."""
 
 
 def build_fleet(
     config: Path,
     folder: Path,
+    cores: int,
     replicas: int = 2,
     port: int = 8000,
     stats_port: int | None = None,
@@ -29,26 +31,32 @@ def build_fleet(
     say: Callable = print,
 ) -> Fleet:
     """The fleet the options describe (not started): replicas on free loopback ports, each with an equal share
-    of the cores this process may run on; the proxy on `port`, its exporter on `stats_port` (default port + 1);
-    the Prometheus targets at `targets` (default: in `folder`)."""
+    of `cores` for the CPU deployments that do not set their threads; the proxy on `port`, its exporter on
+    `stats_port` (default port + 1); the Prometheus targets at `targets` (default: in `folder`)."""
     stats_port = port + 1 if stats_port is None else stats_port
     for wanted in (port, stats_port):
         if not procs.port_free(wanted):
             raise UserError(f"port {wanted} is taken: choose another with --port / --stats-port")
-    socket = folder.resolve() / "haproxy.sock"
-    if len(str(socket).encode()) > MAX_SOCKET_PATH:
-        raise UserError(f"--dir {folder} is too deep for HAProxy's runtime socket ({socket}): choose a shorter one")
+    socket, scratch = folder.resolve() / "haproxy.sock", None
+    if len(str(socket).encode()) > MAX_SOCKET_PATH:  # a deep folder (a lab's run folder): a private one of its own
+        scratch = Path(tempfile.mkdtemp(prefix="latlab-fleet-"))
+        socket = scratch / "haproxy.sock"
     ports = _free_ports(2 * replicas, taken={port, stats_port}) if replicas >= 1 else []
-    spec = FleetSpec(
-        replicas=plan_replicas(replicas, ports, available_cores(), gpus),
-        port=port,
-        stats_port=stats_port,
-        admin_socket=socket,
-        host=host,
-        balance=balance,
-        rate_limit=rate_limit,
-    )
-    return Fleet(spec, config, folder, gpus=gpus, targets=targets, say=say)
+    try:
+        spec = FleetSpec(
+            replicas=plan_replicas(replicas, ports, cores, gpus),
+            port=port,
+            stats_port=stats_port,
+            admin_socket=socket,
+            host=host,
+            balance=balance,
+            rate_limit=rate_limit,
+        )
+        return Fleet(spec, config, folder, gpus=gpus, targets=targets, say=say, scratch=scratch)
+    except BaseException:
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+        raise
 
 
 def _free_ports(count: int, taken: set[int]) -> list[int]:

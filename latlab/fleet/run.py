@@ -4,6 +4,7 @@ replica that died, a rolling restart that loses no request, and a stop that drai
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -58,9 +59,10 @@ class ReplicaProcess:
 
 class Fleet:
     """The fleet of a FleetSpec serving the config at `config`; files (replica configs, logs, the HAProxy config,
-    the targets, unless `targets` names where Prometheus watches) go to `folder`. start() returns when the proxy
-    and every replica are ready; stop() drains the proxy, then stops the replicas. `say` receives the lines a
-    user should see."""
+    the targets, unless `targets` names where Prometheus watches) go to `folder`; `scratch`, a folder of its own
+    elsewhere (its runtime socket's, where `folder` is too deep for one), is removed when it stops. start()
+    returns when the proxy and every replica are ready; stop() drains the proxy, then stops the replicas. `say`
+    receives the lines a user should see."""
 
     def __init__(
         self,
@@ -70,8 +72,9 @@ class Fleet:
         gpus: int = 0,
         targets: Path | None = None,
         say: Callable = print,
+        scratch: Path | None = None,
     ) -> None:
-        self.spec, self.folder, self.say = spec, folder, say
+        self.spec, self.folder, self.say, self.scratch = spec, folder, say, scratch
         self.api = RuntimeApi(spec.admin_socket)
         self.proxy: subprocess.Popen | None = None
         self._lock = threading.Lock()  # a replica's process is replaced by one of supervisor and roll at a time
@@ -129,6 +132,8 @@ class Fleet:
                 replica.stop()
         if not self.targets.resolve().is_relative_to(self.folder.resolve()):
             self.targets.unlink(missing_ok=True)  # Prometheus stops scraping what is gone
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
     def roll(self) -> None:
         """Restart the replicas one at a time, losing no request: each is drained in the proxy (no new requests),

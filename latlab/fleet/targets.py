@@ -15,12 +15,14 @@ TARGETS_FILE = "servers-fleet.json"
 
 
 def file_sd(spec: FleetSpec, fleet: str = "fleet") -> list[dict]:
-    """Prometheus file_sd target groups: one per replica (labels fleet, replica) and one for the proxy."""
+    """Prometheus file_sd target groups: one per replica (labels fleet, replica) and one for the proxy (labels
+    fleet, job and balance: a load test through the proxy records the fleet from them, loadtest/fleet.py)."""
     groups = [
         {"targets": [f"127.0.0.1:{r.metrics_port}"], "labels": {"fleet": fleet, "replica": r.name}}
         for r in spec.replicas
     ]
-    groups.append({"targets": [f"127.0.0.1:{spec.stats_port}"], "labels": {"fleet": fleet, "job": PROXY_JOB}})
+    proxy = {"fleet": fleet, "job": PROXY_JOB, "balance": spec.balance}
+    groups.append({"targets": [f"127.0.0.1:{spec.stats_port}"], "labels": proxy})
     return groups
 
 

@@ -1,15 +1,17 @@
 """What the lab's child processes share, its sweeps and the search's probes alike: a ready `latlab serve` of a
-config, the parts of a model's sweep plan every measurement shares (what it sends, the step timing), and the request
-samples those send."""
+config (or a fleet of them behind HAProxy), the parts of a model's sweep plan every measurement shares (what it
+sends, the step timing), and the request samples those send."""
 
 from __future__ import annotations
 
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from latlab.common import procs
-from latlab.lab.plan import LabPlan, ModelPlan
+from latlab.fleet.build import build_fleet
+from latlab.lab.plan import CpuShare, LabPlan, ModelPlan
 from latlab.loadtest.payloads import save_samples
 from latlab.loadtest.plan import PayloadOptions, Workload
 from latlab.loadtest.schedule import Schedule
@@ -27,6 +29,48 @@ def start_server(config: Path, port: int, log_path: Path) -> tuple[subprocess.Po
         procs.stop(server)
         raise
     return server, observer_port
+
+
+@dataclass
+class Serving:
+    """What serves the lab's sweeps: one server, or a fleet's proxy; where Prometheus scrapes it, and how to stop it."""
+
+    host: str
+    scrape: dict[str, list[str]]
+    """Prometheus jobs -> targets: every server's observer port, and the proxy's exporter."""
+    stop: Callable[[], None]
+    fleet_targets: Path | None = None
+    """The fleet's file_sd targets, which its sweeps record the fleet from (`latlab loadtest --fleet`)."""
+
+
+def start_serving(
+    config: Path, port: int, run_dir: Path, plan: LabPlan, share: CpuShare, say: Callable[[str], None]
+) -> Serving:
+    """The plan's deployments served on `port`, ready: one `latlab serve` (log run_dir/server.log), or with
+    plan.replicas > 1 a fleet of them behind HAProxy (its files in run_dir/fleet), on the share's threads each."""
+    if plan.replicas == 1:
+        server, observer_port = start_server(config, port, run_dir / "server.log")
+        return Serving(
+            f"http://127.0.0.1:{port}", {"latlab-server": [f"127.0.0.1:{observer_port}"]}, lambda: procs.stop(server)
+        )
+    cores = share.cpu_threads * share.replicas  # each replica's config already names its threads
+    fleet = build_fleet(
+        config,
+        run_dir / "fleet",
+        cores,
+        replicas=plan.replicas,
+        port=port,
+        stats_port=procs.free_port(),
+        balance=plan.balance,
+        say=say,
+    )
+    fleet.start()
+    spec = fleet.spec
+    scrape = {
+        "latlab-server": [f"127.0.0.1:{r.metrics_port}" for r in spec.replicas],
+        "latlab-proxy": [f"127.0.0.1:{spec.stats_port}"],
+    }
+    return Serving(f"http://127.0.0.1:{spec.port}", scrape, fleet.stop, fleet.targets)
 
 
 def model_workload(model: ModelPlan, run_dir: Path, host: str, deployments: Iterable[str], sizes: str = "") -> Workload:

@@ -30,6 +30,9 @@ class CpuShare:
     """Locust worker processes (0: the generator is one local process)."""
     chosen_by: str
     """"fair share" or "--cpu-threads" / "--load-workers": who decided."""
+    replicas: int = 1
+    """Servers the cores are split between (`latlab lab --replicas`: a fleet behind a proxy); cpu_threads is
+    each one's."""
 
     def describe(self) -> str:
         generator = (
@@ -37,8 +40,9 @@ class CpuShare:
             if self.load_workers
             else "one load-generator process sends"
         )
+        each = f" in each of {self.replicas} replicas" if self.replicas > 1 else ""
         return (
-            f"CPU deployments compute on {self.cpu_threads} ORT thread{'s' if self.cpu_threads > 1 else ''} "
+            f"CPU deployments compute on {self.cpu_threads} ORT thread{'s' if self.cpu_threads > 1 else ''}{each} "
             f"of this machine's {self.cores} cores; {generator} the load ({self.chosen_by})"
         )
 
@@ -51,16 +55,24 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def cpu_share(cores: int, cpu_threads: int | None = None, load_workers: int | None = None) -> CpuShare:
+def cpu_share(
+    cores: int, cpu_threads: int | None = None, load_workers: int | None = None, replicas: int = 1
+) -> CpuShare:
     """Give the CPU deployments every core the load generator does not need, as a CPU server of this machine
     would have them. The generator keeps one core on a small machine (one process: on 2 cores one ORT
     thread is also what served best, docs/performance.md), and on MANY_CORES or more a core per quarter of
     the machine, each running one Locust worker (up to MAX_LOAD_WORKERS), so that it is not the limit of a
-    GPU deployment's sweep. Either figure may be set; the other then follows."""
-    if cores < 1 or (cpu_threads is not None and cpu_threads < 1) or (load_workers is not None and load_workers < 0):
+    GPU deployment's sweep. Either figure may be set; the other then follows. With `replicas`, those cores are
+    split equally between the fleet's servers (at least one thread each)."""
+    if (
+        cores < 1
+        or replicas < 1
+        or (cpu_threads is not None and cpu_threads < 1)
+        or (load_workers is not None and load_workers < 0)
+    ):
         raise ValueError(
-            f"cores and --cpu-threads must be >= 1 and --load-workers >= 0, got cores={cores}, "
-            f"cpu_threads={cpu_threads}, load_workers={load_workers}"
+            f"cores, --replicas and --cpu-threads must be >= 1 and --load-workers >= 0, got cores={cores}, "
+            f"replicas={replicas}, cpu_threads={cpu_threads}, load_workers={load_workers}"
         )
     chosen = (
         " and ".join(n for n, v in (("--cpu-threads", cpu_threads), ("--load-workers", load_workers)) if v is not None)
@@ -69,8 +81,8 @@ def cpu_share(cores: int, cpu_threads: int | None = None, load_workers: int | No
     if load_workers is None:
         load_workers = min(MAX_LOAD_WORKERS, cores // 4) if cores >= MANY_CORES else 0
     if cpu_threads is None:
-        cpu_threads = max(1, cores - max(1, load_workers))
-    return CpuShare(cores, cpu_threads, load_workers, chosen)
+        cpu_threads = max(1, (cores - max(1, load_workers)) // replicas)
+    return CpuShare(cores, cpu_threads, load_workers, chosen, replicas)
 
 
 @dataclass(frozen=True)
@@ -156,6 +168,12 @@ class LabPlan:
     loadtest/sizes.py); "" for each model's seq_len."""
     bench: bool = True
     """Run `latlab bench --quick` on the plan's models first (batch-time curves for the prediction)."""
+    replicas: int = 1
+    """Serve the deployments as a `latlab fleet` of this many replicas behind HAProxy (each on an equal share of
+    the CPU threads, CpuShare.replicas) and record the fleet in every step; 1: one `latlab serve`, no proxy
+    (docs/fleet.md says why that is the default)."""
+    balance: str = "leastconn"
+    """The fleet's balance algorithm (latlab/fleet/spec.py BALANCES); unused with one replica."""
     cpu: CpuOptions = field(default_factory=lambda: CpuOptions.partial(allow_spinning=False))
     """[deployments.cpu] settings of every CPU deployment, beside intra_op_threads from the CpuShare (which the plan
     may override). Spinning ORT threads steal the CPU that HTTP handling and the generator need, so the lab turns

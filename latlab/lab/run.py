@@ -7,12 +7,12 @@ import json
 import subprocess
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from latlab.bench.plan import BenchOptions, run_child
 from latlab.common import procs
 from latlab.common.settings import CpuOptions
-from latlab.lab.children import model_workload, start_server, step_schedule, write_samples
+from latlab.lab.children import model_workload, start_serving, step_schedule, write_samples
 from latlab.lab.plan import MANY_CORES, PLANS, CpuShare, LabPlan, ModelPlan, available_cores, cpu_share
 from latlab.loadtest import child
 from latlab.loadtest.arrivals import Arrivals
@@ -20,6 +20,9 @@ from latlab.loadtest.plan import Provenance, SweepPlan, Workers
 from latlab.loadtest.results import new_run_id
 from latlab.loadtest.schedule import SloSearch
 from latlab.server.config import dumps_config, save_config
+
+if TYPE_CHECKING:  # the report's types, not its imports: the lab loads the report when it writes it
+    from latlab.report.fleetplan.plan import PlanRequest
 
 GRAFANA_DIR = Path(__file__).resolve().parents[2] / "grafana"
 
@@ -113,10 +116,10 @@ def frontends_for(plan: LabPlan, share: CpuShare) -> int:
     every core the load generator's workers and the engine leave, up to MAX_LAB_FRONTENDS, so that the front end
     is not what caps a CUDA deployment (one process held a batched CUDA deployment to a small share of an H100:
     docs/gpu-findings.md). The deployments are measured one at a time, so the front ends do not take cores from a CPU
-    deployment's ORT threads while they compute."""
+    deployment's ORT threads while they compute. A fleet's replicas split those cores between them."""
     if plan.providers == ("cpu",) or share.cores < MANY_CORES:
         return 1
-    return max(1, min(MAX_LAB_FRONTENDS, share.cores - max(1, share.load_workers) - 1))
+    return max(1, min(MAX_LAB_FRONTENDS, (share.cores - max(1, share.load_workers) - 1) // share.replicas))
 
 
 def tokenizer_table(model_path: Path) -> dict:
@@ -169,17 +172,21 @@ def run_lab(
     machine_name: str | None = None,
     prices: dict | None = None,
     search: SearchStep | None = None,
+    fleet_plan: PlanRequest | None = None,
 ) -> Path:
     """Run the whole plan; returns the report's path. Every child is stopped, also on Ctrl-C.
     `machine_name` names this machine in results and reports (default: its CPU model, or GPU); `prices` are
     the report's (`latlab report --price`; default: the example prices); `search` is the search step a plan
-    with search minutes runs (the CLI gives latlab.tune.lab_search.search_plan)."""
+    with search minutes runs (the CLI gives latlab.tune.lab_search.search_plan); `fleet_plan` asks the report for
+    the fleet plan's section (`latlab report --plan-traffic`)."""
     from latlab.report.write import write_report
 
     plan = PLANS[plan] if isinstance(plan, str) else plan
     if plan.search_minutes > 0 and search is None:
         raise ValueError(f"the plan searches for {plan.search_minutes:g} min: give run_lab its search step")
-    share = share or cpu_share(available_cores())
+    share = share or cpu_share(available_cores(), replicas=plan.replicas)
+    if share.replicas != plan.replicas:
+        raise ValueError(f"the CPU share is split {share.replicas} ways for a plan of {plan.replicas} replicas")
     started = time.perf_counter()
     run_dir = runs_dir / new_run_id()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -201,27 +208,46 @@ def run_lab(
         plan = search(run_dir, models_dir, plan, models, share, _say)
     port = procs.free_port()
     config = write_config(run_dir, models, port, plan, share)
-    host = f"http://127.0.0.1:{port}"
-    _say(f"step {steps - 2}/{steps}: starting the server on {host} (log: {run_dir / 'server.log'})")
-    server, observer_port = start_server(config, port, run_dir / "server.log")
+    _say(f"step {steps - 2}/{steps}: {serving_line(plan, port, run_dir)}")
+    serving = start_serving(config, port, run_dir, plan, share, _say)
     prometheus_process = None
     metrics_port = procs.free_port()
     try:
         prometheus_process = start_prometheus(
-            run_dir, {"latlab-server": [f"127.0.0.1:{observer_port}"], "latlab-loadgen": [f"127.0.0.1:{metrics_port}"]}
+            run_dir, {**serving.scrape, "latlab-loadgen": [f"127.0.0.1:{metrics_port}"]}
         )
         _say(f"step {steps - 1}/{steps}: sweeping offered load per deployment (Locust, open loop)")
         for model in plan.models:
-            sweep_model(run_dir, plan, model, host, metrics_port, share.load_workers, machine_name)
+            sweep_model(
+                run_dir,
+                plan,
+                model,
+                serving.host,
+                metrics_port,
+                share.load_workers,
+                machine_name,
+                serving.fleet_targets,
+            )
     finally:
-        for process in (server, prometheus_process):
-            if process is not None:
-                procs.stop(process)
+        serving.stop()
+        if prometheus_process is not None:
+            procs.stop(prometheus_process)
     _say(f"step {steps}/{steps}: writing the report")
-    report = write_report(run_dir, list(plan.slos.seconds), prices=prices)
+    report = write_report(run_dir, list(plan.slos.seconds), prices=prices, plan=fleet_plan)
     _say(f"done in {time.perf_counter() - started:.0f} s")
     print(f"report: {report.resolve()}")
     return report
+
+
+def serving_line(plan: LabPlan, port: int, run_dir: Path) -> str:
+    """What the lab says as it starts serving: one server and its log, or a fleet and its folder."""
+    host = f"http://127.0.0.1:{port}"
+    if plan.replicas == 1:
+        return f"starting the server on {host} (log: {run_dir / 'server.log'})"
+    return (
+        f"starting a fleet of {plan.replicas} replicas behind HAProxy on {host}, balance {plan.balance} "
+        f"(configs and logs: {run_dir / 'fleet'})"
+    )
 
 
 def run_bench(run_dir: Path, models_dir: Path, plan: LabPlan, cpu_threads: int) -> None:
@@ -246,14 +272,15 @@ def sweep_model(
     metrics_port: int,
     load_workers: int = 0,
     machine_name: str | None = None,
+    fleet: Path | None = None,
 ) -> None:
     """One Locust sweep over the model's deployments per traffic profile of the plan, with the model's loads and
     request encoding, into run_dir/<model> (the first profile) and run_dir/<model>/traffic-<k> (a load test of its
-    own each: see sweep_plan)."""
+    own each: see sweep_plan); `fleet`: the targets of the fleet behind `host`."""
     for k, arrivals in enumerate(plan.traffic):
         if len(plan.traffic) > 1:
             _say(f"{model.name}: traffic {k + 1} of {len(plan.traffic)}, {arrivals.spec} arrivals")
-        sweep = sweep_plan(run_dir, plan, model, host, metrics_port, load_workers, machine_name, arrivals)
+        sweep = sweep_plan(run_dir, plan, model, host, metrics_port, load_workers, machine_name, arrivals, fleet)
         child.run(sweep, traffic_folder(run_dir, model, k), run_id=run_dir.name)
 
 
@@ -271,10 +298,12 @@ def sweep_plan(
     load_workers: int = 0,
     machine_name: str | None = None,
     arrivals: Arrivals = Arrivals(),
+    fleet: Path | None = None,
 ) -> SweepPlan:
     """The load test of one model's sweep; with load_workers, a Locust master with that many local worker
     processes. Past the model's rates it raises the load until each deployment saturates or its p99 passes twice
-    the plan's largest SLO (beyond that no SLO of the report can change), then brackets every SLO of the plan."""
+    the plan's largest SLO (beyond that no SLO of the report can change), then brackets every SLO of the plan.
+    With `fleet` (a fleet's targets file, `host` its proxy), every step also records the fleet."""
     return SweepPlan(
         workload=model_workload(model, run_dir, host, plan.deployment_names(model), plan.sizes),
         schedule=step_schedule(
@@ -294,5 +323,5 @@ def sweep_plan(
             confidence=plan.confidence,
         ),
         workers=Workers(local=load_workers, metrics_port=metrics_port),
-        provenance=Provenance(machine_name=machine_name),
+        provenance=Provenance(machine_name=machine_name, fleet=str(fleet) if fleet is not None else ""),
     )

@@ -25,6 +25,7 @@ from latlab.report.fleetplan.fleet import (
 from latlab.report.fleetplan.replica import ReplicaModel
 from latlab.report.fleetplan.traffic import DayTraffic
 from latlab.report.fleetplan.validate import validation_rows
+from latlab.report.inputs import REFERENCE_DIR, read_bench
 from latlab.report.predict import bench_fits
 
 GPU_BATCHER = BatcherSettings(max_batch_size=64, max_queue_delay_ms=2.0, max_queue_size=256)
@@ -57,6 +58,39 @@ class Plan:
         return verdict(self.days, self.slo)
 
 
+@dataclass(frozen=True)
+class PlanRequest:
+    """What a plan is asked, checked before any work (latlab plan's options, and latlab report's and lab's
+    --plan-* ones); the prices and the run come from where it is made."""
+
+    traffic: DayTraffic
+    slo: Slo
+    scaler: Autoscaler = field(default_factory=Autoscaler)
+    target: str = "inflight:2"
+    """inflight:N or util:U (TARGET_HELP)."""
+    model: str | None = None
+    """Which of the run's models to plan for (None: the first)."""
+    use_off: bool = False
+    """Plan with replica models the validation found off."""
+    budget_s: float = SECONDS_PER_FLEET
+    """About how long one fleet's day may take to simulate."""
+
+    def make(self, run_dir: Path, prices: dict[str, float], rows: list[dict] | None = None) -> Plan:
+        """The plan of this request for a run (its validation `rows` where already made)."""
+        return make_plan(
+            run_dir,
+            self.traffic,
+            self.slo,
+            prices,
+            self.scaler,
+            self.target,
+            self.model,
+            self.use_off,
+            self.budget_s,
+            rows,
+        )
+
+
 def check_target(target: str) -> str:
     """The autoscaler target as given, once checked; PlanError otherwise."""
     kind, _, value = target.partition(":")
@@ -79,12 +113,14 @@ def make_plan(
     model: str | None = None,
     use_off: bool = False,
     budget_s: float = SECONDS_PER_FLEET,
+    rows: list[dict] | None = None,
 ) -> Plan:
-    """The plan for one model of a run: validate its deployments, take the best usable one per provider (the
-    committed H100 reference where no GPU deployment was measured), size each, and run the fleets over the day."""
+    """The plan for one model of a run: validate its deployments (unless their `rows` are given, as
+    validate.validation_rows returns them), take the best usable one per provider (the committed H100 reference where
+    no GPU deployment was measured), size each, and run the fleets over the day."""
     check_target(target)
     notes: list[str] = []
-    rows = validation_rows(run_dir)
+    rows = validation_rows(run_dir) if rows is None else rows
     models = sorted({r["model"] for r in rows if r["model"]})
     if not rows:
         raise PlanError(f"{run_dir}: no deployment with server figures or a bench fit to model")
@@ -136,8 +172,6 @@ def _price(prices: dict, name: str) -> float:
 
 def _reference_gpu(model: str, cpu: ReplicaKind | None, prices: dict, notes: list[str]) -> ReplicaKind | None:
     """A GPU replica from the committed H100 bench of the same model, with the CPU deployment's serving work."""
-    from latlab.report.write import REFERENCE_DIR, read_bench  # here: only a plan without GPU data reads it
-
     fit = next(
         (f["fit"] for f in bench_fits(read_bench(REFERENCE_DIR)) if f["model"] == model and f["backend"] == "ort-cuda"),
         None,

@@ -3,6 +3,7 @@ each measured rate and the highest rate under each SLO, off where the rate misse
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from pathlib import Path
@@ -15,6 +16,7 @@ from latlab.loadtest.results import Curve, Run
 from latlab.report.fleetplan.fleet import highest_rate
 from latlab.report.fleetplan.replica import ReplicaModel, simulate
 from latlab.report.fleetplan.traffic import gamma_arrivals
+from latlab.report.inputs import load_inputs
 from latlab.report.predict import BatchTimeFit, FitError, bench_fits, matching_fit, request_overheads
 from latlab.report.rates import max_rate_under
 
@@ -23,13 +25,17 @@ OFF_BY = 0.20
 SLOS_S = (0.010, 0.025, 0.050, 0.100)
 VALIDATION_REQUESTS = 20_000
 BENCH_SOURCE = "bench batch-time fit + the machine's serving work per request"
+SPLIT_SOURCE = "bench batch-time fit + serving work split per request and per batch (the server's CPU per request)"
 OWN_SOURCE = "fit of its own steps (server batch sizes and run times, capacity at its highest rate)"
 
 
-def curve_models(curve: Curve, fits: list[dict], overheads: dict[str, float]) -> list[tuple[ReplicaModel, str]]:
+def curve_models(
+    curve: Curve, fits: list[dict], overheads: dict[str, float], splits: dict | None = None
+) -> list[tuple[ReplicaModel, str]]:
     """The replica models of a deployment worth checking, each with where it comes from: the bench's batch-time fit
     of its model where the bench ran the same model (FP32 export) on its machine, with the machine's serving work
-    per request (report/predict.py's); and a fit of its own steps' server figures."""
+    per request (report/predict.py's), and with that work split per request and per batch (`splits`, from
+    serving_splits); and a fit of its own steps' server figures."""
     batcher = curve.batcher or BatcherSettings()
     found = []
     bench = matching_fit(curve, fits) if curve.variant is None else None
@@ -38,11 +44,39 @@ def curve_models(curve: Curve, fits: list[dict], overheads: dict[str, float]) ->
         fit = bench["fit"]
         c_s = overheads[host]
         found.append((ReplicaModel.of(fit.a_s, fit.b_s, c_s, batcher), BENCH_SOURCE))
+    split = (splits or {}).get((host, curve.model))
+    if bench is not None and split is not None:
+        per_request_s, per_batch_s = split
+        fit = bench["fit"]
+        found.append((ReplicaModel.of(fit.a_s + per_batch_s, fit.b_s, per_request_s, batcher), SPLIT_SOURCE))
     own = own_fit(curve)
     if own is not None:
         fit, c_s = own
         found.append((ReplicaModel.of(fit.a_s, fit.b_s, c_s, batcher), OWN_SOURCE))
     return found
+
+
+def serving_splits(curves: list[Curve]) -> dict[tuple[str, str], tuple[float, float]]:
+    """Per machine and model, the server's CPU per request split into a part per request and a part per batch (the
+    batcher's hand-offs, a run's set-up), c_r + c_b / n fitted over the steps that kept up across its deployments'
+    mean batch sizes n; batching amortises c_b, which one c calibrated with batching off charges to every request.
+    Only where the steps span more than one batch size and both parts come out non-negative."""
+    points: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for curve in curves:
+        for s in curve.steps:
+            cores = (s.server or {}).get("process_cpu_cores")
+            if cores and s.avg_batch_size and s.achieved_rps > 0 and s.achieved_rps >= 0.9 * s.offered_rps:
+                key = (machine_key(curve.machine or {}), curve.model)
+                points.setdefault(key, []).append((1.0 / float(s.avg_batch_size), float(cores) / s.achieved_rps))
+    splits = {}
+    for key, found in points.items():
+        x, y = np.asarray(found).T
+        if np.ptp(x) < 0.1:  # batch sizes too alike to tell the parts apart
+            continue
+        per_batch, per_request = np.polyfit(x, y, 1)
+        if per_batch >= 0 and per_request > 0:
+            splits[key] = (float(per_request), float(per_batch))
+    return splits
 
 
 def own_fit(curve: Curve) -> tuple[BatchTimeFit, float] | None:
@@ -118,10 +152,11 @@ def validate_curve(curve: Curve, model: ReplicaModel, source: str, slos_s=SLOS_S
     for step in steps:
         step["error"] = _error(step["predicted_p99_s"], step["measured_p99_s"])
     slos = []
+    p99_at = functools.cache(lambda rate: predicted_p99_s(model, curve, rate, seed))  # the SLOs' bisections share rates
     for slo_s in slos_s:
         best = max_rate_under(curve.steps, slo_s)
         measured = best.achieved_rps if best is not None else 0.0
-        predicted = highest_rate(lambda r: predicted_p99_s(model, curve, r, seed) <= slo_s, model.capacity_rps())
+        predicted = highest_rate(lambda r: p99_at(r) <= slo_s, model.capacity_rps())
         error = _error(predicted, measured)
         slos.append(
             {
@@ -156,25 +191,26 @@ def _error(predicted: float, measured: float | None) -> float:
 
 
 def validation_rows(results: Path | str | tuple[list[Run], list[dict]], slos_s=SLOS_S) -> list[dict]:
-    """Every deployment of a lab run (a run folder, or its runs and bench documents as report.write.load_inputs
+    """Every deployment of a lab run (a run folder, or its runs and bench documents as report.inputs.load_inputs
     returns them) with its replica model and how far it is from what was measured (validate_curve's rows)."""
     if isinstance(results, (str, Path)):
-        from latlab.report.write import load_inputs  # here: the report's reader, not needed by the simulator
-
         runs, bench = load_inputs([Path(results)], None)
     else:
         runs, bench = results
     curves = [c for run in runs for c in run.deployments if c.steps]
     fits = bench_fits(bench)
     overheads = request_overheads(curves, fits)
+    splits = serving_splits(curves)
     rows = []
     for curve in curves:
         checked = [
             validate_curve(curve, model, source, slos_s=slos_s)
-            for model, source in curve_models(curve, fits, overheads)
+            for model, source in curve_models(curve, fits, overheads, splits)
         ]
-        if checked:  # the closer of the fits is kept; the other's worst error is shown beside it
-            checked.sort(key=_worst)
+        if (
+            checked
+        ):  # the fit within OFF_BY for the most SLOs (then the least worst error) is kept, the others beside it
+            checked.sort(key=lambda r: (sum(s["off"] for s in r["slos"]), _worst(r)))
             rows.append(
                 {**checked[0], "others": [{"source": r["source"], "worst_error": _worst(r)} for r in checked[1:]]}
             )

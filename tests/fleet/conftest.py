@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from latlab.common import procs
 from latlab.fleet.build import build_fleet
 from latlab.fleet.run import Fleet
+from latlab.lab.plan import available_cores
 from latlab.server.config import save_config
 
 BODY = {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1.0, 2.0, 3.0, 4.0]}]}
@@ -32,7 +33,13 @@ def start_fleet(tmp_path: Path, tiny_model: Path) -> Iterator[Callable[..., Flee
         lines: list[str] = []
         folder = tmp_path / f"fleet-{len(fleets)}"
         fleet = build_fleet(
-            config, folder, port=procs.free_port(), stats_port=procs.free_port(), say=lines.append, **options
+            config,
+            folder,
+            available_cores(),
+            port=procs.free_port(),
+            stats_port=procs.free_port(),
+            say=lines.append,
+            **options,
         )
         fleet.lines = lines  # type: ignore[attr-defined]
         fleets.append(fleet)

@@ -93,18 +93,28 @@ def searched(tmp_path: Path) -> Path:
     return write_report([searched_run(tmp_path)], SLOS, out=tmp_path / "report")
 
 
+def planned(tmp_path: Path) -> Path:
+    """A CPU run with the fleet plan asked for (--plan-traffic): its figure loads, the answer stays first."""
+    from latlab.report.fleetplan.fleet import Slo
+    from latlab.report.fleetplan.plan import PlanRequest
+    from latlab.report.fleetplan.traffic import parse_profile
+
+    request = PlanRequest(parse_profile("diurnal:200:20"), Slo.parse("p99:100ms"), use_off=True, budget_s=0.2)
+    return write_report([cpu_run(tmp_path)], SLOS, out=tmp_path / "report", plan=request)
+
+
 @pytest.fixture
 def merged_report(tmp_path: Path) -> Path:
     return merged(tmp_path)
 
 
-@pytest.mark.parametrize("build, images", [(merged, 3), (cpu_only, 3), (searched, 2)])
+@pytest.mark.parametrize("build, images", [(merged, 3), (cpu_only, 3), (searched, 2), (planned, 4)])
 def test_verdict_table_is_in_the_first_viewport_and_every_image_loads(build, images: int, tmp_path: Path) -> None:
     facts = probe(build(tmp_path), tmp_path / "profile")
     # Headless chromium keeps room for a browser's toolbars out of the window: ~660 px of an 800 px window,
     # about what a laptop's browser shows.
     assert 600 <= facts["innerHeight"] <= HEIGHT
-    assert len(facts["images"]) == images  # the cost picture, where the time goes, the latency curve
+    assert len(facts["images"]) == images  # the cost picture, where the time goes, the latency curve (, the fleets)
     assert first_screen_problems(facts) == []
 
 
