@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import os
+import shutil
 import socket
 import subprocess
 from pathlib import Path
@@ -69,6 +71,20 @@ def make_config() -> Callable[..., ServerConfig]:
 FAST_LANE = os.environ.get("LATLAB_FAST_LANE") == "1"
 """`make check` sets it: the tests that start no process and open no listening socket run, the rest skip where
 they would start one. The line is drawn by what a test does, so no list of slow tests needs keeping."""
+
+
+LAB_V1 = Path(__file__).resolve().parent / "data" / "lab-v1"
+"""A committed lab run (an AMD EPYC VM, no GPU deployment)."""
+
+
+@pytest.fixture(scope="module")
+def ffn_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The committed lab run's ffn results and bench, unzipped into a run folder."""
+    folder = tmp_path_factory.mktemp("run")
+    for name, target in (("ffn-results.json.gz", "results-ffn.json"), ("bench.json.gz", "bench.json")):
+        with gzip.open(LAB_V1 / name) as source, open(folder / target, "wb") as out:
+            shutil.copyfileobj(source, out)
+    return folder
 
 
 def _starts_something(what: str):

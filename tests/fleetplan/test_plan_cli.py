@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import gzip
 import math
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,18 +10,7 @@ import pytest
 from latlab.cli import main
 from latlab.report.fleetplan.validate import OFF_BY, validation_rows
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "lab-v1"
 TRACE = Path(__file__).resolve().parents[2] / "traces" / "AzureLLMInferenceTrace_conv.csv"
-
-
-@pytest.fixture(scope="module")
-def ffn_run(tmp_path_factory) -> Path:
-    """The committed lab run's ffn results and bench, unzipped into a run folder."""
-    folder = tmp_path_factory.mktemp("run")
-    for name, target in (("ffn-results.json.gz", "results-ffn.json"), ("bench.json.gz", "bench.json")):
-        with gzip.open(DATA / name) as source, open(folder / target, "wb") as out:
-            shutil.copyfileobj(source, out)
-    return folder
 
 
 @pytest.fixture

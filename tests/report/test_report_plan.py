@@ -4,9 +4,7 @@ as the user runs it, and a bad spec refused in one line before any work."""
 
 from __future__ import annotations
 
-import gzip
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,20 +20,9 @@ from latlab.report.plan_section import PLAN_FIGURE, validation_section, validati
 from latlab.report.write import write_report
 
 ROOT = Path(__file__).resolve().parents[2]
-DATA = ROOT / "tests" / "data" / "lab-v1"
 SLOS = [0.025, 0.1]
 PRICES = {"cpu": 0.10, "cuda": 2.50}
 PNG_HEADER = b"\x89PNG"
-
-
-@pytest.fixture(scope="module")
-def ffn_run(tmp_path_factory) -> Path:
-    """The committed lab run's ffn results and bench (an AMD EPYC VM, no GPU deployment), as a run folder."""
-    folder = tmp_path_factory.mktemp("run")
-    for name, target in (("ffn-results.json.gz", "results-ffn.json"), ("bench.json.gz", "bench.json")):
-        with gzip.open(DATA / name) as source, open(folder / target, "wb") as out:
-            shutil.copyfileobj(source, out)
-    return folder
 
 
 @pytest.fixture(scope="module")
