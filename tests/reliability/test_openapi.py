@@ -89,6 +89,7 @@ CASES = [
     for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
     if mode == GenerationMode.POSITIVE or "requestBody" in operation or "security" in operation
 ]
+FRAMING_HEADERS = {"transfer-encoding", "content-length", "connection", "te", "upgrade"}
 CHECKS = [not_a_server_error, response_schema_conformance, status_code_conformance, content_type_conformance]
 
 
@@ -109,6 +110,9 @@ def test_fuzzing_from_the_description_finds_nothing(
     )
     @given(case=operation.as_strategy(generation_mode=mode))
     def fuzz(case: schemathesis.Case) -> None:
+        # Framing headers belong to the HTTP layer (Granian), which refuses a bad one before the app sees the
+        # request; the description is the app's, so the fuzzer's values for them test nothing of it.
+        case.headers = {k: v for k, v in (case.headers or {}).items() if k.lower() not in FRAMING_HEADERS}
         case.call_and_validate(
             base_url=fuzzed_server.url,
             session=session,
