@@ -145,6 +145,9 @@ class Curve:
     search: Figures | None = None
     overload: Figures | None = None
     single_request: Figures | None = None
+    proxy_added: Figures | None = None
+    """Through a fleet's proxy (--fleet): the latency it adds to a lone request, against a replica direct
+    (loadtest/fleet.py's proxy_added); None for one server."""
     slo_brackets: list[Figures] = field(default_factory=list)
     slo_steps: int | None = None
     slo_budget_spent: bool | None = None

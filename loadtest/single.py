@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from latlab.loadtest.lean_http import LeanClient
+from latlab.loadtest.lean_http import LeanClient, Prepared
 from latlab.loadtest.payloads import request_bodies
 from latlab.loadtest.plan import PayloadOptions
 from latlab.loadtest.recorder import MIN_SAMPLES_P99, percentiles
@@ -27,26 +27,37 @@ def one_at_a_time(
 ) -> dict:
     """Send `requests` infer requests back to back, each after the previous answer (fewer when `budget_s` runs
     out); their latency percentiles, error count and whether there were enough for a p99."""
-    metadata = fetch(host, f"/v2/models/{deployment}").json()
-    bodies = request_bodies(metadata, seed=0, options=options)
     client = LeanClient(host)
-    path = f"/v2/models/{deployment}/infer"
-    prepared = [client.prepare("POST", path, body.data, body.headers) for body in bodies]
+    prepared = lone_requests(client, host, deployment, options)
     latencies, errors = [], 0
     deadline = time.monotonic() + budget_s
     try:
         client.send(prepared[0])  # a fresh connection's set-up is not the deployment's latency
         while len(latencies) < requests and time.monotonic() < deadline:
-            began = time.perf_counter()
-            try:
-                ok = client.send(prepared[len(latencies) % len(prepared)]).status == 200
-            except OSError:
-                ok = False
-            latencies.append(time.perf_counter() - began)
+            seconds, ok = timed(client, prepared[len(latencies) % len(prepared)])
+            latencies.append(seconds)
             errors += not ok
     finally:
         client.close()
     return summary(latencies, errors)
+
+
+def lone_requests(client: LeanClient, host: str, deployment: str, options: PayloadOptions) -> list[Prepared]:
+    """The load's own request bodies for `deployment`, prepared for `client` (its metadata read from `host`)."""
+    metadata = fetch(host, f"/v2/models/{deployment}").json()
+    bodies = request_bodies(metadata, seed=0, options=options)
+    path = f"/v2/models/{deployment}/infer"
+    return [client.prepare("POST", path, body.data, body.headers) for body in bodies]
+
+
+def timed(client: LeanClient, request: Prepared) -> tuple[float, bool]:
+    """One request's round trip (seconds) and whether it was answered 200."""
+    began = time.perf_counter()
+    try:
+        ok = client.send(request).status == 200
+    except OSError:
+        ok = False
+    return time.perf_counter() - began, ok
 
 
 def summary(latencies: list[float], errors: int) -> dict:

@@ -28,7 +28,7 @@ from latlab.loadtest.loadgen_metrics import LoadGenMetrics, start_exporter
 from latlab.loadtest.recorder import MIN_SAMPLES_P99
 from latlab.loadtest.results import Curve, Run, Step, write_results
 from latlab.loadtest.describe import describe, extras_notice
-from latlab.loadtest.fleet import FleetTargets, fleet_step, read_fleet, read_targets
+from latlab.loadtest.fleet import FleetTargets, fleet_step, proxy_added, proxy_line, read_fleet, read_targets
 from latlab.loadtest.scrape import fetch, metrics_source
 from latlab.loadtest.search import SATURATED_BELOW, bracket_slos, open_slos, slo_search
 from latlab.loadtest.single import one_at_a_time
@@ -131,6 +131,9 @@ def _run_deployment(
     info = _describe(plan, deployment, progress)
     steps: list[Step] = []
     fleet = read_targets(plan.provenance.fleet) if plan.provenance.fleet else None
+    if fleet is not None:
+        info["proxy_added"] = proxy_added(plan.workload.host, fleet, deployment, plan.workload.payload)
+        progress(proxy_line(deployment, info["proxy_added"]) or f"{deployment}: the targets name no replica address")
 
     def measure(load: float) -> Step:
         decide_for = open_slos(plan.slo.slos.seconds, steps, load)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 
+from latlab.loadtest.fleet import proxy_line
 from latlab.loadtest.floor import floor_line, near_floor
 from latlab.loadtest.results import Curve, Run, Step
 from latlab.report.bench_pivot import gpu_speedup, pivot
@@ -236,8 +237,14 @@ def steps_table(curve: Curve) -> str:
         f"<th>p50 ms</th><th>p90 ms</th><th>p99 ms</th><th>p99 {_level(curve)} interval ms</th><th>max ms</th>"
         "<th>errors</th><th>dropped</th>"
         f"<th>avg batch</th><th>sent late p50 / p99 ms</th><th>generator CPU, flags</th></tr>{''.join(rows)}"
-        f"</table><p>{esc(floor_line(curve.generator_floor))}</p></details>"
+        f"</table><p>{esc(floor_line(curve.generator_floor))}</p>{_proxy_paragraph(curve)}</details>"
     )
+
+
+def _proxy_paragraph(curve: Curve) -> str:
+    """What the fleet's proxy added to a lone request, measured before the steps (--fleet); '' for one server."""
+    line = proxy_line(curve.name, curve.proxy_added)
+    return f"<p>{esc(line)}</p>" if line else ""
 
 
 def fleet_flag(step: Step) -> str:

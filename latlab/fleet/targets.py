@@ -12,13 +12,21 @@ PROXY_JOB = "latlab-proxy"
 """The proxy's job label: its target sits in a server target file but is not a latlab server (a target's own
 `job` label wins over the scrape config's job name)."""
 TARGETS_FILE = "servers-fleet.json"
+SERVING_LABEL = "__latlab_serving"
+"""A replica group's label naming its main port's host:port, where infer requests go: a load test through the
+proxy measures the proxy's added latency against it (loadtest/fleet.py). Prometheus drops labels that start with
+`__` once its relabelling is done, so no series carries it."""
 
 
 def file_sd(spec: FleetSpec, fleet: str = "fleet") -> list[dict]:
-    """Prometheus file_sd target groups: one per replica (labels fleet, replica) and one for the proxy (labels
-    fleet, job and balance: a load test through the proxy records the fleet from them, loadtest/fleet.py)."""
+    """Prometheus file_sd target groups: one per replica (labels fleet, replica and its serving address) and one
+    for the proxy (labels fleet, job and balance: a load test through the proxy records the fleet from them,
+    loadtest/fleet.py)."""
     groups = [
-        {"targets": [f"127.0.0.1:{r.metrics_port}"], "labels": {"fleet": fleet, "replica": r.name}}
+        {
+            "targets": [f"127.0.0.1:{r.metrics_port}"],
+            "labels": {"fleet": fleet, "replica": r.name, SERVING_LABEL: f"127.0.0.1:{r.port}"},
+        }
         for r in spec.replicas
     ]
     proxy = {"fleet": fleet, "job": PROXY_JOB, "balance": spec.balance}

@@ -48,6 +48,14 @@ def test_a_sweep_through_the_proxy_records_every_replica_and_the_proxy(start_fle
     # the proxy passed each on: its count and theirs agree but for the requests sent while the pages were read
     assert abs(proxy["requests"] - sum(counts.values())) <= spill, (proxy, counts)
     assert proxy["5xx"] == 0 and proxy["retries"] == 0
+    added = run.deployments[0].proxy_added
+    assert added["replica"] == "r0" and added["pairs"] == loadtest_fleet.PAIRS
+    assert added["proxy"]["errors"] == 0 and added["direct"]["errors"] == 0
+    for q in ("p50", "p99"):
+        assert added[f"added_{q}_s"] == added["proxy"][f"{q}_s"] - added["direct"][f"{q}_s"]
+    # one more hop through another process: a lone request's median is slower through it than straight to r0
+    assert added["added_p50_s"] > 0, added
+    assert "the proxy added p50 +" in result.stdout
 
 
 def test_a_missing_targets_file_is_one_line_before_any_load(tmp_path: Path):

@@ -13,6 +13,7 @@ from latlab.fleet.haproxy import check_config, haproxy_config
 from latlab.fleet.spec import BALANCES, READY_PATH, FleetSpec, Replica, plan_replicas
 from latlab.fleet.spec import read_config_document, replica_document
 from latlab.fleet.targets import PROXY_JOB, file_sd, write_targets
+from latlab.loadtest.fleet import read_targets
 from latlab.server.config import load_config, save_config
 
 
@@ -81,6 +82,11 @@ def test_targets_list_every_replica_observer_port_and_the_proxy_exporter(tmp_pat
     assert [g["labels"].get("replica") for g in groups[:2]] == ["r0", "r1"]
     assert groups[2]["labels"]["job"] == PROXY_JOB
     assert all(set(g) == {"targets", "labels"} for g in groups)
+    # where each replica serves infer requests, for a load test's measure of the proxy's added latency
+    assert read_targets(tmp_path / "targets" / "servers-fleet.json").serving == (
+        ("r0", "127.0.0.1:9100"),
+        ("r1", "127.0.0.1:9102"),
+    )
 
 
 def test_replica_config_serves_the_fleet_config_on_its_ports_threads_and_gpu(tmp_path, tiny_model):

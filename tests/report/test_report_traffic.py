@@ -71,3 +71,25 @@ def test_a_step_shows_the_pad_tokens_its_batches_added(tmp_path: Path) -> None:
     )
     page = write_report(tmp_path / "run", SLOS, prices=PRICES, out=tmp_path / "out").read_text()
     assert "<td>1.0, 23% pad tokens</td>" in page and page.count("pad tokens") == 1
+
+
+def test_a_deployment_through_a_fleet_says_what_the_proxy_added(tmp_path: Path) -> None:
+    env = {"name": CPU_NAME, "cpu": "SYNTHETIC CPU", "cores": 16, "cpu_threads": 16}
+    lone = {"requests": 300, "errors": 0, "max_s": 0.004, "too_few_samples": False}
+    added = {
+        "replica": "r0",
+        "pairs": 300,
+        "proxy": {**lone, "p50_s": 0.0015, "p99_s": 0.0031},
+        "direct": {**lone, "p50_s": 0.0011, "p99_s": 0.0022},
+        "added_p50_s": 0.0015 - 0.0011,
+        "added_p99_s": 0.0031 - 0.0022,
+    }
+    fleet = curve("mlp-batch", "cpu", 8, [step(50, 8), step(100, 9)], env)
+    fleet.proxy_added = added
+    alone = curve("mlp-b1", "cpu", 1, [step(50, 8), step(100, 9)], env)
+    run = Run(run_id="r", machine={"hostname": "vm", **env}, deployments=[fleet, alone])
+    write_results(tmp_path / "run" / "results.json", run)
+    page = html.unescape(write_report(tmp_path / "run", SLOS, prices=PRICES, out=tmp_path / "out").read_text())
+    said = "mlp-batch: the proxy added p50 +0.40 ms, p99 +0.90 ms to a lone request (300 pairs: through it p50 1.50"
+    assert said in page and "r0 direct 1.10 / 2.20 ms" in page
+    assert page.count("the proxy added") == 1  # the deployment served without the proxy says nothing of one
