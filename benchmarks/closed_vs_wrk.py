@@ -4,7 +4,9 @@
 
 Serves the lab's mlp at batching off (or `--max-batch N`, waiting up to 2 ms; one ORT thread) on a free port
 and, alternating the order per round, runs `wrk -t1 -cUSERS` (a POST of one JSON infer body, the first the
-generator itself would send) and `latlab loadtest --mode closed --users USERS` for the same seconds. Prints each
+generator itself would send) and `latlab loadtest --mode closed --users USERS` for the same seconds (with
+`--greenlet` also with LATLAB_CLOSED_LOOP=greenlet: the users sending from their greenlets, as before the loop
+sender). Prints each
 tool's requests/s, its own CPU (% of one core: wrk's from its process times, latlab's the busiest generator
 process as the results record it), latlab's rate over wrk's per round, and their median over the rounds (this
 machine's rate drifts between rounds far more than the two tools differ: only pairs side by side compare). wrk
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -30,6 +33,8 @@ from latlab.common import procs
 from latlab.loadtest.payloads import request_bodies
 
 DEPLOYMENT = "mlp"
+CLOSED_LOOP_ENV = "LATLAB_CLOSED_LOOP"
+"""loadtest/users.py's switch (not imported: it would patch this process with gevent)."""
 
 
 def wrk_rate(url: str, body: bytes, users: int, seconds: float, work: Path) -> tuple[float, float]:
@@ -87,6 +92,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--max-batch", type=int, default=1, help="the batcher's max batch size (its wait: 2 ms above 1)"
     )
+    parser.add_argument(
+        "--greenlet", action="store_true", help="also latlab's closed loop sending from its greenlets (the old way)"
+    )
     parser.add_argument("--models-dir", type=Path, default=Path("models/bench"))
     parser.add_argument("--out", type=Path, default=Path("runs") / f"closed-vs-wrk-{time.strftime('%Y%m%d-%H%M%S')}")
     args = parser.parse_args(argv)
@@ -103,15 +111,18 @@ def main(argv: list[str] | None = None) -> None:
     with serving(config, port, work / "server.log") as served:
         metadata = requests.get(f"{served.url}/v2/models/{DEPLOYMENT}", timeout=10).json()
         body = request_bodies(metadata, seed=0)[0].data
-        print("round  tool    req/s  own CPU %")
+        print("round  tool              req/s  own CPU %  CPU per request")
         for k in range(args.rounds):
             measured = {}
-            for tool in ("wrk", "latlab") if k % 2 == 0 else ("latlab", "wrk"):
+            tools = ["wrk", "latlab", *(["latlab-greenlet"] if args.greenlet else [])]
+            for tool in tools if k % 2 == 0 else tools[::-1]:
                 if tool == "wrk":
                     measured[tool] = wrk_rate(served.url, body, args.users, args.seconds, work)
                 else:
-                    measured[tool] = latlab_rate(served.url, args.users, args.seconds, work / f"latlab-{k}")
-                print(f"{k:5d}  {tool:6s} {measured[tool][0]:7.0f}  {measured[tool][1]:9.0f}", flush=True)
+                    os.environ[CLOSED_LOOP_ENV] = "greenlet" if tool == "latlab-greenlet" else "callbacks"
+                    measured[tool] = latlab_rate(served.url, args.users, args.seconds, work / f"{tool}-{k}")
+                rps, cpu = measured[tool]
+                print(f"{k:5d}  {tool:15s} {rps:7.0f}  {cpu:9.0f}  {cpu / 100 / rps * 1e6:6.0f} µs", flush=True)
             ratio = measured["latlab"][0] / measured["wrk"][0]
             print(f"{k:5d}  latlab / wrk: {ratio:.3f}", flush=True)
             figures = {tool: {"rps": rps, "cpu_percent": cpu} for tool, (rps, cpu) in measured.items()}

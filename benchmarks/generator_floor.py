@@ -12,6 +12,12 @@ process's). Per step, from the results file:
   with no cost of its own would read, less the loopback hop), as its mean (exact: sum over count) and its
   p50/p99 (interpolated within the histogram's buckets, as Prometheus does);
 - the generator's added latency: reported minus direct, for the mean and for p50 and p99.
+With `--wrk` each step is followed by the same rate from `wrk` (Debian's, C, epoll; one thread, one connection,
+`--latency`), paced by a Lua `delay()` of 1/rate less the server's own p50 (so it sends at about the rate, each
+request after the last answer: at these utilisations nothing queues), posting the generator's own first body.
+wrk's p50/p99 is the "direct" figure closest to what a client with no cost of its own reads: it includes the
+loopback hop and the server's HTTP layer, which the server's histogram does not, so "added over wrk" is what
+latlab's generator itself adds.
 With `--timers timerfd,loop` every step runs once per way the generator waits for a send time (loadtest/timer.py:
 its timerfd, or the event loop's own timer, LATLAB_TIMER=loop, spinning out the last 1.2 ms below ~208 req/s per
 process), side by side against the same server. One row per rate, timer and round, rounds alternating the order;
@@ -23,12 +29,16 @@ import argparse
 import itertools
 import json
 import os
+import re
+import subprocess
 import time
 from pathlib import Path
 
+import requests
 from harness import batching, export_zoo, loadtest, quantile, serving, write_config
 
 from latlab.common import procs
+from latlab.loadtest.payloads import request_bodies
 
 REQUEST_HISTOGRAM = "latlab_server_request_duration_seconds"
 
@@ -72,6 +82,26 @@ def step_row(served, deployment: str, out: Path, rate: float, step_seconds: floa
     }
 
 
+def wrk_paced(url: str, deployment: str, body: bytes, rate: float, service_s: float, seconds: float, work: Path):
+    """wrk's p50 and p99 (seconds) and its rate, one connection paced at about `rate` (module docstring)."""
+    delay_ms = max(0.0, 1e3 / rate - service_s * 1e3)
+    script = work / "paced.lua"
+    script.write_text(
+        'wrk.method = "POST"\nwrk.headers["Content-Type"] = "application/json"\n'
+        f"wrk.body = {json.dumps(body.decode())}\n"
+        f"function delay() return {delay_ms:.3f} end\n"
+    )
+    command = ["wrk", "-t1", "-c1", f"-d{seconds:g}s", "--latency", "-s", str(script)]
+    out = subprocess.run([*command, f"{url}/v2/models/{deployment}/infer"], capture_output=True, text=True).stdout
+    found = {q: re.search(rf"^\s+{q}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M) for q in ("50", "99")}
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    if not all(found.values()) or not rps or "Non-2xx" in out:
+        raise RuntimeError(f"wrk did not measure: {out}")
+    scale = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+    p50, p99 = (float(found[q].group(1)) * scale[found[q].group(2)] for q in ("50", "99"))
+    return {"p50_s": p50, "p99_s": p99, "rps": float(rps.group(1))}
+
+
 def ms(value: float | None) -> str:
     return "    -" if value is None else f"{value * 1e3:5.2f}"
 
@@ -82,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--step-seconds", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--timers", default="timerfd", help="comma-separated: timerfd, loop (each step once per timer)")
+    parser.add_argument("--wrk", action="store_true", help="after each step, wrk paced at the same rate (docstring)")
     parser.add_argument("--models-dir", type=Path, default=Path("models/bench"))
     parser.add_argument("--out", type=Path, default=Path("runs") / f"generator-floor-{time.strftime('%Y%m%d-%H%M%S')}")
     args = parser.parse_args(argv)
@@ -104,6 +135,13 @@ def main(argv: list[str] | None = None) -> None:
                 os.environ["LATLAB_TIMER"] = timer  # the load test's processes inherit it
                 found = step_row(served, "ffn-b1", work / f"r{k}-{rate:g}-{timer}", rate, args.step_seconds)
                 row = {"round": k, "timer": timer, **found}
+                if args.wrk:
+                    body = request_bodies(requests.get(f"{served.url}/v2/models/ffn-b1", timeout=10).json(), seed=0)
+                    service = found["direct"]["p50_s"] or 0.0
+                    row["wrk"] = wrk_paced(served.url, "ffn-b1", body[0].data, rate, service, args.step_seconds, work)
+                    row["added_over_wrk"] = {
+                        q: found["reported"][q] - row["wrk"][q] for q in ("p50_s", "p99_s")
+                    }  # fmt: skip
                 rows.append(row)
                 rep, late, direct, added = row["reported"], row["send_lateness"], row["direct"], row["added"]
                 print(
@@ -113,6 +151,13 @@ def main(argv: list[str] | None = None) -> None:
                     f"{ms(added['mean_s'])}",
                     flush=True,
                 )
+                if args.wrk:
+                    paced, over = row["wrk"], row["added_over_wrk"]
+                    print(
+                        f"{'':20} wrk paced {paced['rps']:5.0f}/s p50 {ms(paced['p50_s'])} p99 {ms(paced['p99_s'])} | "
+                        f"latlab over wrk p50 {ms(over['p50_s'])} p99 {ms(over['p99_s'])}",
+                        flush=True,
+                    )
     (work / "floor.json").write_text(json.dumps(rows, indent=1))
     print(f"written: {work / 'floor.json'}")
 

@@ -24,6 +24,7 @@ from locust.runners import MasterRunner, WorkerRunner
 from latlab.loadtest.arrivals import SPEC_HELP, Arrivals, FleetSchedule
 from latlab.loadtest.fleet_cpu import FleetCpu, cpu_reading
 from latlab.loadtest.lean_http import LeanClient
+from latlab.loadtest.loop_sender import Finished, LoopSender
 from latlab.loadtest.payloads import BODY_BUDGET_BYTES, Body, request_bodies, sizeable, sized_body
 from latlab.loadtest.plan import PayloadOptions
 from latlab.loadtest.recorder import Recorder
@@ -44,6 +45,8 @@ with the server, a punctual send must not cost the server its CPU."""
 SIZED_BUDGET_BYTES = 4 * BODY_BUDGET_BYTES
 """Bodies of sizes drawn per request kept per user: a text deployment's sizes end at its max_length, so all are
 kept; past this (long tensors of many sizes) the kept ones are dropped and built again as they come."""
+CLOSED_LOOP_ENV = "LATLAB_CLOSED_LOOP"
+"""'greenlet': closed-loop users send from their greenlet, not from the loop sender's callbacks."""
 LOAD_MESSAGE = "latlab_load"
 # Workers ship their samples with each report; once a second keeps the master's windows current.
 locust.runners.WORKER_REPORT_INTERVAL = 1.0
@@ -399,12 +402,52 @@ class OpenLoopUser(_InferenceUser):
 
 class ClosedLoopUser(_InferenceUser):
     """Locust's native model: the next request leaves when the last one returned (no think time).
-    Under a stall it simply stops sending, so its percentiles understate the stall."""
+    Under a stall it simply stops sending, so its percentiles understate the stall.
+
+    Through the lean client the user's connection is driven from the event loop's I/O callbacks (loop_sender.py),
+    which send the next request the moment an answer is read and leave the recording to this user's greenlet;
+    LATLAB_CLOSED_LOOP=greenlet sends each request from the greenlet instead, as Locust's task would."""
 
     def on_start(self) -> None:
         super().on_start()
         self.sizes = self.state.payload.size_spec.draws(self.rng.randrange(2**32)) if self.sized else None
+        self.in_flight: tuple[int, float] | None = None
+        """The recorder's key and send time of the request the loop sender has in flight."""
 
     @task
     def request(self) -> None:
-        self._send(time.time(), next(self.sizes) if self.sizes is not None else 0)
+        if self.lean is None or os.environ.get(CLOSED_LOOP_ENV) == "greenlet":
+            self._send(time.time(), next(self.sizes) if self.sizes is not None else 0)
+            return
+        LoopSender(self.lean.address, self._next_raw, self.network_timeout, self.connection_timeout).run(self._record)
+
+    def _next_raw(self) -> bytes:
+        if self.sizes is not None:
+            return self._sized(next(self.sizes))[1].raw
+        return self.requests[self.rng.randrange(len(self.requests))].raw
+
+    def _record(self, finished: list[Finished], in_flight: float | None) -> None:
+        """What the loop sender finished, into the recorder and Locust's statistics as `_send` records a request;
+        the request it has in flight begun in the recorder, so that a stall counts while it lasts."""
+        recorder, fire = self.state.recorder, self.environment.events.request.fire
+        for done in finished:
+            if self.in_flight is not None and self.in_flight[1] == done.sent:
+                key, self.in_flight = self.in_flight[0], None
+            else:
+                key = recorder.begin(done.sent, done.sent)
+            recorder.end(key, done.done, done.status == 200, done.status, done.retry_after, done.error)
+            failure = None
+            if done.status != 200:
+                failure = RequestFailed(f"HTTP {done.status}" if done.status else f"no answer: {done.error}")
+            fire(
+                request_type=self.method,
+                name=self.deployment,
+                context={},
+                response_time=(done.done - done.sent) * 1000.0,
+                response=None,
+                response_length=done.received,
+                exception=failure,
+                url=self.path,
+            )
+        if in_flight is not None and self.in_flight is None:
+            self.in_flight = (recorder.begin(in_flight, in_flight), in_flight)

@@ -4,86 +4,15 @@ framed, kept-alive connections (and one the server closed meanwhile), and answer
 from __future__ import annotations
 
 import socket
-import socketserver
-import threading
-from typing import Iterator
 
 import pytest
 
 from latlab.common import procs
 from latlab.loadtest.lean_http import HttpError, LeanClient
+from tests.loadtest.conftest import StubServer
 
 
-def _answer(path: str) -> tuple[bytes, bool]:
-    """The raw answer for a request path, and whether the server closes the connection after it."""
-    if path == "/length":
-        return b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Type: text/plain\r\n\r\nhello", False
-    if path == "/chunked":
-        return (
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-            b"4;ext=1\r\nwiki\r\n6\r\npedia \r\n0\r\nX-Trailer: t\r\n\r\n"
-        ), False
-    if path == "/to-close":
-        return b"HTTP/1.1 200 OK\r\n\r\nuntil the end", True
-    if path == "/busy":
-        return b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 4\r\n\r\nfull", False
-    if path == "/once":  # answers, then closes the kept-alive connection without saying so
-        return b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", True
-    if path == "/cut":
-        return b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort", True
-    if path == "/garbage":
-        return b"SSH-2.0-OpenSSH_9.6\r\n\r\n", True
-    if path == "/close-header":
-        return b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 3\r\n\r\nbye", True
-    return b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n", False
-
-
-class _Handler(socketserver.BaseRequestHandler):
-    def handle(self) -> None:
-        self.server.connections += 1
-        buffer = b""
-        while True:
-            while b"\r\n\r\n" not in buffer:
-                chunk = self.request.recv(65536)
-                if not chunk:
-                    return
-                buffer += chunk
-            head, _, buffer = buffer.partition(b"\r\n\r\n")
-            lines = head.decode("latin-1").split("\r\n")
-            length = next((int(line.split(":")[1]) for line in lines if line.lower().startswith("content-length")), 0)
-            while len(buffer) < length:
-                buffer += self.request.recv(65536)
-            self.server.bodies.append(buffer[:length])
-            buffer = buffer[length:]
-            raw, close = _answer(lines[0].split()[1])
-            self.request.sendall(raw)
-            if close:
-                return
-
-
-class _Server(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, port: int) -> None:
-        super().__init__(("127.0.0.1", port), _Handler)
-        self.connections = 0
-        self.bodies: list[bytes] = []
-
-
-@pytest.fixture
-def server() -> Iterator[_Server]:
-    served = _Server(procs.free_port())
-    thread = threading.Thread(target=served.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield served
-    finally:
-        served.shutdown()
-        served.server_close()
-
-
-def client_of(server: _Server) -> LeanClient:
+def client_of(server: StubServer) -> LeanClient:
     return LeanClient(f"http://127.0.0.1:{server.server_address[1]}", timeout_s=5.0)
 
 
@@ -104,7 +33,7 @@ def test_only_plain_http_urls() -> None:
         LeanClient("https://example.org")
 
 
-def test_content_length_answers_reuse_one_connection(server: _Server) -> None:
+def test_content_length_answers_reuse_one_connection(server: StubServer) -> None:
     client = client_of(server)
     request = client.prepare("POST", "/length", b"abc")
     answers = [client.send(request) for _ in range(5)]
@@ -114,33 +43,33 @@ def test_content_length_answers_reuse_one_connection(server: _Server) -> None:
     client.close()
 
 
-def test_chunked_answer_is_joined_and_trailers_skipped(server: _Server) -> None:
+def test_chunked_answer_is_joined_and_trailers_skipped(server: StubServer) -> None:
     client = client_of(server)
     for _ in range(2):  # the trailers were consumed: the connection stays usable
         assert client.send(client.prepare("GET", "/chunked")).body == b"wikipedia "
     assert server.connections == 1
 
 
-def test_answer_without_length_runs_to_close(server: _Server) -> None:
+def test_answer_without_length_runs_to_close(server: StubServer) -> None:
     client = client_of(server)
     assert client.send(client.prepare("GET", "/to-close")).body == b"until the end"
     assert client.send(client.prepare("GET", "/length")).body == b"hello"
     assert server.connections == 2  # the first connection was not kept
 
 
-def test_connection_close_header_is_obeyed(server: _Server) -> None:
+def test_connection_close_header_is_obeyed(server: StubServer) -> None:
     client = client_of(server)
     assert client.send(client.prepare("GET", "/close-header")).body == b"bye"
     assert client.send(client.prepare("GET", "/length")).status == 200
     assert server.connections == 2
 
 
-def test_refusal_headers_reach_the_caller(server: _Server) -> None:
+def test_refusal_headers_reach_the_caller(server: StubServer) -> None:
     answer = client_of(server).send(client_of(server).prepare("POST", "/busy", b"x"))
     assert (answer.status, answer.headers["retry-after"], answer.body) == (503, "1", b"full")
 
 
-def test_a_kept_connection_the_server_closed_is_replaced_once(server: _Server) -> None:
+def test_a_kept_connection_the_server_closed_is_replaced_once(server: StubServer) -> None:
     client = client_of(server)
     once = client.prepare("GET", "/once")
     assert client.send(once).body == b"ok"
@@ -149,12 +78,12 @@ def test_a_kept_connection_the_server_closed_is_replaced_once(server: _Server) -
     assert server.connections == 2 and server.bodies[-1] == b"again"
 
 
-def test_an_answer_cut_short_raises(server: _Server) -> None:
+def test_an_answer_cut_short_raises(server: StubServer) -> None:
     with pytest.raises(HttpError, match="middle of an answer"):
         client_of(server).send(client_of(server).prepare("GET", "/cut"))
 
 
-def test_not_http_raises(server: _Server) -> None:
+def test_not_http_raises(server: StubServer) -> None:
     with pytest.raises(HttpError, match="not an HTTP answer"):
         client_of(server).send(client_of(server).prepare("GET", "/garbage"))
 

@@ -1,0 +1,99 @@
+"""The closed loop's callback-driven sender against the same real socket server on 127.0.0.1 as the lean client's
+tests: every way an answer is framed, answers split over many reads, a connection the server closes, one cut
+short, and the request in flight when the user stops."""
+
+from __future__ import annotations
+
+import gevent
+import pytest
+
+from latlab.common import procs
+from latlab.loadtest.lean_http import HttpError
+from latlab.loadtest.loop_sender import Finished, LoopSender, at_close, parse_answer
+from tests.loadtest.conftest import StubServer
+
+
+def request(path: str, body: bytes = b"x") -> bytes:
+    return f"POST {path} HTTP/1.1\r\nHost: t\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+
+
+def test_answers_are_complete_only_when_their_framing_says_so() -> None:
+    whole = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+    assert parse_answer(whole) == (200, False, 5, True)
+    assert all(parse_answer(whole[:cut]) is None for cut in range(len(whole)))
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    chunked += b"4;e=1\r\nwiki\r\n6\r\npedia \r\n0\r\nX-T: t\r\n\r\n"
+    assert parse_answer(chunked) == (200, False, 10, True)
+    assert all(parse_answer(chunked[:cut]) is None for cut in range(len(chunked)))
+    busy = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    assert parse_answer(busy) == (503, True, 0, False)
+    assert parse_answer(b"HTTP/1.0 204 No Content\r\n\r\n") == (204, False, 0, False)
+    assert parse_answer(b"HTTP/1.1 200 OK\r\n\r\nuntil the end") is None  # it ends with the connection
+    assert at_close(b"HTTP/1.1 200 OK\r\n\r\nuntil the end") == (200, False, 13, False)
+    assert at_close(b"HTTP/1.1 200 OK\r\nContent-Le") is None
+    assert at_close(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort") is None  # cut short
+    with pytest.raises(HttpError):
+        parse_answer(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+
+
+def run_for(sender: LoopSender, count: int) -> list[Finished]:
+    """Run the sender in a greenlet until `count` requests have finished, then kill it (as Locust stops a user);
+    everything it recorded, the request in flight at the kill included."""
+    recorded: list[Finished] = []
+    in_flight: list[float | None] = []
+
+    def record(finished: list[Finished], flying: float | None) -> None:
+        recorded.extend(finished)
+        in_flight.append(flying)
+
+    runner = gevent.spawn(sender.run, record)
+    with gevent.Timeout(30):
+        while len(recorded) < count:
+            gevent.sleep(0.001)
+    runner.kill()
+    sender.heard_in_flight = any(flying is not None for flying in in_flight)
+    return recorded
+
+
+def test_a_kept_alive_connection_sends_each_request_as_the_last_answer_comes(server: StubServer) -> None:
+    paths = iter(["/length", "/chunked", "/busy"] * 100)
+    sender = LoopSender(server.server_address, lambda: request(next(paths)))
+    finished = run_for(sender, 60)
+    assert sender.heard_in_flight  # the recorder hears of a request while it flies: a stall counts as it lasts
+    answered, last = finished[:-1], finished[-1]
+    assert len(answered) >= 60 and server.connections == 1
+    assert [f.status for f in answered[:6]] == [200, 200, 503, 200, 200, 503]
+    assert [f.received for f in answered[:3]] == [5, 10, 4] and answered[2].retry_after
+    assert all(f.sent <= f.done for f in finished)
+    assert all(a.done <= b.sent for a, b in zip(finished, finished[1:]))  # closed loop: one at a time
+    assert last.status == 0 and last.error == ""  # in flight when the user stopped: no answer, as the lean client
+    assert server.bodies[:3] == [b"x", b"x", b"x"]
+
+
+def test_a_connection_the_server_closes_is_opened_again(server: StubServer) -> None:
+    paths = iter(["/close-header", "/to-close", "/length"] * 100)
+    finished = run_for(LoopSender(server.server_address, lambda: request(next(paths))), 30)
+    statuses = [f.status for f in finished[:-1]]
+    assert statuses.count(200) == len(statuses) >= 30
+    assert [f.received for f in finished[:3]] == [3, 13, 5]
+    assert server.connections >= 20  # two of every three answers closed their connection
+
+
+def test_an_answer_cut_short_is_an_error_and_the_next_request_goes_out(server: StubServer) -> None:
+    paths = iter(["/cut", "/length"] * 100)
+    finished = run_for(LoopSender(server.server_address, lambda: request(next(paths))), 10)
+    cut, whole = finished[0:-1:2], finished[1:-1:2]
+    assert all(f.status == 0 and f.error == "HttpError" for f in cut), cut
+    assert all(f.status == 200 for f in whole), whole
+
+
+def test_a_refused_connection_is_an_error_not_a_hang() -> None:
+    finished = run_for(LoopSender(("127.0.0.1", procs.free_port()), lambda: request("/length")), 3)
+    assert all(f.status == 0 and f.error == "ConnectionRefusedError" for f in finished[:3]), finished
+
+
+def test_a_large_request_is_sent_whole(server: StubServer) -> None:
+    body = bytes(range(256)) * 40_000  # 10 MiB: more than one send of a non-blocking socket
+    finished = run_for(LoopSender(server.server_address, lambda: request("/length", body)), 2)
+    assert [f.status for f in finished[:2]] == [200, 200]
+    assert server.bodies[0] == body
