@@ -52,25 +52,32 @@ def parse_answer(buffer: bytes | bytearray) -> tuple[int, bool, int, bool] | Non
         if len(buffer) > 1 << 20:
             raise HttpError("answer head over 1 MiB")
         return None
-    head = bytes(buffer[:end]).decode("latin-1").lower()
-    if not head.startswith("http/") or not head[9:12].isdigit():
+    head = bytes(buffer[:end]).lower() + b"\r\n"
+    if not head.startswith(b"http/") or not head[9:12].isdigit():
         raise HttpError(f"not an HTTP answer: {head[:80]!r}")
     status = int(head[9:12])
-    headers = dict(
-        (name.strip(), value.strip()) for name, _, value in (line.partition(":") for line in head.split("\r\n")[1:])
-    )
-    keep = head.startswith("http/1.1") and headers.get("connection") != "close"
+    keep = head.startswith(b"http/1.1") and _header(head, b"connection") != b"close"
+    retry_after = _header(head, b"retry-after") is not None
     body = len(buffer) - end - len(_HEAD_END)
-    retry_after = "retry-after" in headers
-    if "chunked" in headers.get("transfer-encoding", ""):
+    if b"chunked" in (_header(head, b"transfer-encoding") or b""):
         length = _chunked_length(buffer, end + len(_HEAD_END))
         return None if length is None else (status, retry_after, length, keep)
-    if "content-length" in headers:
-        length = int(headers["content-length"])
+    declared = _header(head, b"content-length")
+    if declared is not None:
+        length = int(declared)
         return (status, retry_after, length, keep) if body >= length else None
     if status in (204, 304) or status < 200:
         return status, retry_after, 0, keep
     return None
+
+
+def _header(head: bytes, name: bytes) -> bytes | None:
+    """The value of header `name` in a lower-cased head that ends with CRLF; None where it is absent."""
+    at = head.find(b"\r\n" + name + b":")
+    if at < 0:
+        return None
+    start = at + len(name) + 3
+    return head[start : head.index(b"\r\n", start)].strip()
 
 
 def _chunked_length(buffer: bytes | bytearray, at: int) -> int | None:
@@ -130,12 +137,14 @@ class LoopSender:
     def run(self, record: Callable[[list[Finished], float | None], None]) -> None:
         """Connect, send, and hand what finishes to `record` with the send time of the request now in flight (None
         while none is), until killed; the request in flight then ends as status 0."""
+        watchdog = gevent.get_hub().loop.timer(self.timeout_s, self.timeout_s)
+        watchdog.start(self._wake.set)  # one timer for the connection's life: no timeout object per wait
         try:
             while True:
                 if self._sock is None:
                     self._open()
                     self._flush(record)
-                self._wake.wait(self.timeout_s)
+                self._wake.wait()
                 self._wake.clear()
                 if self._sock is not None and not self.finished and time.time() - self._sent > self.timeout_s:
                     self._fail("timeout")
@@ -143,6 +152,8 @@ class LoopSender:
                 if self._broken:
                     self._close()
         finally:
+            watchdog.stop()
+            watchdog.close()
             if self._sock is not None and not self._broken:
                 self.finished.append(Finished(self._sent, time.time(), 0, False, 0))
             self._close()

@@ -53,7 +53,11 @@ class _Handler(socketserver.BaseRequestHandler):
                 buffer += self.request.recv(65536)
             self.server.bodies.append(buffer[:length])
             buffer = buffer[length:]
-            raw, close = _answer(lines[0].split()[1])
+            path = lines[0].split()[1]
+            if path == "/silent":  # never answers: the connection stays open until the client gives up
+                self.request.recv(1)
+                return
+            raw, close = _answer(path)
             self.request.sendall(raw)
             if close:
                 return

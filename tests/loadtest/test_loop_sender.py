@@ -97,3 +97,12 @@ def test_a_large_request_is_sent_whole(server: StubServer) -> None:
     finished = run_for(LoopSender(server.server_address, lambda: request("/length", body)), 2)
     assert [f.status for f in finished[:2]] == [200, 200]
     assert server.bodies[0] == body
+
+
+def test_an_answer_that_never_comes_fails_after_the_network_timeout(server: StubServer) -> None:
+    paths = iter(["/silent", "/length"] * 10)
+    sender = LoopSender(server.server_address, lambda: request(next(paths)), timeout_s=0.2)
+    finished = run_for(sender, 2)
+    assert (finished[0].status, finished[0].error) == (0, "timeout")
+    assert finished[0].done - finished[0].sent >= sender.timeout_s
+    assert finished[1].status == 200  # on a new connection
