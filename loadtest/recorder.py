@@ -81,6 +81,7 @@ class Recorder:
         self.late: list[float] = []
         self._completed: tuple[list[float], list[bool]] = ([], [])  # not yet handed to on_completed
         self._completed_at = 0.0
+        self._columns = self._empty_columns()
         self.on_completed: Callable[[list[float], list[bool]], None] | None = None
 
     @property
@@ -170,8 +171,29 @@ class Recorder:
         for name in self.COLUMNS:
             column = getattr(self, name)
             setattr(self, name, [column[i] for i in keep])
+        self._columns = self._empty_columns()
         self.dropped = [d for d in self.dropped if d >= t]
         self.late = [d for d in self.late if d >= t]
+
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """intended, done, ok and sent as arrays, each sample converted once: a window is summarised while the
+        senders of this process wait on the same event loop, so its cost must not grow with the step's samples."""
+        count, known = len(self.intended), len(self._columns[0])
+        if known > count:  # forget_before shortened the lists
+            self._columns, known = self._empty_columns(), 0
+        if known < count:
+            tail = (
+                np.asarray(self.intended[known:count], dtype=float),
+                np.asarray(self.done[known:count], dtype=float),
+                np.asarray(self.ok[known:count], dtype=bool),
+                np.asarray(self.sent[known:count], dtype=float),
+            )
+            self._columns = tuple(np.concatenate([have, new]) for have, new in zip(self._columns, tail))
+        return self._columns
+
+    @staticmethod
+    def _empty_columns() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        return (np.empty(0), np.empty(0), np.empty(0, dtype=bool), np.empty(0))
 
     def window(self, start: float, end: float, now: float) -> WindowStats:
         """Statistics of the arrivals intended within [start, end)."""
@@ -180,16 +202,14 @@ class Recorder:
     def window_detail(self, start: float, end: float, now: float) -> tuple[WindowStats, np.ndarray, dict]:
         """The window's statistics, its latencies (for histograms) and requests sent per source."""
         self.flush_completed()
-        intended = np.asarray(self.intended)
-        done = np.asarray(self.done)
-        ok = np.asarray(self.ok, dtype=bool)
+        intended, done, ok, sent_times = self._arrays()
         mine = (intended >= start) & (intended < end)
         local = (intended for intended, _ in self._outstanding.values())
         outstanding = [*local, *itertools.chain(*self._remote_outstanding.values())]
         pending = np.asarray([t for t in outstanding if start <= t < end])
         latencies = np.concatenate([done[mine] - intended[mine], now - pending])
         sent_at = np.concatenate(
-            [np.asarray(self.sent)[mine], np.asarray([s for i, s in self._outstanding.values() if start <= i < end])]
+            [sent_times[mine], np.asarray([s for i, s in self._outstanding.values() if start <= i < end])]
         )
         meant = np.concatenate(
             [intended[mine], np.asarray([i for i, _ in self._outstanding.values() if start <= i < end])]
@@ -204,9 +224,8 @@ class Recorder:
         dropped = _count_in(self.dropped, start, end)
         sent = int(np.count_nonzero(mine)) + len(pending)
         per_source: dict[str, int] = {}
-        for source, inside in zip(self.source, mine):
-            if inside:
-                per_source[source] = per_source.get(source, 0) + 1
+        for i in np.flatnonzero(mine):
+            per_source[self.source[i]] = per_source.get(self.source[i], 0) + 1
         stats = WindowStats(
             offered_rps=(sent + dropped) / duration,
             achieved_rps=completed_ok / duration,

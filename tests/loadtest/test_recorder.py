@@ -272,3 +272,32 @@ def test_the_arrivals_burstiness_is_measured_from_the_actual_send_times() -> Non
     stats = recorder.window(0.0, 2.0, now=3.0)
     assert stats.arrival_cv == pytest.approx(1.0, abs=0.06) and stats.intended_cv == pytest.approx(0.0, abs=1e-6)
     assert Recorder().window(0.0, 1.0, now=1.0).arrival_cv is None
+
+
+def feed(recorder: Recorder, first: int, last: int, seed: int) -> Recorder:
+    """Requests first..last-1, one every 10 ms, answered 2-50 ms later, every seventh a 500."""
+    rng = np.random.default_rng(seed + first)
+    for i in range(first, last):
+        key = recorder.begin(i * 0.01, i * 0.01 + 0.001)
+        recorder.end(key, i * 0.01 + rng.uniform(0.002, 0.05), bool(i % 7), 200 if i % 7 else 500)
+    return recorder
+
+
+def test_windows_read_the_same_after_samples_are_added_forgotten_and_absorbed_between_them() -> None:
+    """A window's figures depend only on the samples, not on which windows were summarised before (the recorder
+    converts each sample to its arrays once and keeps them between windows)."""
+    seen = feed(Recorder(), 0, 500, seed=3)
+    seen.window_detail(0.0, 2.0, 6.0)
+    seen.forget_before(2.0)
+    feed(seen, 500, 800, seed=3)
+    seen.window_detail(2.0, 4.0, 9.0)
+    seen.absorb("worker-1", feed(Recorder(), 800, 900, seed=4).drain())
+
+    fresh = feed(Recorder(), 0, 500, seed=3)
+    fresh.forget_before(2.0)
+    feed(fresh, 500, 800, seed=3)
+    fresh.absorb("worker-1", feed(Recorder(), 800, 900, seed=4).drain())
+    for start, end in ((2.0, 5.0), (5.0, 8.0), (7.5, 9.0)):
+        a, b = seen.window_detail(start, end, 10.0), fresh.window_detail(start, end, 10.0)
+        assert a[0] == b[0] and np.array_equal(a[1], b[1]) and a[2] == b[2]
+    assert seen.window_detail(8.0, 9.0, 10.0)[2] == {"worker-1": 100}
