@@ -6,6 +6,7 @@ The locustfiles (`locustfile.py`, `locustfile_closed.py`) each expose one of the
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 import random
@@ -202,6 +203,14 @@ def _init_state(environment, **_kwargs) -> None:
         and not isinstance(environment.runner, WorkerRunner)
     ):
         _export_metrics(state, options.latlab_metrics_port, options.latlab_run)
+    _freeze_startup_objects()
+
+
+def _freeze_startup_objects() -> None:
+    """Leave what start-up made (Locust, gevent, numpy and their modules: tens of thousands of objects) out of the
+    garbage collector's later passes: a pass over them runs on the senders' event loop, every send waiting on it."""
+    gc.collect()
+    gc.freeze()
 
 
 def _export_metrics(state: LoadState, port: int, run_id: str) -> None:
