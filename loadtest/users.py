@@ -25,7 +25,9 @@ from locust.runners import MasterRunner, WorkerRunner
 from latlab.loadtest.arrivals import SPEC_HELP, Arrivals, FleetSchedule
 from latlab.loadtest.fleet_cpu import FleetCpu, cpu_reading
 from latlab.loadtest.lean_http import LeanClient
-from latlab.loadtest.loop_sender import Finished, LoopSender
+from latlab.loadtest.loop_sender import LoopSender
+from latlab.loadtest.open_sender import OpenSender
+from latlab.loadtest.raw_http import Finished
 from latlab.loadtest.payloads import BODY_BUDGET_BYTES, Body, request_bodies, sizeable, sized_body
 from latlab.loadtest.plan import PayloadOptions
 from latlab.loadtest.recorder import Recorder
@@ -48,6 +50,8 @@ SIZED_BUDGET_BYTES = 4 * BODY_BUDGET_BYTES
 kept; past this (long tensors of many sizes) the kept ones are dropped and built again as they come."""
 CLOSED_LOOP_ENV = "LATLAB_CLOSED_LOOP"
 """'greenlet': closed-loop users send from their greenlet, not from the loop sender's callbacks."""
+OPEN_LOOP_ENV = "LATLAB_OPEN_LOOP"
+"""'greenlet': open-loop users send each request from a greenlet of its own, not from the sender's wake-up."""
 LOAD_MESSAGE = "latlab_load"
 # Workers ship their samples with each report; once a second keeps the master's windows current.
 locust.runners.WORKER_REPORT_INTERVAL = 1.0
@@ -315,6 +319,30 @@ class _InferenceUser(FastHttpUser):
                 url=self.path,
             )
 
+    def _raw(self, size: int) -> bytes:
+        """The encoded lean request of `size` (sizes drawn per request), else one of the user's bodies."""
+        if size:
+            return self._sized(size)[1].raw
+        return self.requests[self.rng.randrange(len(self.requests))].raw
+
+    def _report(self, key: int, done: Finished) -> None:
+        """A request a loop sender finished (loop_sender.py, open_sender.py), into the recorder and Locust's
+        statistics, as `_send` records one."""
+        self.state.recorder.end(key, done.done, done.status == 200, done.status, done.retry_after, done.error)
+        failure = None
+        if done.status != 200:
+            failure = RequestFailed(f"HTTP {done.status}" if done.status else f"no answer: {done.error}")
+        self.environment.events.request.fire(
+            request_type=self.method,
+            name=self.deployment,
+            context={},
+            response_time=(done.done - done.sent) * 1000.0,
+            response=None,
+            response_length=done.received,
+            exception=failure,
+            url=self.path,
+        )
+
     def _post_lean(self, prepared: object) -> tuple[int, bool, int, Exception | None]:
         answer = self.lean.send(prepared)
         failure = None
@@ -358,11 +386,21 @@ class OpenLoopUser(_InferenceUser):
         super().on_start()
         self.inflight = Group()
         self.timer = Timer.make()
+        self.sender = None
+        """Through the lean client: requests written from the sender's own wake-up, answers read in the event
+        loop's callbacks (open_sender.py); LATLAB_OPEN_LOOP=greenlet sends each from a greenlet of its own."""
+        if self.lean is not None and os.environ.get(OPEN_LOOP_ENV) != "greenlet":
+            self.sender = OpenSender(self.lean.address, self._report, self.network_timeout, self.connection_timeout)
 
     def on_stop(self) -> None:
         if self in self.state.senders:
             self.state.senders.remove(self)
         self.inflight.join(timeout=self.network_timeout)
+        if self.sender is not None:
+            deadline = time.monotonic() + self.network_timeout
+            while self.sender.in_flight and time.monotonic() < deadline:
+                gevent.sleep(0.005)
+            self.sender.close()
         if self.timer is not None:
             self.timer.close()
             self.timer = None
@@ -379,6 +417,14 @@ class OpenLoopUser(_InferenceUser):
             for intended, size in zip(times, sizes):
                 if not self._wait_until(intended, version):
                     break  # the load changed: the new schedule from its own origin
+                if self.sender is not None:
+                    if self.sender.in_flight >= MAX_OUTSTANDING_PER_USER:
+                        state.recorder.drop(intended)
+                    else:
+                        raw = self._raw(size)
+                        sent = time.time()
+                        self.sender.send(raw, state.recorder.begin(intended, sent), sent)
+                    continue
                 if len(self.inflight) >= MAX_OUTSTANDING_PER_USER:
                     state.recorder.drop(intended)
                     continue
@@ -431,32 +477,17 @@ class ClosedLoopUser(_InferenceUser):
         LoopSender(self.lean.address, self._next_raw, self.network_timeout, self.connection_timeout).run(self._record)
 
     def _next_raw(self) -> bytes:
-        if self.sizes is not None:
-            return self._sized(next(self.sizes))[1].raw
-        return self.requests[self.rng.randrange(len(self.requests))].raw
+        return self._raw(next(self.sizes) if self.sizes is not None else 0)
 
     def _record(self, finished: list[Finished], in_flight: float | None) -> None:
         """What the loop sender finished, into the recorder and Locust's statistics as `_send` records a request;
         the request it has in flight begun in the recorder, so that a stall counts while it lasts."""
-        recorder, fire = self.state.recorder, self.environment.events.request.fire
+        recorder = self.state.recorder
         for done in finished:
             if self.in_flight is not None and self.in_flight[1] == done.sent:
                 key, self.in_flight = self.in_flight[0], None
             else:
                 key = recorder.begin(done.sent, done.sent)
-            recorder.end(key, done.done, done.status == 200, done.status, done.retry_after, done.error)
-            failure = None
-            if done.status != 200:
-                failure = RequestFailed(f"HTTP {done.status}" if done.status else f"no answer: {done.error}")
-            fire(
-                request_type=self.method,
-                name=self.deployment,
-                context={},
-                response_time=(done.done - done.sent) * 1000.0,
-                response=None,
-                response_length=done.received,
-                exception=failure,
-                url=self.path,
-            )
+            self._report(key, done)
         if in_flight is not None and self.in_flight is None:
             self.in_flight = (recorder.begin(in_flight, in_flight), in_flight)

@@ -9,7 +9,8 @@ import pytest
 
 from latlab.common import procs
 from latlab.loadtest.lean_http import HttpError
-from latlab.loadtest.loop_sender import Finished, LoopSender, at_close, parse_answer
+from latlab.loadtest.loop_sender import LoopSender
+from latlab.loadtest.raw_http import Finished, at_close, parse_answer
 from tests.loadtest.conftest import StubServer
 
 
