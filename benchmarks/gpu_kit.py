@@ -131,7 +131,7 @@ def rehearse(number: int, kit_dir: Path, keep: Path | None) -> int:
     (checked against the 8-file limit), every call's archives collected as `collect` would."""
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     manifest = carry.read_manifest(kit_dir)
-    if not manifest or manifest.get("python") != python:
+    if not manifest or manifest.get("python") != python or "debs" not in manifest:  # none, or from before haproxy
         print(f"preparing a kit for this Python ({python}) in {kit_dir} ...", flush=True)
         manifest = carry.prepare(kit_dir, python)
     print(carry.summary(manifest), flush=True)

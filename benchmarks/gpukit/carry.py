@@ -3,7 +3,8 @@
 A `run` call carries at most 64 MiB, the working tree included, so the kit is made here (`prepare`) as small as
 measurement allows (docs/gpu.md, "What a trip carries"):
 - only what the image lacks (device-image.txt): onnxruntime-gpu, latlab's serving and load-test packages, minilm's
-  weights and latlab itself;
+  weights and latlab itself, and Debian's haproxy with its libraries as .deb files (haproxy.py; a few MiB that
+  xz cannot shrink further) for the fleet leg;
 - onnxruntime-gpu without `libonnxruntime.so` (the C API library: neither its Python module nor its providers
   load it) and with its CUDA provider's kernels trimmed to the architectures kept (fatbin.py; sm_90 for the
   H100 and H200);
@@ -26,7 +27,7 @@ import zipfile
 from base64 import urlsafe_b64encode
 from pathlib import Path
 
-from gpukit import fatbin
+from gpukit import fatbin, haproxy
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE_FILE = Path(__file__).with_name("device-image.txt")
@@ -262,6 +263,12 @@ def prepare(out: Path, python: str = DEVICE_PYTHON, part_mib: float | None = Non
     started = time.monotonic()
     print(f"downloading {ORT_GPU} and what the image lacks for CPython {python} ...", flush=True)
     left_out = gather(wheels, python, image_packages())
+    print(f"downloading Debian's haproxy and its libraries ({len(haproxy.DEBS)} packages) ...", flush=True)
+    try:
+        debs = haproxy.download(bundle / haproxy.DEBS_FOLDER)
+    except (OSError, subprocess.SubprocessError) as failed:  # no apt here: every leg but the fleet's still runs
+        print(f"no haproxy in this kit ({failed}): leg 6 will stop in one line on the device", flush=True)
+        debs = {}
     zipped = {w.name: w.stat().st_size for w in wheels.glob("*.whl")}
     changes = {}
     for wheel in sorted(wheels.glob("*.whl")):
@@ -284,6 +291,7 @@ def prepare(out: Path, python: str = DEVICE_PYTHON, part_mib: float | None = Non
         "zipped_bytes": zipped,
         "stored_bytes": stored,
         "onnxruntime_changes": changes,
+        "debs": debs,
     }
     (bundle / "manifest.json").write_text(json.dumps(manifest, indent=1))
     archive = out / ARCHIVE
@@ -313,8 +321,10 @@ def read_manifest(out: Path) -> dict | None:
 def summary(manifest: dict) -> str:
     mib = manifest["archive_bytes"] / 2**20
     zipped = sum(manifest["zipped_bytes"].values()) / 2**20
+    debs = manifest.get("debs", {})
     return (
-        f"{len(manifest['wheels'])} wheels, code at {manifest['commit']}: {zipped:.0f} MiB as downloaded, "
+        f"{len(manifest['wheels'])} wheels and {len(debs)} .deb files ({sum(debs.values()) / 2**20:.1f} MiB), "
+        f"code at {manifest['commit']}: {zipped:.0f} MiB of wheels as downloaded, "
         f"{mib:.1f} MiB carried in {manifest['parts']} parts of <= {manifest['part_mib']:.1f} MiB "
         f"(tree {manifest['tree_mib']:.1f} MiB per call)"
     )

@@ -5,7 +5,7 @@ Each step runs its command with the installed packages first on the path, from o
 and the benchmarks answer by stopping their children. When a step ends, what it wrote is packed into one archive
 in $OUT at once (`leg<N>-<step>.tar.gz`), so a call stopped at its limit still brings back every step it
 finished. With `rehearse` (a machine without CUDA) the CUDA-only parts are skipped and said so, and the
-plans run their CPU half.
+plans run their CPU half. The fleet steps find the kit's own haproxy (haproxy.py) next on the path.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ import sys
 import tarfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from xml.etree import ElementTree
 
-from gpukit import carry
-from gpukit.legs import Step
+from gpukit import carry, haproxy
+from gpukit.legs import FLEET_REPLICAS, Step
 
 ROOT = carry.ROOT
 KIT = Path(os.environ.get("LATLAB_KIT", "/tmp/latlab-kit"))
@@ -31,6 +32,8 @@ KIT = Path(os.environ.get("LATLAB_KIT", "/tmp/latlab-kit"))
 of one loan: the machine stays warm 30 s)."""
 SITE = KIT / "site"
 MODELS = KIT / "models"
+HAPROXY = KIT / "haproxy"
+"""Debian's haproxy and its libraries, unpacked from the kit's .deb files by the first fleet step of a loan."""
 ARCHIVE_SUFFIX = ".tar.gz"
 GPU_TEST_MARK = "@pytest.mark.gpu"
 IMPORTS = (
@@ -63,7 +66,7 @@ def _nvidia_library_dirs() -> list[str]:
 def device_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE), env.get("PYTHONPATH", "")) if p)
-    env["PATH"] = os.pathsep.join((str(SITE / "bin"), env.get("PATH", "")))
+    env["PATH"] = os.pathsep.join((str(SITE / "bin"), str((HAPROXY / haproxy.WRAPPER).parent), env.get("PATH", "")))
     env["LD_LIBRARY_PATH"] = os.pathsep.join([*_nvidia_library_dirs(), env.get("LD_LIBRARY_PATH", "")]).rstrip(":")
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -239,6 +242,40 @@ def lab_traffic(stage: Path, cap_s: float, rehearse: bool) -> None:
     _lab(stage, cap_s, "gpu-serve-cpu" if rehearse else "gpu-serve", extra, "lab-traffic")
 
 
+def carried_haproxy(stage: Path) -> None:
+    """Debian's haproxy from the kit, unpacked once per loan and first on every step's PATH; one that cannot run
+    on this image fails the leg in one line before any fleet starts."""
+    log = stage / "haproxy.log"
+    if not (HAPROXY / haproxy.WRAPPER).is_file():
+        try:
+            haproxy.unpack(KIT / "bundle" / haproxy.DEBS_FOLDER, HAPROXY)
+        except (haproxy.NotCarried, subprocess.CalledProcessError) as failed:
+            raise StepFailed(f"the carried haproxy could not be unpacked: {failed}") from failed
+    found = shutil.which("haproxy", path=device_env()["PATH"])
+    log.write_text(f"haproxy on PATH: {found}\n")
+    if found is None or logged(["haproxy", "-vv"], log, 30):
+        raise StepFailed("the carried haproxy does not run on this image (see haproxy.log): no fleet to measure")
+
+
+def fleet(stage: Path, cap_s: float, replicas: int) -> None:
+    """minilm served by a CPU fleet of `replicas` behind the carried HAProxy (leastconn), the cores the load
+    generator leaves split between the replicas (docs/fleet.md). The plan is gpu-serve's CPU half (short steps,
+    p99 <= 25 and 50 ms, minilm batched and not), so three fleets fit one loan; the same on any machine."""
+    carried_haproxy(stage)
+    extra = ["--models", "minilm", "--replicas", str(replicas), "--balance", "leastconn"]
+    extra += ["--machine-name", f"{os.cpu_count()}-core, {replicas} CPU replica(s)"]
+    _lab(stage, cap_s, "gpu-serve-cpu", extra, f"fleet-{replicas}")
+
+
+def fleet_step(replicas: int) -> Callable[[Path, float, bool], None]:
+    """The step `fleet-N` (legs.py names one per replica count)."""
+
+    def step(stage: Path, cap_s: float, rehearse: bool) -> None:
+        fleet(stage, cap_s, replicas)
+
+    return step
+
+
 def search(stage: Path, cap_s: float, rehearse: bool) -> None:
     # one side-by-side round and 1.5 minutes of search per model: both models inside one call's cap
     provider, minutes = ("cpu", "0.5") if rehearse else ("cuda", "1.5")
@@ -277,6 +314,7 @@ STEPS = {
     "search": search,
     "frontends": frontends,
     "bench": bench,
+    **{f"fleet-{n}": fleet_step(n) for n in FLEET_REPLICAS},
 }
 
 

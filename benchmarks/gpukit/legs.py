@@ -61,6 +61,14 @@ class LegSpec:
 
 STASH = Step("stash", 20)
 INSTALL = Step("install", 45)
+FLEET_REPLICAS = (1, 2, 4)
+"""Leg 6's CPU fleets, one after another on the same machine: one server on every core the load generator
+leaves, then 2 and 4 replicas sharing those cores."""
+FLEET_CAP_S = 165
+"""One fleet's lab run (`latlab lab --plan gpu-serve-cpu --models minilm --replicas N`): all three fit the last
+part's call beside the stash and the install, so the leg needs no call of its own for them and ends inside
+the loan even if every fleet runs to its cap (costs.json: what a run took rehearsed, what is assumed)."""
+FLEET = tuple(Step(f"fleet-{n}", FLEET_CAP_S) for n in FLEET_REPLICAS)
 SPECS = (
     LegSpec(
         1,
@@ -102,6 +110,15 @@ SPECS = (
         "burstiness and padding do to each side",
         ((Step("cuda", 30), Step("lab-traffic", 450)),),
         ("lab-traffic/minilm/results.json", "lab-traffic/minilm/traffic-1/results.json"),
+    ),
+    LegSpec(
+        6,
+        "fleet",
+        "CPU fleets of 1, 2 and 4 replicas of minilm behind the kit's own HAProxy (leastconn), one after another "
+        "on the 16 cores: what replicas buy against one server with all the cores, at p99 <= 25 and 50 ms "
+        "(plan gpu-serve-cpu --models minilm --replicas N; docs/fleet.md)",
+        (FLEET,),
+        tuple(f"fleet-{n}/minilm/results.json" for n in FLEET_REPLICAS),
     ),
 )
 

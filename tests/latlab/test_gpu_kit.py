@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -36,6 +37,7 @@ carry = _load("gpukit.carry", BENCHMARKS / "gpukit" / "carry.py")
 fatbin = _load("gpukit.fatbin", BENCHMARKS / "gpukit" / "fatbin.py")
 legs = _load("gpukit.legs", BENCHMARKS / "gpukit" / "legs.py")
 kit = _load("gpu_kit", KIT_SCRIPT)
+haproxy = importlib.import_module("gpukit.haproxy")
 
 
 # --- a CUDA library in miniature: an ELF64 file with a .nv_fatbin section ----------------------------------
@@ -283,9 +285,11 @@ def test_plan_shows_every_leg_within_the_limit_from_the_recorded_costs(tmp_path:
     done = subprocess.run([sys.executable, str(KIT_SCRIPT), "plan"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     found = re.findall(r"^leg (\d) \w+: (\d) calls, (\d+) MiB carried, ~([\d.]+) device minutes", done.stdout, re.M)
-    assert [n for n, *_ in found] == ["1", "2", "3", "4", "5"]
+    assert [n for n, *_ in found] == ["1", "2", "3", "4", "5", "6"]
     assert all(float(minutes) <= legs.LEG_LIMIT_MINUTES for *_, minutes in found)
     assert done.stdout.count("python3 benchmarks/gpu_kit.py leg 1 --call") == int(found[0][1])
+    assert done.stdout.count("python3 benchmarks/gpu_kit.py leg 6 --call") == int(found[5][1])
+    assert "leg 6 fleet:" in done.stdout and "# stash install fleet-1 fleet-2 fleet-4, ~" in done.stdout
 
 
 def test_plan_fails_when_a_leg_leaves_no_time_for_a_retry(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -391,3 +395,123 @@ def test_the_gpu_serve_plan_and_its_cpu_half() -> None:
     assert [m.name for m in serve.models] == ["cnn", "minilm"] and serve.slos == Slos((0.025, 0.05))
     assert serve.providers == ("cpu", "cuda") and cpu_half.providers == ("cpu",)
     assert replace(cpu_half, providers=serve.providers) == serve
+
+
+# --- leg 6: CPU fleets behind the haproxy the kit carries -------------------------------------------------
+
+
+def test_the_fleet_leg_runs_1_2_and_4_replicas_in_the_last_parts_call_inside_the_loan(tmp_path: Path) -> None:
+    leg = legs.leg(6, 3)
+    assert [c.carry for c in leg.calls] == [".whl/carry-1", ".whl/carry-2", ".whl/carry-3"]
+    assert [[s.name for s in c.steps] for c in leg.calls] == [
+        ["stash"],
+        ["stash"],
+        ["stash", "install", "fleet-1", "fleet-2", "fleet-4"],
+    ]
+    assert all(c.timeout_s <= legs.CALL_LIMIT_S for c in leg.calls)
+    assert leg.calls[-1].timeout_s == sum(s.cap_s for s in leg.calls[-1].steps) + legs.PACK_SPARE_S  # not cut
+    assert leg.spec.lands == tuple(f"fleet-{n}/minilm/results.json" for n in (1, 2, 4))
+    costs = legs.load_costs()
+    sizes, _ = kit.carry_sizes(tmp_path / "no-kit", costs)
+    assert legs.estimate(legs.leg(6, len(sizes)), costs, sizes).minutes <= legs.LEG_LIMIT_MINUTES
+    at_caps = json.loads(json.dumps(costs))
+    for step in leg.calls[-1].steps:
+        at_caps["steps"][step.name]["value"] = step.cap_s
+    assert legs.estimate(legs.leg(6, len(sizes)), at_caps, sizes).minutes <= legs.LOAN_MINUTES
+
+
+def test_every_step_a_leg_names_is_run_by_the_device_and_estimated_in_costs_json() -> None:
+    device = importlib.import_module("gpukit.device")
+    named = {s.name for leg in legs.legs(3) for call in leg.calls for s in call.steps}
+    assert {"fleet-1", "fleet-2", "fleet-4"} <= named
+    assert named <= set(device.STEPS) | {"stash"}
+    assert named <= set(legs.load_costs()["steps"])
+
+
+def fake_haproxy(folder: Path, exit_code: int = 0) -> Path:
+    """An unpacked haproxy in miniature: a script that says which it is and what LD_LIBRARY_PATH it got, and a
+    library beside it."""
+    binary = folder / "usr" / "sbin" / "haproxy"
+    binary.parent.mkdir(parents=True)
+    binary.write_text(f'#!/bin/sh\necho "carried haproxy $* LD=$LD_LIBRARY_PATH"\nexit {exit_code}\n')
+    binary.chmod(0o755)
+    library = folder / "usr" / "lib" / "x86_64-linux-gnu" / "liblua5.3.so.0"
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"")
+    return library.parent
+
+
+def test_the_carried_haproxy_comes_first_on_the_steps_path_with_its_libraries_for_it_alone(tmp_path: Path) -> None:
+    kit_dir = tmp_path / "kit"
+    libraries = fake_haproxy(kit_dir / "haproxy")
+    haproxy.write_wrapper(kit_dir / "haproxy")
+    system = tmp_path / "system-bin"  # a haproxy already on PATH must not win over the carried one
+    system.mkdir()
+    (system / "haproxy").write_text("#!/bin/sh\necho system haproxy\n")
+    (system / "haproxy").chmod(0o755)
+    code = (
+        f"import shutil, subprocess, sys; sys.path.insert(0, {str(BENCHMARKS)!r}); from gpukit import device;"
+        "env = device.device_env(); print(shutil.which('haproxy', path=env['PATH']));"
+        "print(env['LD_LIBRARY_PATH']);"
+        "print(subprocess.run(['haproxy', '-vv'], env=env, capture_output=True, text=True, check=True).stdout)"
+    )
+    env = {**os.environ, "LATLAB_KIT": str(kit_dir), "PATH": f"{system}:{os.environ['PATH']}"}
+    env["LD_LIBRARY_PATH"] = "/image/lib"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    found, step_libraries, said = done.stdout.splitlines()[:3]
+    assert found == str(kit_dir / "haproxy" / "bin" / "haproxy")
+    assert said == f"carried haproxy -vv LD={libraries.resolve()}:/image/lib"
+    assert str(libraries) not in step_libraries  # the lab's Python keeps the image's own libraries
+
+
+def fake_deb(folder: Path, package: str, exit_code: int = 0) -> Path:
+    """A .deb built here, offline, with dpkg-deb: the fake haproxy and its library."""
+    root = folder / package
+    fake_haproxy(root, exit_code)
+    (root / "DEBIAN").mkdir()
+    control = f"Package: {package}\nVersion: 1.0\nArchitecture: amd64\nMaintainer: test\nDescription: fake\n"
+    (root / "DEBIAN" / "control").write_text(control)
+    deb = folder / f"{package}_1.0_amd64.deb"
+    subprocess.run(["dpkg-deb", "--build", "--root-owner-group", str(root), str(deb)], check=True, capture_output=True)
+    return deb
+
+
+def test_the_kits_debs_unpack_with_dpkg_into_a_haproxy_that_runs(tmp_path: Path) -> None:
+    debs = tmp_path / "bundle" / "debs"
+    debs.mkdir(parents=True)
+    with pytest.raises(haproxy.NotCarried, match="prepared before it carried one"):
+        haproxy.unpack(debs, tmp_path / "haproxy")
+    fake_deb(debs, "haproxy")
+    wrapper = haproxy.unpack(debs, tmp_path / "haproxy")
+    said = subprocess.run([str(wrapper), "-c"], capture_output=True, text=True, check=True, timeout=30).stdout
+    assert said.startswith("carried haproxy -c LD=") and "x86_64-linux-gnu" in said
+
+
+def test_a_carried_haproxy_that_cannot_run_fails_the_fleet_step_in_one_line(tmp_path: Path) -> None:
+    debs = tmp_path / "kit" / "bundle" / "debs"
+    debs.mkdir(parents=True)
+    fake_deb(debs, "haproxy", exit_code=1)
+    tree = tmp_path / "tree"
+    (tree / ".whl").mkdir(parents=True)
+    done, out = device_call(tmp_path, tree, "fleet-4")
+    assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-2000:]
+    assert [p.name for p in out.iterdir()] == ["leg9-fleet-4.tar.gz"]  # the lab never started
+    with tarfile.open(out / "leg9-fleet-4.tar.gz") as tar:
+        step = json.load(tar.extractfile("step.json"))
+        log = tar.extractfile("haproxy.log").read().decode()
+    assert step["end"] == (
+        "failed: the carried haproxy does not run on this image (see haproxy.log): no fleet to measure"
+    )
+    assert "carried haproxy -vv" in log
+
+
+def test_the_kit_carries_every_library_debians_haproxy_links_but_glibc_and_the_cpp_runtime() -> None:
+    """Against this machine's Debian haproxy (the one `prepare` downloads): a library it gains fails here."""
+    binary = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    linked = re.findall(r"=> (/\S+)", subprocess.run(["ldd", binary], capture_output=True, text=True).stdout)
+    # a merged /usr lists a library under /lib or /usr/lib as its package shipped it, not as ldd says: ask both
+    both = [path for lib in linked for path in (lib.removeprefix("/usr"), "/usr" + lib.removeprefix("/usr"))]
+    owners = subprocess.run(["dpkg", "-S", *both], capture_output=True, text=True).stdout
+    packages = {line.split(":")[0] for line in owners.splitlines()}
+    assert packages - {"libc6", "libstdc++6", "libgcc-s1"} == set(haproxy.DEBS) - {"haproxy"}
