@@ -28,7 +28,8 @@ from latlab.loadtest.loadgen_metrics import LoadGenMetrics, start_exporter
 from latlab.loadtest.recorder import MIN_SAMPLES_P99
 from latlab.loadtest.results import Curve, Run, Step, write_results
 from latlab.loadtest.describe import describe, extras_notice
-from latlab.loadtest.fleet import FleetTargets, fleet_step, proxy_added, proxy_line, read_fleet, read_targets
+from latlab.loadtest.fleet import FleetTargets, fleet_step, read_fleet, read_targets
+from latlab.loadtest.proxy_hop import proxy_added, proxy_line
 from latlab.loadtest.scrape import fetch, metrics_source
 from latlab.loadtest.search import SATURATED_BELOW, bracket_slos, open_slos, slo_search
 from latlab.loadtest.single import one_at_a_time
@@ -95,6 +96,7 @@ def run_sweep(
         },
         slo_p99_s=plan.slo.p99_s,
         fleet=read_targets(plan.provenance.fleet).as_dict() if plan.provenance.fleet else None,
+        cold_start_s=plan.provenance.cold_start_s,
     )
     if run_one is None:
         run_one = overload_runner(plan.overload) if plan.overload is not None else _run_deployment

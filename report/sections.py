@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 
-from latlab.loadtest.fleet import proxy_line
+from latlab.loadtest.proxy_hop import proxy_line
 from latlab.loadtest.floor import floor_line, near_floor
 from latlab.loadtest.results import Curve, Run, Step
 from latlab.report.bench_pivot import gpu_speedup, pivot

@@ -12,6 +12,7 @@ from latlab.fleet.haproxy import BACKEND, FRONTEND
 from latlab.fleet.run import READY_TIMEOUT_S
 from latlab.fleet.targets import PROXY_JOB
 from latlab.loadtest import fleet as loadtest_fleet
+from latlab.loadtest.proxy_hop import PAIRS
 from latlab.loadtest.results import read_results
 
 CLI = [sys.executable, "-m", "latlab.cli", "loadtest"]
@@ -49,7 +50,7 @@ def test_a_sweep_through_the_proxy_records_every_replica_and_the_proxy(start_fle
     assert abs(proxy["requests"] - sum(counts.values())) <= spill, (proxy, counts)
     assert proxy["5xx"] == 0 and proxy["retries"] == 0
     added = run.deployments[0].proxy_added
-    assert added["replica"] == "r0" and added["pairs"] == loadtest_fleet.PAIRS
+    assert added["replica"] == "r0" and added["pairs"] == PAIRS
     assert added["proxy"]["errors"] == 0 and added["direct"]["errors"] == 0
     for q in ("p50", "p99"):
         assert added[f"added_{q}_s"] == added["proxy"][f"{q}_s"] - added["direct"][f"{q}_s"]
