@@ -230,6 +230,8 @@ class Provenance:
     fleet: str = ""
     """The file_sd targets of the fleet behind the host (`latlab fleet --targets FILE`): every step then also
     records the requests each replica answered and the proxy's counters (loadtest/fleet.py); empty: one server."""
+    cold_start_s: float | None = None
+    """The server's start to ready where whoever started it measured it (the lab): recorded in the run as is."""
 
     def __post_init__(self) -> None:
         if self.fleet:

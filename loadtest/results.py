@@ -184,6 +184,10 @@ class Run:
     """The generator's own round trip to a trivial route of the server before the sweep (loadtest/floor.py)."""
     fleet: Figures | None = None
     """The fleet behind the proxy it loaded (--fleet): its targets file, replicas, proxy and balance."""
+    cold_start_s: float | None = None
+    """From the start of the `latlab serve` it swept to ready (readiness true on every deployment), as the lab
+    measured it; of a fleet, from starting every replica to the proxy seeing them all up. None: not measured (a
+    server the load test did not start, or a file from before)."""
     path: str = field(default="", compare=False, metadata=CONTEXT)
     """The file it was read from."""
     reference: bool = field(default=False, compare=False, metadata=CONTEXT)

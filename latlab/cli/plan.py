@@ -57,7 +57,11 @@ def add_plan_arguments(parser: argparse.ArgumentParser, prefix: str = "", requir
         f"--{prefix}downscale-delay", type=float, default=600.0, help="seconds (Ray Serve's default 600)"
     )
     parser.add_argument(
-        f"--{prefix}cold-start", type=float, help="seconds from a replica's start to ready (default 60)"
+        f"--{prefix}cold-start",
+        type=float,
+        metavar="S",
+        help="seconds from a replica's start to ready, for every kind (default: what the lab measured from "
+        "`latlab serve` start to ready; where it measured none, as for the H100 reference, an assumed 60)",
     )
     parser.add_argument(
         f"--{prefix}sim-seconds",
@@ -86,7 +90,7 @@ def plan_request(args: argparse.Namespace, prefix: str = ""):
 
 
 def _checked(given, prefix: str):
-    from latlab.report.fleetplan.autoscale import DEFAULT_COLD_START_S, Autoscaler
+    from latlab.report.fleetplan.autoscale import Autoscaler
     from latlab.report.fleetplan.fleet import Slo
     from latlab.report.fleetplan.plan import PlanRequest, check_target
     from latlab.report.fleetplan.traffic import parse_profile
@@ -95,15 +99,16 @@ def _checked(given, prefix: str):
     check_target(given("target"))
     try:
         cold = given("cold-start")
-        scaler = Autoscaler(
-            given("upscale-delay"), given("downscale-delay"), DEFAULT_COLD_START_S if cold is None else cold
-        )
+        scaler = Autoscaler(given("upscale-delay"), given("downscale-delay"))
+        Autoscaler(cold_start_s=0.0 if cold is None else cold)  # a negative one is refused here, before any work
     except ValueError as exc:
         raise UserError(str(exc)) from None
     if not given("sim-seconds") > 0:
         raise UserError(f"--sim-seconds must be > 0, got {given('sim-seconds'):g}")
     traffic = parse_profile(given("traffic"), given("trace-rate"), given("burst-cv"))
-    return PlanRequest(traffic, slo, scaler, given("target"), given("model"), given("use-off"), given("sim-seconds"))
+    return PlanRequest(
+        traffic, slo, scaler, given("target"), given("model"), given("use-off"), given("sim-seconds"), cold
+    )
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
@@ -139,7 +144,8 @@ def plan_lines(plan, example_prices: bool = False) -> list[str]:
         sizing = plan.sizing[kind.name]
         lines.append(
             f"{kind.name} replica ({kind.source}), ${kind.usd_per_hour:g}/h: within the SLO up to "
-            f"{sizing.slo_rps:.0f} req/s, autoscaled at {sizing.target_rps:.0f} req/s per replica"
+            f"{sizing.slo_rps:.0f} req/s, autoscaled at {sizing.target_rps:.0f} req/s per replica, "
+            f"cold start {kind.cold_start_text}"
         )
     lines += [f"note: {note}" for note in plan.notes]
     if plan.stride > 1:

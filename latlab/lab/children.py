@@ -5,6 +5,7 @@ sends, the step timing), and the request samples those send."""
 from __future__ import annotations
 
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -41,17 +42,22 @@ class Serving:
     stop: Callable[[], None]
     fleet_targets: Path | None = None
     """The fleet's file_sd targets, which its sweeps record the fleet from (`latlab loadtest --fleet`)."""
+    cold_start_s: float | None = None
+    """From starting the server (every replica of a fleet) to ready, which its sweeps record (Run.cold_start_s)."""
 
 
 def start_serving(
     config: Path, port: int, run_dir: Path, plan: LabPlan, share: CpuShare, say: Callable[[str], None]
 ) -> Serving:
     """The plan's deployments served on `port`, ready: one `latlab serve` (log run_dir/server.log), or with
-    plan.replicas > 1 a fleet of them behind HAProxy (its files in run_dir/fleet), on the share's threads each."""
+    plan.replicas > 1 a fleet of them behind HAProxy (its files in run_dir/fleet), on the share's threads each;
+    timed from the start to ready (the readiness poll's interval is its resolution)."""
+    started = time.monotonic()
     if plan.replicas == 1:
         server, observer_port = start_server(config, port, run_dir / "server.log")
+        scrape = {"latlab-server": [f"127.0.0.1:{observer_port}"]}
         return Serving(
-            f"http://127.0.0.1:{port}", {"latlab-server": [f"127.0.0.1:{observer_port}"]}, lambda: procs.stop(server)
+            f"http://127.0.0.1:{port}", scrape, lambda: procs.stop(server), cold_start_s=time.monotonic() - started
         )
     cores = share.cpu_threads * share.replicas  # each replica's config already names its threads
     fleet = build_fleet(
@@ -70,7 +76,7 @@ def start_serving(
         "latlab-server": [f"127.0.0.1:{r.metrics_port}" for r in spec.replicas],
         "latlab-proxy": [f"127.0.0.1:{spec.stats_port}"],
     }
-    return Serving(f"http://127.0.0.1:{spec.port}", scrape, fleet.stop, fleet.targets)
+    return Serving(f"http://127.0.0.1:{spec.port}", scrape, fleet.stop, fleet.targets, time.monotonic() - started)
 
 
 def model_workload(model: ModelPlan, run_dir: Path, host: str, deployments: Iterable[str], sizes: str = "") -> Workload:

@@ -210,6 +210,7 @@ def run_lab(
     config = write_config(run_dir, models, port, plan, share)
     _say(f"step {steps - 2}/{steps}: {serving_line(plan, port, run_dir)}")
     serving = start_serving(config, port, run_dir, plan, share, _say)
+    _say(f"ready {serving.cold_start_s:.1f} s after its start (the run's cold start, which `latlab plan` uses)")
     prometheus_process = None
     metrics_port = procs.free_port()
     try:
@@ -227,6 +228,7 @@ def run_lab(
                 share.load_workers,
                 machine_name,
                 serving.fleet_targets,
+                serving.cold_start_s,
             )
     finally:
         serving.stop()
@@ -273,14 +275,18 @@ def sweep_model(
     load_workers: int = 0,
     machine_name: str | None = None,
     fleet: Path | None = None,
+    cold_start_s: float | None = None,
 ) -> None:
     """One Locust sweep over the model's deployments per traffic profile of the plan, with the model's loads and
     request encoding, into run_dir/<model> (the first profile) and run_dir/<model>/traffic-<k> (a load test of its
-    own each: see sweep_plan); `fleet`: the targets of the fleet behind `host`."""
+    own each: see sweep_plan); `fleet`: the targets of the fleet behind `host`; `cold_start_s`: its start to
+    ready, recorded in each run."""
     for k, arrivals in enumerate(plan.traffic):
         if len(plan.traffic) > 1:
             _say(f"{model.name}: traffic {k + 1} of {len(plan.traffic)}, {arrivals.spec} arrivals")
-        sweep = sweep_plan(run_dir, plan, model, host, metrics_port, load_workers, machine_name, arrivals, fleet)
+        sweep = sweep_plan(
+            run_dir, plan, model, host, metrics_port, load_workers, machine_name, arrivals, fleet, cold_start_s
+        )
         child.run(sweep, traffic_folder(run_dir, model, k), run_id=run_dir.name)
 
 
@@ -299,11 +305,13 @@ def sweep_plan(
     machine_name: str | None = None,
     arrivals: Arrivals = Arrivals(),
     fleet: Path | None = None,
+    cold_start_s: float | None = None,
 ) -> SweepPlan:
     """The load test of one model's sweep; with load_workers, a Locust master with that many local worker
     processes. Past the model's rates it raises the load until each deployment saturates or its p99 passes twice
     the plan's largest SLO (beyond that no SLO of the report can change), then brackets every SLO of the plan.
-    With `fleet` (a fleet's targets file, `host` its proxy), every step also records the fleet."""
+    With `fleet` (a fleet's targets file, `host` its proxy), every step also records the fleet; `cold_start_s`
+    (the server's start to ready) is recorded in the run."""
     return SweepPlan(
         workload=model_workload(model, run_dir, host, plan.deployment_names(model), plan.sizes),
         schedule=step_schedule(
@@ -323,5 +331,7 @@ def sweep_plan(
             confidence=plan.confidence,
         ),
         workers=Workers(local=load_workers, metrics_port=metrics_port),
-        provenance=Provenance(machine_name=machine_name, fleet=str(fleet) if fleet is not None else ""),
+        provenance=Provenance(
+            machine_name=machine_name, fleet=str(fleet) if fleet is not None else "", cold_start_s=cold_start_s
+        ),
     )

@@ -60,6 +60,18 @@ class ReplicaKind:
     model: ReplicaModel
     usd_per_hour: float
     source: str
+    cold_start_s: float | None = None
+    """Its start to ready when the autoscaler adds one (None: the autoscaler's own cold_start_s)."""
+    cold_start_from: str = "assumed"
+    """Where cold_start_s comes from: "lab" (measured), "given" (--cold-start) or "assumed"."""
+
+    @property
+    def cold_start_text(self) -> str:
+        """The cold start as the plan says it: "measured 3.1 s (lab)", "given 30 s", "assumed 60 s"."""
+        seconds = self.cold_start_s if self.cold_start_s is not None else math.nan
+        if self.cold_start_from == "lab":
+            return f"measured {seconds:.1f} s (lab)"
+        return f"{self.cold_start_from} {seconds:g} s"
 
 
 @dataclass(frozen=True)
@@ -181,7 +193,8 @@ def _route(spec: FleetSpec, ticks: np.ndarray, sizing: dict[str, Sizing], scaler
         timelines[spec.base.name] = Timeline(count, count, scaler.tick_s)
     if spec.elastic is not None:
         lower = 0 if spec.base is not None else max(1, scaler.min_replicas)
-        own = replace(scaler, min_replicas=lower)
+        cold = spec.elastic.cold_start_s
+        own = replace(scaler, min_replicas=lower, cold_start_s=scaler.cold_start_s if cold is None else cold)
         desired = wanted(np.maximum(ticks - base_rps, 0), sizing[spec.elastic.name].target_rps, own)
         timelines[spec.elastic.name] = scale(desired, own)
     return timelines, base_rps

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from latlab.common.settings import BatcherSettings
 from latlab.common.user_input import UserError
-from latlab.report.fleetplan.autoscale import DEFAULT_COLD_START_S, Autoscaler
+from latlab.loadtest.results import read_results
+from latlab.report.fleetplan.autoscale import Autoscaler
 from latlab.report.fleetplan.fleet import (
     SECONDS_PER_FLEET,
     FleetDay,
@@ -31,6 +32,7 @@ from latlab.report.predict import bench_fits
 GPU_BATCHER = BatcherSettings(max_batch_size=64, max_queue_delay_ms=2.0, max_queue_size=256)
 """The batcher of a GPU replica planned from the reference bench (no GPU deployment measured): batches of up to
 64 formed within 2 ms."""
+REFERENCE_SOURCE = "H100 reference bench"
 TARGET_HELP = "inflight:N (Ray Serve's target_ongoing_requests, default 2) or util:U (U x one replica's SLO rate)"
 
 
@@ -74,6 +76,9 @@ class PlanRequest:
     """Plan with replica models the validation found off."""
     budget_s: float = SECONDS_PER_FLEET
     """About how long one fleet's day may take to simulate."""
+    cold_start_s: float | None = None
+    """Every replica's start to ready (--cold-start), over what the run measured; None: the run's measurement, or
+    the scaler's assumption where it measured none."""
 
     def make(self, run_dir: Path, prices: dict[str, float], rows: list[dict] | None = None) -> Plan:
         """The plan of this request for a run (its validation `rows` where already made)."""
@@ -88,6 +93,7 @@ class PlanRequest:
             self.use_off,
             self.budget_s,
             rows,
+            self.cold_start_s,
         )
 
 
@@ -114,10 +120,12 @@ def make_plan(
     use_off: bool = False,
     budget_s: float = SECONDS_PER_FLEET,
     rows: list[dict] | None = None,
+    cold_start_s: float | None = None,
 ) -> Plan:
     """The plan for one model of a run: validate its deployments (unless their `rows` are given, as
     validate.validation_rows returns them), take the best usable one per provider (the committed H100 reference where
-    no GPU deployment was measured), size each, and run the fleets over the day."""
+    no GPU deployment was measured), size each, and run the fleets over the day. Each kind's replicas start in
+    `cold_start_s` where given, else in what the run measured for its deployment, else in the scaler's assumed one."""
     check_target(target)
     notes: list[str] = []
     rows = validation_rows(run_dir) if rows is None else rows
@@ -130,10 +138,12 @@ def make_plan(
     if len(models) > 1 and model == models[0]:
         notes.append(f"planned for {model}, the first of the run's models ({', '.join(models)}); choose with --model")
     kinds = []
-    cpu = _kind("cpu", [r for r in rows if r["model"] == model and r["provider"] == "cpu"], prices, use_off, notes)
+    cold = _measured_cold_starts(run_dir)
+    mine = [r for r in rows if r["model"] == model]
+    cpu = _kind("cpu", [r for r in mine if r["provider"] == "cpu"], prices, use_off, notes, cold)
     if cpu is not None:
         kinds.append(cpu)
-    gpu = _kind("gpu", [r for r in rows if r["model"] == model and r["provider"] == "cuda"], prices, use_off, notes)
+    gpu = _kind("gpu", [r for r in mine if r["provider"] == "cuda"], prices, use_off, notes, cold)
     if gpu is None:
         gpu = _reference_gpu(model, cpu, prices, notes)
     if gpu is not None:
@@ -141,8 +151,7 @@ def make_plan(
     if not kinds:
         raise PlanError(f"no usable replica model for {model}: every deployment's model is off (see --use-off)")
     scaler = scaler or Autoscaler()
-    if scaler.cold_start_s == DEFAULT_COLD_START_S:
-        notes.append(f"cold start {DEFAULT_COLD_START_S:g} s, an assumption: the run measured none")
+    kinds = [_cold_start(k, scaler, cold_start_s, notes) for k in kinds]
     sizing = {k.name: size_replica(k.model, slo, traffic.cv, target) for k in kinds}
     specs = fleet_specs(kinds, traffic, sizing)
     started = time.perf_counter()
@@ -150,8 +159,11 @@ def make_plan(
     return Plan(traffic, slo, kinds, sizing, days, stride, rows, notes, time.perf_counter() - started)
 
 
-def _kind(name: str, rows: list[dict], prices: dict, use_off: bool, notes: list[str]) -> ReplicaKind | None:
-    """The best usable deployment of a provider (the highest predicted rate under the loosest SLO checked)."""
+def _kind(
+    name: str, rows: list[dict], prices: dict, use_off: bool, notes: list[str], cold_starts: dict[str, float]
+) -> ReplicaKind | None:
+    """The best usable deployment of a provider (the highest predicted rate under the loosest SLO checked), with
+    its server's start to ready where the run measured it (`cold_starts` by deployment)."""
     usable = [r for r in rows if not r["off"]] or (rows if use_off else [])
     if rows and not [r for r in rows if not r["off"]]:
         said = "used anyway (--use-off)" if use_off else "not used"
@@ -160,7 +172,36 @@ def _kind(name: str, rows: list[dict], prices: dict, use_off: bool, notes: list[
         return None
     best = max(usable, key=lambda r: r["slos"][-1]["predicted_rps"])
     price = _price(prices, name)
-    return ReplicaKind(name, best["replica"], price, f"{best['deployment']}: {best['source']}")
+    source = f"{best['deployment']}: {best['source']}"
+    cold = cold_starts.get(best["deployment"])
+    return ReplicaKind(name, best["replica"], price, source, cold, "lab" if cold is not None else "assumed")
+
+
+def _measured_cold_starts(run_dir: Path) -> dict[str, float]:
+    """Each deployment's server start to ready as the run recorded it (Run.cold_start_s), where it did."""
+    try:
+        runs = read_results(run_dir)
+    except (FileNotFoundError, ValueError):  # the validation has already said what is wrong with the run
+        return {}
+    return {c.name: r.cold_start_s for r in runs if r.cold_start_s is not None for c in r.deployments}
+
+
+def _cold_start(kind: ReplicaKind, scaler: Autoscaler, given: float | None, notes: list[str]) -> ReplicaKind:
+    """The kind with its cold start: `given`, else its deployment's measured one (a reference kind has none), else
+    the scaler's assumption; said in the notes."""
+    if given is not None:
+        kind = replace(kind, cold_start_s=given, cold_start_from="given")
+    elif kind.cold_start_s is None:
+        kind = replace(kind, cold_start_s=scaler.cold_start_s, cold_start_from="assumed")
+    said = {
+        "lab": f"{kind.name} replica cold start {kind.cold_start_text}: `latlab serve` start to ready, every "
+        "deployment of the lab's config",
+        "given": f"{kind.name} replica cold start {kind.cold_start_text}",
+        "assumed": f"{kind.name} replica cold start {kind.cold_start_text}, an assumption: "
+        + ("the H100 reference carries no measurement" if kind.source == REFERENCE_SOURCE else "the run measured none"),
+    }
+    notes.append(said[kind.cold_start_from])
+    return kind
 
 
 def _price(prices: dict, name: str) -> float:
@@ -185,7 +226,7 @@ def _reference_gpu(model: str, cpu: ReplicaKind | None, prices: dict, notes: lis
         "deployment: batches of up to 64 within 2 ms, the CPU deployment's serving work per request"
     )
     replica = ReplicaModel.of(fit.a_s, fit.b_s, c_s, GPU_BATCHER)
-    return ReplicaKind("gpu", replica, _price(prices, "gpu"), "H100 reference bench")
+    return ReplicaKind("gpu", replica, _price(prices, "gpu"), REFERENCE_SOURCE)
 
 
 def fleet_specs(kinds: list[ReplicaKind], traffic: DayTraffic, sizing: dict[str, Sizing]) -> list[FleetSpec]:
