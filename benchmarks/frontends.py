@@ -15,7 +15,8 @@ Layouts: "one process" (frontends = 1, today's server), "1 front end + engine" a
    more cores needs (each front end and the engine is one interpreter, one core at most).
 3. The engine alone, saturated: mlp-batch's engine process fed by 16 threads of this process through the
    front ends' client (no HTTP), 8 s: the rate it answers and its CPU per request, where wake-ups are shared
-   by many requests (what an engine behind many front ends sees).
+   by many requests (what an engine behind many front ends sees), and this process's CPU per request (the
+   client's side of the hop without HTTP).
 4. Served rate: mlp-batch and ffn-batch (the lab's batcher settings) behind each layout, `latlab loadtest
    --slos 25ms` bracketing the highest rate that meets p99 <= 25 ms to 10%.
 Every deployment runs ORT on one intra-op thread without spinning, as the lab's CPU plan does on 2 cores.
@@ -182,8 +183,7 @@ def engine_alone(folder: Path, model: Path, seconds: float = 8.0, threads: int =
     import signal
     import threading
 
-    from latlab.server.processes.frontend import EngineClient
-    from latlab.server.processes.hop import tensor_frames
+    from latlab.server.processes.client import EngineClient
     from latlab.server.processes.shared import EngineStatus
     from latlab.server.processes.supervisor import run_folder
 
@@ -207,6 +207,7 @@ def engine_alone(folder: Path, model: Path, seconds: float = 8.0, threads: int =
         stderr=subprocess.DEVNULL,
     )
     status.starting(engine.pid)
+    client = None
     try:
         while not status.ready:
             assert engine.poll() is None, "the engine did not start"
@@ -217,32 +218,30 @@ def engine_alone(folder: Path, model: Path, seconds: float = 8.0, threads: int =
 
         def send(index: int, until: float) -> None:
             while time.monotonic() < until:
-                described, frames = tensor_frames({"x": x})
                 client.call(
-                    {
-                        "kind": "infer",
-                        "model": "mlp-batch",
-                        "inputs": described,
-                        "outputs": None,
-                        "parameters": {},
-                        "finite": [],
-                    },
-                    frames,
+                    {"kind": "infer", "model": "mlp-batch", "outputs": None, "parameters": {}, "finite": []}, {"x": x}
                 )
                 answered[index] += 1
 
-        before = psutil.Process(engine.pid).cpu_times()
+        before, client_before = psutil.Process(engine.pid).cpu_times(), time.process_time()
         until = time.monotonic() + seconds
         workers = [threading.Thread(target=send, args=(i, until)) for i in range(threads)]
         for worker in workers:
             worker.start()
         for worker in workers:
             worker.join()
-        after = psutil.Process(engine.pid).cpu_times()
+        after, client_after = psutil.Process(engine.pid).cpu_times(), time.process_time()
         total = sum(answered)
         cpu = (after.user + after.system) - (before.user + before.system)
-        return {"rps": total / seconds, "cpu_us": cpu / total * 1e6, "cores": cpu / seconds}
+        return {
+            "rps": total / seconds,
+            "cpu_us": cpu / total * 1e6,
+            "cores": cpu / seconds,
+            "client_us": (client_after - client_before) / total * 1e6,
+        }
     finally:
+        if client is not None:
+            client.close()
         engine.send_signal(signal.SIGTERM)
         engine.wait(60)
         status.close()
@@ -276,7 +275,7 @@ def main() -> None:
     alone = engine_alone(folder, mlp)
     print(
         f"engine alone, saturated by 16 client threads: {alone['rps']:.0f} req/s, {alone['cpu_us']:.0f} us CPU "
-        f"per request, {alone['cores']:.2f} cores"
+        f"per request, {alone['cores']:.2f} cores (the client's side: {alone['client_us']:.0f} us per request)"
     )
     if args.only_split:
         return

@@ -2,9 +2,10 @@
 sessions and batchers) and answers the front-end processes' requests over ZeroMQ, so that batches still form
 from every request the server receives.
 
-One thread does all the socket work (ZeroMQ sockets are not thread-safe): it reads requests from the ROUTER
-socket the front ends connect to, hands each to its deployment's batcher (`submit`: never waits) and sends the
-answers the batcher's workers leave in a queue, woken by a message on an in-process socket. GET requests a front
+One thread does all the socket work (ZeroMQ sockets are not thread-safe): it reads the front ends' groups of
+requests from the ROUTER socket they connect to, hands each request to its deployment's batcher (`submit`: never
+waits) and sends the answers the batcher's workers leave in a queue, one message per front end for all that
+finished together, woken through an eventfd. GET requests a front
 end cannot answer alone (metadata, config, readiness, /metrics) are answered by the same Flask app a one-process
 server runs, and the observer port (/metrics of every process, health) is served from here.
 
@@ -33,25 +34,16 @@ from latlab.server.http.app import ServerState, create_app
 from latlab.server.http.observer import Observer
 from latlab.server.metrics import multiprocess_registry, use_multiprocess_values
 from latlab.server.processes.frontend import Engines, Forward
-from latlab.server.processes.hop import (
-    error_header,
-    pack,
-    recv_frames,
-    send_frames,
-    tensor_frames,
-    tensors_from,
-    unpack,
-)
+from latlab.server.processes.hop import error_header, group_message, recv_frames, send_frames, tensors_from, unpack
 from latlab.server.processes.shared import LOG_FORMAT, EngineStatus, SharedAdmission, endpoint, metrics_folder
 from latlab.server.runtime.deployment import picked
 
 log = logging.getLogger("latlab.server.processes.engine")
-ANSWERS = "inproc://answers"
 DRAIN_LIMIT_S = 30.0
 """Longest a stopping engine waits for the requests it holds to be answered."""
 POLL_MS = 100
 READ_AT_ONCE = 256
-NOBLOCK, POLLIN = int(zmq.NOBLOCK), int(zmq.POLLIN)
+NOBLOCK, POLLIN, EVENTS = int(zmq.NOBLOCK), int(zmq.POLLIN), int(zmq.EVENTS)
 """As plain ints: combining pyzmq's enum flags costs more than the call they qualify."""
 
 
@@ -66,12 +58,12 @@ class Engine:
         self.router = self.context.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.bind(endpoint(run_dir, engine))
-        self.wake = self.context.socket(zmq.PULL)
-        self.wake.bind(ANSWERS)
-        self.answers: deque[list] = deque()
+        self.wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        """Written by a batcher worker whose answer finds the queue empty: the socket thread has answers to send."""
+        self.answers: deque[tuple] = deque()
+        """(front end, request id, its finished slot or its answer, the outputs it asked for), in answer order."""
         self.held = 0
         """Requests submitted and not yet answered."""
-        self._local = threading.local()
         self._lock = threading.Lock()
         self.stopping = threading.Event()
         self._loop_thread = 0
@@ -81,15 +73,17 @@ class Engine:
         self._loop_thread = threading.get_ident()
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
-        poller.register(self.wake, zmq.POLLIN)
+        poller.register(self.wake, POLLIN)
         drain_until = None
         while True:
             events = dict(poller.poll(POLL_MS))
             if self.router in events:
                 self._read_requests()
             if self.wake in events:
-                while self.wake.get(zmq.EVENTS) & POLLIN:  # asking is cheaper than a zmq.Again raised
-                    self.wake.recv(NOBLOCK)
+                try:
+                    os.eventfd_read(self.wake)
+                except BlockingIOError:
+                    pass
             self._send_answers()
             if self.stopping.is_set():
                 drain_until = drain_until or time.monotonic() + DRAIN_LIMIT_S
@@ -101,33 +95,44 @@ class Engine:
 
     def close(self) -> None:
         self.router.close(0)
-        self.wake.close(0)
+        os.close(self.wake)
 
     def _read_requests(self) -> None:
-        """Every request waiting on the socket (up to READ_AT_ONCE, then answers get their turn), each handed to
-        its batcher. A request read alone may run on this thread (`run_here`), saving two thread hand-overs,
-        when its deployment has one instance: then nothing could start beside it anyway, and what arrives
-        meanwhile waits on the socket instead of in the queue, to be read and batched together next."""
-        messages = []
+        """Every message waiting on the socket (up to READ_AT_ONCE, then answers get their turn), each a front end's
+        group of calls; an infer call's request is handed to its batcher, an error fails its own call alone. A
+        request read alone may run on this thread (`run_here`), saving two thread hand-overs, when its deployment
+        has one instance: then nothing could start beside it anyway, and what arrives meanwhile waits on the
+        socket instead of in the queue, to be read and batched together next."""
         router = self.router
-        while len(messages) < READ_AT_ONCE and router.get(zmq.EVENTS) & POLLIN:
+        try:
+            messages = [recv_frames(router, NOBLOCK)]  # the poll said one waits: asking again costs a system call
+        except zmq.Again:
+            return
+        while len(messages) < READ_AT_ONCE and router.get(EVENTS) & POLLIN:
             messages.append(recv_frames(router, NOBLOCK))
+        answers = self.answers
         for message in messages:
-            identity, header = message[0], unpack(message[1])
-            try:
-                kind = header.get("kind")
-                if kind == "infer":
-                    self._infer(identity, header, message[2:], alone=len(messages) == 1)
-                elif kind == "http":
-                    self.answers.append([identity, pack(self._http(header))])
-                elif kind == "describe":
-                    self.answers.append([identity, pack({"id": header["id"], **self.describe()})])
-            except Exception as exc:  # noqa: BLE001 - a request's failure is its own answer
-                if not isinstance(exc, ServingError):
-                    log.exception("unexpected error in the engine")
-                self.answers.append([identity, pack(error_header(header.get("id", 0), exc))])
+            frames, header = message[2:], unpack(message[1])
+            group = header["group"]
+            identity = header.get("reply") or message[0].bytes  # where the front end reads its answers
+            alone = len(messages) == 1 and len(group) == 1
+            for header in group:
+                try:
+                    kind = header.get("kind")
+                    if kind == "infer":
+                        self._infer(identity, header, frames, alone)
+                    elif kind == "http":
+                        answers.append((identity, header["id"], self._http(header), None))
+                    elif kind == "describe":
+                        answers.append((identity, header["id"], {"id": header["id"], **self.describe()}, None))
+                    elif kind == "hello":  # the front end's answer socket is connected: answers reach it
+                        answers.append((identity, header["id"], header, None))
+                except Exception as exc:  # noqa: BLE001 - a request's failure is its own answer, not its group's
+                    if not isinstance(exc, ServingError):
+                        log.exception("unexpected error in the engine")
+                    answers.append((identity, header.get("id", 0), error_header(header.get("id", 0), exc), None))
 
-    def _infer(self, identity, header: dict, frames: list, alone: bool) -> None:
+    def _infer(self, identity: bytes, header: dict, frames: list, alone: bool) -> None:
         if self.stopping.is_set():
             raise ModelNotReady("the server is shutting down")
         deployment = self.state.get(header["model"], header.get("version"))
@@ -142,42 +147,36 @@ class Engine:
         request_id = header["id"]
         slot.when_done(lambda done: self._answered(identity, request_id, done, outputs))
 
-    def _answered(self, identity, request_id: int, slot, outputs: list[str] | None) -> None:
-        """A batcher worker's callback: queue the answer and wake the socket thread."""
-        try:
-            described, frames = tensor_frames(picked(slot.result(0), outputs))
-            message = [identity, pack({"id": request_id, "outputs": described}), *frames]
-        except Exception as exc:  # noqa: BLE001 - the request's error is its answer
-            if not isinstance(exc, ServingError):
-                log.exception("unexpected error answering a request")
-            message = [identity, pack(error_header(request_id, exc))]
+    def _answered(self, identity: bytes, request_id: int, slot, outputs: list[str] | None) -> None:
+        """A batcher worker's callback: queue the slot (the socket thread reads its answer) and wake the socket
+        thread when the queue was empty, so that a batch's answers go out together."""
         with self._lock:
             self.held -= 1
             first = not self.answers
-            self.answers.append(message)
+            self.answers.append((identity, request_id, slot, outputs))
         if not first or threading.get_ident() == self._loop_thread:
             return  # a wake-up is already on its way (the socket thread sends until the queue is empty), or
             # this is the socket thread (run_here): it sends next
-        wake = getattr(self._local, "wake", None)
-        if wake is None:
-            wake = self._local.wake = self.context.socket(zmq.PUSH)
-            wake.connect(ANSWERS)
-        try:
-            wake.send(b"", zmq.NOBLOCK)
-        except zmq.Again:  # wake-ups already queued up to the high-water mark: the socket thread is coming
-            pass
+        os.eventfd_write(self.wake, 1)
 
     def _send_answers(self) -> None:
-        """Send every queued answer. The queue goes empty only under the lock, so a worker that finds it empty
-        when it appends knows the socket thread must be woken (one wake-up per burst of answers, not each)."""
+        """Send every queued answer, one message per front end (as many as a group's bounds ask). The queue goes
+        empty only under the lock, so a worker that finds it empty when it appends knows the socket thread must
+        be woken (one wake-up per burst of answers, not each)."""
         while True:
             with self._lock:
                 if not self.answers:
                     return
-                batch = list(self.answers)
+                queued = list(self.answers)
                 self.answers.clear()
-            for message in batch:
-                send_frames(self.router, message)
+            by_front_end: dict[bytes, list] = {}
+            for identity, request_id, answer, outputs in queued:
+                by_front_end.setdefault(identity, []).append(answered_call(request_id, answer, outputs))
+            for identity, calls in by_front_end.items():
+                while calls:
+                    frames, taken = group_message(calls)
+                    send_frames(self.router, [identity, *frames])
+                    calls = calls[taken:]
 
     def _http(self, header: dict) -> dict:
         """A GET (or HEAD) a front end forwarded, answered by the server's Flask app."""
@@ -204,6 +203,18 @@ class Engine:
             },
             "failed": self.state.failed,
         }
+
+
+def answered_call(request_id: int, answer, outputs: list[str] | None) -> tuple[dict, str, dict | None]:
+    """A call's answer as group_message takes it: a ready header, or a finished slot's outputs (or its error)."""
+    if isinstance(answer, dict):
+        return answer, "outputs", None
+    try:
+        return {"id": request_id}, "outputs", picked(answer.result(0), outputs)
+    except Exception as exc:  # noqa: BLE001 - the request's error is its answer
+        if not isinstance(exc, ServingError):
+            log.exception("unexpected error answering a request")
+        return error_header(request_id, exc), "outputs", None
 
 
 def main(argv: list[str]) -> int:

@@ -9,109 +9,35 @@ liveness (this process answers) and readiness while the engine is down (not read
 from __future__ import annotations
 
 import glob
-import itertools
 import logging
 import os
 import re
-import threading
-import time
 from pathlib import Path
 from typing import Callable, Iterable
 from urllib.parse import quote
 
 import numpy as np
-import zmq
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import mark_process_dead
 
 from latlab.server.batching.admission import bound_detail
 from latlab.common.settings import admitted_bound
 from latlab.server.config import DeploymentConfig, ServerConfig, engine_groups
-from latlab.server.errors import ModelNotReady, RequestTimeout, ServingError
+from latlab.server.errors import ServingError
 from latlab.server.http.app import ServerState
 from latlab.server.http.fastpath import InferRoute, error_answer, status_line
 from latlab.server.metrics import ServerMetrics, use_multiprocess_values
-from latlab.server.processes.hop import pack, raise_error, recv_frames, send_frames, tensor_frames, tensors_from, unpack
-from latlab.server.processes.shared import EngineStatus, SharedAdmission, endpoint, metrics_folder
+from latlab.server.processes.client import HOLD_S, Announcing, EngineClient
+from latlab.server.processes.hop import raise_error, tensors_from
+from latlab.server.processes.shared import EngineStatus, SharedAdmission, metrics_folder
 from latlab.server.protocol import InferRequest
 from latlab.server.runtime.deployment import tokenized
 from latlab.server.runtime.text import text_front_end
 
 log = logging.getLogger("latlab.server.processes.frontend")
-POLL_MS = 50
-"""How often a request waiting on the engine looks whether the engine is still the one it asked."""
-CONNECT_WAIT_MS = 2000
-"""How long a thread's first request waits for its socket to connect to a running engine."""
 DESCRIBE_WAIT_S = 60.0
-FORWARD_WAIT_S = 30.0
 TIMEOUT_MARGIN_S = 5.0
-NOBLOCK = int(zmq.NOBLOCK)
 """Past the request's own timeout (which the engine's batcher enforces), how long a front end still waits."""
-
-
-class EngineClient:
-    """Requests to the engine, from any thread: each thread has its own DEALER socket (ZeroMQ sockets are not
-    thread-safe) and waits on it for its own answer, so no thread hands answers out to the others."""
-
-    def __init__(self, run_dir: Path, status: EngineStatus, engine: int = 0) -> None:
-        self.address = endpoint(run_dir, engine)
-        self.status = status
-        self.context = zmq.Context()
-        self._ids = itertools.count(1)
-        self._local = threading.local()
-
-    def _socket(self) -> zmq.Socket:
-        sock = getattr(self._local, "socket", None)
-        if sock is None:
-            sock = self._local.socket = self.context.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.IMMEDIATE, 1)  # queue nothing for an engine not connected: refuse instead
-            # a receive gives up after POLL_MS (zmq.Again) to look at the engine: one call per answer, where a poll
-            # before each receive built a Poller each time
-            sock.setsockopt(zmq.RCVTIMEO, POLL_MS)
-            sock.connect(self.address)
-        return sock
-
-    def call(self, header: dict, frames: list | tuple = (), wait_s: float = FORWARD_WAIT_S) -> tuple[dict, list]:
-        """Send one request and wait for its answer: (header, frames). ModelNotReady (503) when no engine runs,
-        or when the one asked stopped before answering (the request is not answered, never silently lost);
-        RequestTimeout when no answer came within `wait_s`."""
-        generation = self.status.up()
-        if generation is None:
-            raise ModelNotReady("the server's engine is not running (starting or restarting); retry shortly")
-        request_id = header["id"] = next(self._ids)
-        sock = self._socket()
-        message = [pack(header), *frames]
-        connect_until = time.monotonic() + CONNECT_WAIT_MS / 1000
-        while True:
-            try:
-                send_frames(sock, message, NOBLOCK)
-                break
-            except zmq.Again:  # a new socket still connecting, or the engine just died
-                sock.poll(POLL_MS, zmq.POLLOUT)
-                if self.status.up() != generation or time.monotonic() > connect_until:
-                    raise ModelNotReady("the server's engine is not reachable (restarting); retry shortly") from None
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                reply = recv_frames(sock)
-            except zmq.Again:
-                reply = None
-            if reply is not None:
-                answer = unpack(reply[0])
-                if answer.get("id") == request_id:
-                    return answer, reply[1:]
-                continue  # the late answer of a request this thread gave up on
-            if self.status.up() != generation:
-                raise ModelNotReady(
-                    "the server's engine stopped while it held this request, which was not "
-                    "computed or not answered; retry"
-                )
-            if time.monotonic() > deadline:
-                raise RequestTimeout(f"no answer from the engine within {wait_s:.3f} s")
-
-    def close(self) -> None:
-        self.context.destroy(0)
 
 
 class RemoteDeployment:
@@ -133,14 +59,17 @@ class RemoteDeployment:
         self.client = client
         labels = {"deployment": config.name, "model": config.model, "provider": config.provider}
         self.metrics = metrics.for_deployment(labels)
-        self.admission = admission.for_deployment(
+        counted = admission.for_deployment(
             index,
             admitted_bound(config.batcher) if bounded else None,
             lambda: self.metrics.rejected("queue_full"),
             bound_detail(config.batcher),
         )
+        self.admission = Announcing(counted, client)
         self.text = text_front_end(config, {name: np.dtype(dtype) for name, dtype in inputs.items()})
         self._wait_s = config.batcher.timeout_ms / 1000 + TIMEOUT_MARGIN_S
+        # a request waits for companions at most a share of what its batch may wait for them anyway
+        self._hold_s = min(HOLD_S, config.batcher.max_queue_delay_ms / 1000 / 2)
 
     @property
     def ready(self) -> bool:
@@ -152,16 +81,14 @@ class RemoteDeployment:
 
     def infer(self, request: InferRequest) -> dict[str, np.ndarray]:
         inputs = tokenized(self.text, self.metrics, request)
-        described, frames = tensor_frames(inputs)
         header = {
             "kind": "infer",
             "model": self.config.name,
-            "inputs": described,
             "outputs": request.outputs,
             "parameters": request.parameters,
             "finite": finite(inputs, request.finite),
         }
-        answer, frames = self.client.call(header, frames, self._wait_s)
+        answer, frames = self.client.call(header, inputs, self._wait_s, self._hold_s)
         if "error" in answer:
             raise_error(answer)
         return tensors_from(answer["outputs"], frames)

@@ -3,8 +3,8 @@ and the state kept there in memory-mapped files: the engine's status (is it up, 
 deployment's admission count across front ends.
 
 Both are read on every request, so both are plain int64 words in an mmap: a read is a memory load, with no
-system call and no message. Only admission's `enter` takes a lock across processes (an flock on the file),
-because two front ends must not both admit the last place."""
+system call and no message. Only admission's `enter` under a bound takes a lock across processes (an flock on
+the file), because two front ends must not both admit the last place."""
 
 from __future__ import annotations
 
@@ -108,8 +108,11 @@ class SharedAdmission:
         self._width = deployments + 1
         self._fd, self._memory, words = _mapped(Path(run_dir) / ADMISSION_FILE, MAX_FRONTENDS * self._width, create)
         self._table = words.reshape(MAX_FRONTENDS, self._width)
+        self._words = memoryview(self._memory).cast("q")
+        """The same words as plain ints: a column summed and a count moved without numpy's per-call cost."""
         self._lock = threading.Lock()
         self._row: np.ndarray | None = None
+        self._row_start = 0
 
     def claim(self) -> int:
         """Take a row for this process; returns its index. Raises RuntimeError when all are held by live ones."""
@@ -119,7 +122,7 @@ class SharedAdmission:
                 if owner == os.getpid() or owner == 0 or not _alive(owner):
                     row[1:] = 0
                     row[0] = os.getpid()
-                    self._row = row
+                    self._row, self._row_start = row, index * self._width
                     return index
         raise RuntimeError(f"all {MAX_FRONTENDS} front-end rows of the admission table are held")
 
@@ -141,7 +144,7 @@ class SharedAdmission:
         return SharedCount(self, index + 1, limit, on_refused, detail)
 
     def total(self, column: int) -> int:
-        return int(self._table[:, column].sum())
+        return sum(self._words[column :: self._width])
 
     def _locked(self) -> "_FileLock":
         return _FileLock(self._lock, self._fd)
@@ -149,6 +152,7 @@ class SharedAdmission:
     def close(self) -> None:
         self.release()
         del self._table, self._row
+        self._words.release()
         self._memory.close()
         os.close(self._fd)
 
@@ -188,17 +192,22 @@ class SharedCount:
 
     def enter(self) -> None:
         shared = self._shared
-        row = shared._row
+        words, column = shared._words, self._column
+        if self.limit is None:  # counted (a replacement front end clears what a dead one left), never refused
+            with shared._lock:
+                words[shared._row_start + column] += 1
+            return
         with shared._locked():
-            if self.limit is None or shared.total(self._column) < self.limit:
-                row[self._column] += 1
+            if sum(words[column :: shared._width]) < self.limit:
+                words[shared._row_start + column] += 1
                 return
         self._on_refused()
         raise QueueFull(f"deployment is full ({self.limit} requests admitted across the front ends{self._detail})")
 
     def leave(self) -> None:
-        with self._shared._lock:
-            self._shared._row[self._column] -= 1
+        shared = self._shared
+        with shared._lock:
+            shared._words[shared._row_start + self._column] -= 1
 
 
 def _alive(pid: int) -> bool:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import zmq
 
-from latlab.server.processes.hop import pack, recv_frames, send_frames, tensor_frames, tensors_from, unpack
+from latlab.server.processes.hop import Frames, pack, recv_frames, send_frames, tensors_from, unpack
 
 
 @pytest.fixture
@@ -24,14 +24,15 @@ def pair() -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
 def test_messages_arrive_whole_and_apart(pair) -> None:
     a, b = pair
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
-    described, frames = tensor_frames({"x": x, "empty": np.zeros((0, 4), np.int64)})
-    send_frames(a, [pack({"id": 1, "inputs": described}), *frames])
+    frames = Frames()
+    described = frames.describe({"x": x, "empty": np.zeros((0, 4), np.int64)})
+    send_frames(a, [pack({"id": 1, "inputs": described}), *frames.frames()])
     send_frames(a, [pack({"id": 2})])
     send_frames(a, [b"one", b"", b"three"])
     first = recv_frames(b)
     header = unpack(first[0])
     arrays = tensors_from(header["inputs"], first[1:])
-    assert header["id"] == 1 and len(first) == 3
+    assert header["id"] == 1 and len(first) == 2  # small tensors share one frame
     np.testing.assert_array_equal(arrays["x"], x)
     assert arrays["empty"].shape == (0, 4)
     assert [unpack(f) for f in recv_frames(b)] == [{"id": 2}]
