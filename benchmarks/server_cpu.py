@@ -3,13 +3,19 @@ one run: one process, and front ends + engine, split by process.
 
     git archive HEAD | tar -x -C /tmp/before/src      # laid out as a package: /tmp/before/pkg/latlab/{server,...}
     .venv/bin/python benchmarks/server_cpu.py --other /tmp/before/pkg [--rounds 8] [--seconds 3] [--frontends 1 2]
-                                              [--models-dir DIR] [--profile DIR]
+                                              [--interfaces wsgi rsgi] [--models-dir DIR] [--profile DIR]
+                                              [--served-rate ROUNDS]
 
 mlp (batching <= 64 / 2 ms, one ORT thread) served by both versions at once, `wrk` (16 connections, 2 threads,
 a fixed JSON body) as the load: the cheapest client there is, so the CPU measured is the server's. Bursts of
 --seconds alternate between the versions for --rounds rounds, so a neighbour's load lands on both. Per burst:
 requests answered per second, and the CPU time of the server's processes (all; the engine; the front ends)
 divided by the requests answered; then the medians, and the median of each round's ratio now / before.
+--interfaces runs this checkout once per [server] interface named (one process only: front ends serve WSGI), each
+beside the others ("now-wsgi", "now-rsgi"); without --other the first of them is the baseline.
+--served-rate N then measures, N rounds, ffn-batch's served rate at p99 <= 25 ms behind each version with one process
+(`latlab loadtest --slos 25ms` bracketing it to 10%, as benchmarks/frontends.py does): one version at a time, since
+each load test saturates the machine, the order reversed every round.
 --profile writes py-spy raw profiles (collapsed stacks, `--gil`: only the thread running Python) of every process
 of this checkout's server during its first burst.
 """
@@ -27,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from harness import batching, export_zoo, json_infer_body, serve_version
+from harness import batching, export_zoo, json_infer_body, loadtest, serve_version
 
 from latlab.common import procs
 from latlab.server.config import save_config
@@ -38,12 +44,15 @@ wrk.body = io.open("{body}", "rb"):read()
 """
 
 
-def config(path: Path, port: int, model: Path, frontends: int) -> Path:
+def config(path: Path, port: int, model: Path, frontends: int, interface: str = "wsgi", name: str = "mlp") -> Path:
     cpu = {"intra_op_threads": 1, "allow_spinning": False}
+    server = {"port": port, "max_body_bytes": 67108864, "frontends": frontends}
+    if interface != "wsgi":  # only then: code from before the setting refuses it
+        server["interface"] = interface
     return save_config(
         {
-            "server": {"port": port, "max_body_bytes": 67108864, "frontends": frontends},
-            "deployments": [{"name": "mlp", "model_path": model, "cpu": cpu, "batcher": batching(64, 2.0)}],
+            "server": server,
+            "deployments": [{"name": name, "model_path": model, "cpu": cpu, "batcher": batching(64, 2.0)}],
         },
         path,
     )
@@ -110,8 +119,10 @@ def profile(pid: int, out: Path, seconds: float) -> list[subprocess.Popen]:
     return spies
 
 
-def started(folder: Path, model: Path, frontends: int, pythonpath: str | None, port: int) -> subprocess.Popen:
-    cfg = config(folder / f"server-{port}.toml", port, model, frontends)
+def started(folder: Path, model: Path, frontends: int, version: tuple[str | None, str], port: int) -> subprocess.Popen:
+    """A server of `version` ((PYTHONPATH or None for this checkout, interface)) on `port`."""
+    pythonpath, interface = version
+    cfg = config(folder / f"server-{port}.toml", port, model, frontends, interface)
     return serve_version(cfg, port, folder, pythonpath)
 
 
@@ -133,16 +144,16 @@ def alternate(
     """Both versions up at once, bursts alternating between them: a neighbour's load lands on both alike."""
     servers, results = {}, {name: [] for name in versions}
     try:
-        for index, (name, pythonpath) in enumerate(versions.items()):
+        for index, (name, version) in enumerate(versions.items()):
             port = 18600 + 100 * frontends + 10 * index  # the observer port takes the next one
             url = f"http://127.0.0.1:{port}/v2/models/mlp/infer"
-            servers[name] = (started(folder, model, frontends, pythonpath, port), url)
+            servers[name] = (started(folder, model, frontends, version, port), url)
             wrk(url, script, 1.0)  # warm: connections, batch sizes, the engine's sockets
         for round_ in range(args.rounds):
             for name in list(versions) if round_ % 2 == 0 else list(reversed(versions)):
                 spy = None
-                if args.profile and name == "now" and round_ == 0:
-                    spy = args.profile / f"frontends-{frontends}"
+                if args.profile and name.startswith("now") and round_ == 0:
+                    spy = args.profile / f"frontends-{frontends}-{name}"
                     spy.mkdir(parents=True, exist_ok=True)
                 got = burst(*servers[name], script, args.seconds, spy)
                 results[name].append(got)
@@ -155,22 +166,65 @@ def alternate(
     return results
 
 
-def summary(frontends: int, now: list[dict], before: list[dict]) -> None:
-    for key in now[0]:
-        ratios = [n[key] / b[key] for n, b in zip(now, before) if b[key]]
-        ratio = statistics.median(ratios) if ratios else float("nan")
-        old, new = statistics.median(b[key] for b in before), statistics.median(n[key] for n in now)
-        print(f"frontends={frontends} {key:16s} before {old:8.0f}  now {new:8.0f}  ratio {ratio:.2f}")
+def summary(frontends: int, got: dict[str, list[dict]]) -> None:
+    """Each version's medians against the first version's, and the median of the per-round ratios."""
+    base, *others = got
+    before = got[base]
+    for name in others:
+        now = got[name]
+        for key in now[0]:
+            ratios = [n[key] / b[key] for n, b in zip(now, before) if b[key]]
+            ratio = statistics.median(ratios) if ratios else float("nan")
+            old, new = statistics.median(b[key] for b in before), statistics.median(n[key] for n in now)
+            print(f"frontends={frontends} {key:16s} {base} {old:8.0f}  {name} {new:8.0f}  ratio {ratio:.2f}")
+
+
+def versions_for(frontends: int, other: str | None, interfaces: list[str]) -> dict[str, tuple[str | None, str]]:
+    """The versions to run side by side: the other code (WSGI), then this checkout under each interface (front ends
+    serve WSGI only, so with several of them once)."""
+    versions: dict[str, tuple[str | None, str]] = {"before": (other, "wsgi")} if other else {}
+    for interface in interfaces if frontends == 1 else ["wsgi"]:
+        versions["now" if len(interfaces) == 1 else f"now-{interface}"] = (None, interface)
+    return versions
+
+
+RATE_OPTIONS = (
+    *("--rates", "250,500,1000,2000,4000,8000", "--slos", "25ms", "--resolution", "0.1", "--slo-steps", "8"),
+    *("--step-seconds", "3", "--max-windows", "4", "--warmup-seconds", "1"),
+)
+"""benchmarks/frontends.py's served-rate load test, with lower rates to start from on a loaded machine."""
+
+
+def served_rates(folder: Path, model: Path, versions: dict, rounds: int) -> dict[str, list[float]]:
+    """ffn-batch's served rate at p99 <= 25 ms (the bracket's highest rate met) behind each version, one at a time."""
+    found: dict[str, list[float]] = {name: [] for name in versions}
+    for round_ in range(rounds):
+        for name in list(versions) if round_ % 2 == 0 else list(reversed(versions)):
+            port = 19100 + 10 * list(versions).index(name)
+            cfg = config(folder / f"rate-{port}.toml", port, model, 1, versions[name][1], name="ffn-batch")
+            process = serve_version(cfg, port, folder, versions[name][0])
+            try:
+                url, out = f"http://127.0.0.1:{port}", folder / f"rate-{name}-{round_}"
+                (curve,) = loadtest(url, ["ffn-batch"], out, *RATE_OPTIONS)
+            finally:
+                process.send_signal(signal.SIGTERM)
+                procs.stop(process)
+            (bracket,) = curve.slo_brackets
+            found[name].append(bracket["met_rps"] or 0.0)
+            print(f"served rate round {round_} {name:8s} {bracket['met_rps']} req/s (broke at {bracket['broke_rps']})")
+    return found
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--other", required=True, help="PYTHONPATH of the other version (the baseline)")
+    parser.add_argument("--other", default=None, help="PYTHONPATH of the other version (the baseline)")
+    parser.add_argument("--interfaces", nargs="+", choices=("wsgi", "rsgi"), default=["wsgi"])
     parser.add_argument("--models-dir", type=Path, default=None)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--frontends", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--profile", type=Path, default=None, help="py-spy raw profiles of this checkout's server")
+    parser.add_argument("--served-rate", type=int, default=0, metavar="ROUNDS", help="ffn-batch's rate at p99 <= 25 ms")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
@@ -179,11 +233,25 @@ def main() -> None:
         body.write_bytes(json_infer_body(np.ones((1, 4), dtype=np.float32)))
         script = folder / "post.lua"
         script.write_text(WRK_SCRIPT.format(body=body))
-        versions = {"before": args.other, "now": None}
-        results = {n: alternate(folder, model, n, versions, script, args) for n in args.frontends}
-    print("\nmedians over rounds (now / before per round, then the median ratio)")
+        results = {
+            n: alternate(folder, model, n, versions_for(n, args.other, args.interfaces), script, args)
+            for n in args.frontends
+        }
+        rates = {}
+        if args.served_rate:
+            ffn = export_zoo(args.models_dir or folder / "models", "ffn", "--d-model", "128", "--n-layers", "128")
+            rates = served_rates(folder, ffn, versions_for(1, args.other, args.interfaces), args.served_rate)
+    print("\nmedians over rounds (each version / the first per round, then the median ratio)")
     for frontends, got in results.items():
-        summary(frontends, got["now"], got["before"])
+        if len(got) > 1:
+            summary(frontends, got)
+    if rates:
+        base, *others = rates
+        for name in others:
+            ratios = [n / b for n, b in zip(rates[name], rates[base]) if b]
+            ratio = statistics.median(ratios) if ratios else float("nan")
+            old, new = statistics.median(rates[base]), statistics.median(rates[name])
+            print(f"ffn-batch served rate at p99 <= 25 ms: {base} {old:.0f}  {name} {new:.0f}  ratio {ratio:.2f}")
 
 
 if __name__ == "__main__":

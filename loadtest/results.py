@@ -131,6 +131,9 @@ class Curve:
     """The model file's variant of its export (name "int8" or "fp16", precision, accuracy against FP32); None for
     the FP32 export itself."""
     frontends: int | None = None
+    interface: str | None = None
+    """How Granian handed requests to the one process that served it ("wsgi", "rsgi": [server] interface); None
+    where the server did not say."""
     platform: str | None = None
     """The model's platform, as a foreign server's metadata names it."""
     server: Figures | None = None

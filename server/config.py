@@ -25,6 +25,10 @@ AUTH_TOKEN_ENV = "LATLAB_AUTH_TOKEN"
 FRONTENDS_ENV = "LATLAB_FRONTENDS"
 """Overrides [server] frontends (as `latlab serve --frontends` does, which wins): a container's setting, and how
 the suite runs every test of the real server with several front ends."""
+INTERFACE_ENV = "LATLAB_INTERFACE"
+"""Overrides [server] interface (a container's setting): how the suite runs every test of the real
+server under the RSGI interface."""
+INTERFACES = ("wsgi", "rsgi")
 MAX_FRONTENDS = 64
 """Front-end processes a server may run (the [server] frontends bound): each owns one row of the admission counts
 the processes share (server/processes/shared.py)."""
@@ -104,6 +108,12 @@ class ServerConfig:
     read, decode and tokenize requests and encode answers, and hand the tensors to one engine process that owns
     the batchers and sessions (server/processes/engine.py), so batches still form from every request. Admission, routes
     and /metrics are the same either way; docs/performance.md measures when more than one pays."""
+    interface: str = "wsgi"
+    """How Granian hands requests to one process (frontends = 1). "wsgi": a thread per request; an infer request's
+    thread waits on its batch. "rsgi": Granian's asynchronous interface: infer requests wait as coroutines on one
+    event loop and a batch's answers reach it with one wake-up (server/http/rsgi.py); the other routes run on the
+    loop (bodiless GETs) or a few threads, and `threads` does not apply. With frontends >= 2 the front ends run WSGI
+    whatever this says (logged at start). docs/performance.md measures both."""
     threads: int = 0
     """Request threads (of each front end). 0: one for every infer request the deployments admit (max_queue_size
     + instances x max_batch_size each) plus SPARE_THREADS (4). Set by hand, it must exceed those requests."""
@@ -144,10 +154,12 @@ def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> S
 
 
 def served_config(config_path: str | Path, frontends: int | None = None) -> ServerConfig:
-    """The config file with `frontends` (the command line's), else LATLAB_FRONTENDS, over [server] frontends: what
-    every process of a server serves with."""
+    """The config file with `frontends` (the command line's), else LATLAB_FRONTENDS, over [server] frontends, and
+    LATLAB_INTERFACE over [server] interface: what every process of a server serves with."""
     config = load_config(config_path)
     frontends = frontends or int(os.environ.get(FRONTENDS_ENV) or 0) or None
+    if os.environ.get(INTERFACE_ENV):
+        config = with_overrides(config, interface=os.environ[INTERFACE_ENV])
     return config if frontends is None else with_overrides(config, frontends=frontends)
 
 
@@ -291,6 +303,8 @@ def _check_server(config: ServerConfig) -> None:
         raise ConfigError(
             f"[server]: on_load_failure must be one of {LOAD_FAILURE_POLICIES}, got {config.on_load_failure!r}"
         )
+    if config.interface not in INTERFACES:
+        raise ConfigError(f"[server]: interface must be one of {INTERFACES}, got {config.interface!r}")
     if not 1 <= config.frontends <= MAX_FRONTENDS:
         raise ConfigError(
             f"[server]: frontends must be 1..{MAX_FRONTENDS} (1: one process serves), got {config.frontends}"

@@ -19,6 +19,8 @@ from latlab.server.errors import ComputeError, ModelNotReady, QueueFull, Request
 
 __all__ = ["BatchMetrics", "DynamicBatcher", "requested_outputs"]
 log = logging.getLogger("latlab.server.batching.batcher")
+WAIT_MARGIN_S = 5.0
+"""How long past the deployment's timeout a caller still waits for its slot (see DynamicBatcher.wait_limit_s)."""
 
 
 class BatchMetrics(Protocol):
@@ -80,6 +82,7 @@ class DynamicBatcher:
         priority: int = 0,
         outputs: Sequence[str] | None = None,
         run_here: bool = False,
+        wake: bool = True,
     ) -> Slot:
         """Queue one request of `size` samples; raises QueueFull/ModelNotReady/BadRequest at once instead of
         waiting. `timeout_s` may only shorten the deployment's timeout; `priority` 1 is the highest level,
@@ -88,7 +91,10 @@ class DynamicBatcher:
         `run_here`: a request that finds the queue empty, an instance free and the dispatch rule sending it alone
         at once runs on the calling thread (the slot is answered on return): the batch it would have formed is
         itself, and the hand-over to a worker and back (two thread wake-ups, dear where idle cores sleep:
-        docs/performance.md) is saved."""
+        docs/performance.md) is saved.
+
+        `wake` False: the workers are not woken for this arrival; the caller calls `wake` soon after (an event loop
+        that queues several requests in one pass wakes a worker once for all of them)."""
         pending = self._pending(inputs, size, timeout_s, priority, outputs)
         with self._cond:
             free = self._settings.instances - self._busy
@@ -101,7 +107,7 @@ class DynamicBatcher:
                     self._metrics.queue_depth(len(self._queue))
             if direct:
                 self._busy += 1
-            else:
+            elif wake:
                 self._cond.notify()
         if direct:
             run_s = None
@@ -110,6 +116,11 @@ class DynamicBatcher:
             finally:
                 self._finish_batch([pending], run_s)
         return pending.future
+
+    def wake(self) -> None:
+        """Wake a worker to look at the queue: for arrivals submitted with `wake` False."""
+        with self._cond:
+            self._cond.notify()
 
     def infer(
         self,
@@ -123,11 +134,20 @@ class DynamicBatcher:
         thread's call."""
         slot = self.submit(inputs, size, timeout_s, priority, outputs, run_here=True)
         try:
-            # The worker expires the request at its deadline; the margin only guards a stuck model run.
-            return slot.result(timeout=self._timeout_s + 5.0)
+            return slot.result(timeout=self.wait_limit_s)
         except TimeoutError:
             slot.cancel()
-            raise RequestTimeout(f"no result within {self._timeout_s:.3f} s") from None
+            raise self.gave_up() from None
+
+    @property
+    def wait_limit_s(self) -> float:
+        """How long a caller waits on a slot before giving up: the worker expires a request at its deadline, and
+        the margin past it only guards a stuck model run."""
+        return self._timeout_s + WAIT_MARGIN_S
+
+    def gave_up(self) -> RequestTimeout:
+        """The error of a caller that waited wait_limit_s in vain (it cancels its slot)."""
+        return RequestTimeout(f"no result within {self._timeout_s:.3f} s")
 
     def _pending(
         self, inputs: Tensors, size: int, timeout_s: float | None, priority: int, outputs: Sequence[str] | None

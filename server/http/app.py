@@ -170,7 +170,9 @@ def model_ready(name: str, version: str | None = None) -> Response:
 @protected
 def model_config(name: str, version: str | None = None) -> Response:
     state = _state()
-    return _json({**state.get(name, version).describe(), "frontends": state.config.frontends})
+    config = state.config
+    interface = config.interface if config.frontends == 1 else "wsgi"  # front ends serve WSGI (processes/wsgi.py)
+    return _json({**state.get(name, version).describe(), "frontends": config.frontends, "interface": interface})
 
 
 @routes.get("/metrics")

@@ -166,44 +166,18 @@ class InferRoute:
         started = time.perf_counter()
         check_bearer(self.state.config.auth_token, environ.get("HTTP_AUTHORIZATION"))
         deployment = self.state.get(name, version)
-        metrics = deployment.metrics
-        metrics.inflight.inc()
-        outcome = "ok"
-        admitted = False
-        try:
-            length, binary_length = self._check_headers(environ)
-            deployment.admission.enter()  # the door: past its bound, 503 before the body is read
-            admitted = True
-            deployment.refuse_if_full()  # a batch smaller than max_batch_size leaves the queue the bound
+        with Accounted(deployment, started) as account:
+            length, binary_length = check_infer_headers(
+                self.state.config.max_body_bytes,
+                environ.get("CONTENT_LENGTH"),
+                environ.get("HTTP_TRANSFER_ENCODING"),
+                environ.get(_ENV_HEADER_LENGTH),
+                environ.get("CONTENT_TYPE", ""),
+            )
+            account.admit()
             infer_request = self._read(environ, length, binary_length)
             outputs = deployment.infer(infer_request)
-            body, header_length = encode_response(name, deployment.version, infer_request, outputs)
-        except ServingError as exc:
-            outcome = OUTCOME.get(type(exc), "error")
-            raise
-        except Exception:
-            outcome = "error"
-            raise
-        finally:
-            if admitted:
-                deployment.admission.leave()
-            metrics.inflight.dec()
-            metrics.answered(outcome, time.perf_counter() - started)
-        if header_length is None:
-            return 200, [_JSON], body
-        return 200, [("Content-Type", "application/octet-stream"), (HEADER_LENGTH, str(header_length))], body
-
-    def _check_headers(self, environ: dict) -> tuple[int | None, int | None]:
-        """Size and content type, checked before a byte of the body is read; (declared length, binary header
-        length), each None when absent."""
-        length = get_content_length(environ.get("CONTENT_LENGTH"), environ.get("HTTP_TRANSFER_ENCODING"))
-        check_length(length, self.state.config.max_body_bytes)
-        binary_length = binary_header_length(environ.get(_ENV_HEADER_LENGTH))
-        content_type = environ.get("CONTENT_TYPE", "")
-        if content_type != "application/json":  # the common case needs no parsing
-            mimetype, params = parse_options_header(content_type)
-            check_content_type(mimetype.lower(), params, binary_length is not None)
-        return length, binary_length
+            return ok_answer(*encode_response(name, deployment.version, infer_request, outputs))
 
     def _read(self, environ: dict, length: int | None, binary_length: int | None) -> InferRequest:
         """The body, read and decoded, once the request was admitted."""
@@ -214,6 +188,61 @@ class InferRoute:
             raw = read_declared(environ["wsgi.input"], length)
         environ[_BODY_READ] = True
         return decode_request(raw, binary_length)
+
+
+def check_infer_headers(
+    limit: int, content_length: str | None, transfer_encoding: str | None, binary_header: str | None, content_type: str
+) -> tuple[int | None, int | None]:
+    """Size and content type of an infer request, checked before a byte of its body is read, from its header
+    values; (declared length, binary header length), each None when absent."""
+    length = get_content_length(content_length, transfer_encoding)
+    check_length(length, limit)
+    binary_length = binary_header_length(binary_header)
+    if content_type != "application/json":  # the common case needs no parsing
+        mimetype, params = parse_options_header(content_type)
+        check_content_type(mimetype.lower(), params, binary_length is not None)
+    return length, binary_length
+
+
+def ok_answer(body: bytes, header_length: int | None) -> Answer:
+    """A 200 with the body encode_response wrote: JSON, or binary tensors after a JSON header of `header_length`."""
+    if header_length is None:
+        return 200, [_JSON], body
+    return 200, [("Content-Type", "application/octet-stream"), (HEADER_LENGTH, str(header_length))], body
+
+
+class Accounted:
+    """One infer request's bookkeeping, whatever the interface: in flight from entry, admitted at the door
+    (`admit`), and on exit out of admission, out of flight, and counted with its outcome and duration."""
+
+    __slots__ = ("_deployment", "_started", "_admitted")
+
+    def __init__(self, deployment: Any, started: float) -> None:
+        self._deployment = deployment
+        self._started = started
+        self._admitted = False
+
+    def __enter__(self) -> "Accounted":
+        self._deployment.metrics.inflight.inc()
+        return self
+
+    def admit(self) -> None:
+        """The door: past its bound, 503 before the body is read; then a batch smaller than max_batch_size
+        leaves the queue the bound."""
+        self._deployment.admission.enter()
+        self._admitted = True
+        self._deployment.refuse_if_full()
+
+    def __exit__(self, kind: type | None, error: BaseException | None, trace: object) -> None:
+        if error is None:
+            outcome = "ok"
+        else:
+            outcome = OUTCOME.get(type(error), "error") if isinstance(error, ServingError) else "error"
+        deployment = self._deployment
+        if self._admitted:
+            deployment.admission.leave()
+        deployment.metrics.inflight.dec()
+        deployment.metrics.answered(outcome, time.perf_counter() - self._started)
 
 
 def flask_infer_view(route: InferRoute) -> Callable[..., Response]:

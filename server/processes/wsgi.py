@@ -17,6 +17,7 @@ from latlab.server.config import AUTH_TOKEN_ENV, FRONTENDS_ENV, ServerConfig, en
 from latlab.server.errors import ConfigError
 from latlab.server.http.app import create_app
 from latlab.server.http.observer import Observer, observer_port
+from latlab.server.http.rsgi import RsgiApp
 from latlab.server.processes.frontend import create_frontend_app
 from latlab.server.processes.shared import LOG_FORMAT
 from latlab.server.processes.supervisor import EngineFailed, Supervisor, run_folder
@@ -36,7 +37,7 @@ log = logging.getLogger("latlab.server.processes.wsgi")
 WSGIApp = Callable[[dict, Callable], Iterable[bytes]]
 
 
-def app_from_env() -> Flask | WSGIApp:
+def app_from_env() -> Flask | WSGIApp | RsgiApp:
     """Granian's factory target: each worker process builds its own app from the config file, and starts the
     observer listener beside it (serve() chose its address). A deployment that fails here (past the parent's
     checks), or an observer port taken since, ends the worker with one logged line."""
@@ -56,7 +57,7 @@ def app_from_env() -> Flask | WSGIApp:
         log.error("%s", exc)
         raise SystemExit(2) from None
     log.info("/metrics, /v2/health/* and the other GET routes also on http://%s:%d (their own threads)", host, port)
-    return app
+    return RsgiApp(app) if config.interface == "rsgi" else app
 
 
 def _observer_address(config: ServerConfig) -> tuple[str, int]:
@@ -98,6 +99,7 @@ def serve(
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     config = served_config(config_path, frontends)
     os.environ[FRONTENDS_ENV] = str(config.frontends)  # what the front ends and the engine serve with
+    interface = served_interface(config, separate_engine)
     check_deployments(config)
     address = host or config.host
     port = config.port if port is None else port
@@ -134,14 +136,15 @@ def serve(
         Granian(
             "latlab.server.processes.wsgi:app_from_env",
             factory=True,
-            interface=Interfaces.WSGI,
+            interface=Interfaces.RSGI if interface == "rsgi" else Interfaces.WSGI,
             address=address,
             port=port,
             # one process, or N front ends: the batcher (here, or in the engine) sees every request
             workers=config.frontends,
             respawn_failed_workers=config.frontends > 1,  # a front end that dies is replaced, the others serve
             respawn_interval=FRONTEND_RESPAWN_S,
-            blocking_threads=config.threads,
+            # RSGI: one event loop holds the infer requests (Granian allows it one blocking thread)
+            blocking_threads=1 if interface == "rsgi" else config.threads,
             # Granian's backpressure caps open connections, not requests: one past it is not refused but left
             # unaccepted, waiting unseen. Admission (server/batching/admission.py) bounds requests; this only has to
             # stay out of its way.
@@ -151,6 +154,15 @@ def serve(
     finally:
         if supervisors:  # after the front ends drained: the engines answer what they still wait on
             stop_engines(supervisors, run_dir)
+
+
+def served_interface(config: ServerConfig, separate_engine: bool = False) -> str:
+    """The interface Granian serves with: [server] interface in one process; WSGI for front ends (said in the log),
+    which forward to an engine and have no batcher to wait on."""
+    if config.interface != "wsgi" and (config.frontends > 1 or separate_engine):
+        log.info('interface "%s" applies to one process (frontends = 1): the front ends serve WSGI', config.interface)
+        return "wsgi"
+    return config.interface
 
 
 def stop_engines(supervisors: list, run_dir: Path) -> None:
