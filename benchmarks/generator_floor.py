@@ -18,9 +18,13 @@ request after the last answer: at these utilisations nothing queues), posting th
 wrk's p50/p99 is the "direct" figure closest to what a client with no cost of its own reads: it includes the
 loopback hop and the server's HTTP layer, which the server's histogram does not, so "added over wrk" is what
 latlab's generator itself adds.
-With `--timers timerfd,loop` every step runs once per way the generator waits for a send time (loadtest/timer.py:
-its timerfd, or the event loop's own timer, LATLAB_TIMER=loop, spinning out the last 1.2 ms below ~208 req/s per
-process), side by side against the same server. One row per rate, timer and round, rounds alternating the order;
+With `--timers timerfd,greenlet,loop` every step runs once per way the generator sends (side by side against the
+same server): `timerfd`, today's: each sender waits on its timerfd (loadtest/timer.py) and writes the request from
+its own wake-up, answers read in the event loop's callbacks (loadtest/open_sender.py); `greenlet`: the same timer,
+each request sent from a greenlet of its own (LATLAB_OPEN_LOOP=greenlet, as before the callback sender); `loop`:
+that, waiting on the event loop's own timer (LATLAB_TIMER=loop), spinning out the last 1.2 ms below ~208 req/s per
+process. With `--wrk`, wrk runs once per rate and round, after the first way. One row per rate, way and round,
+rounds alternating the order;
 the figures go to docs/measurement.md."""
 
 from __future__ import annotations
@@ -111,7 +115,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rates", default="50,200,1000")
     parser.add_argument("--step-seconds", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--timers", default="timerfd", help="comma-separated: timerfd, loop (each step once per timer)")
+    parser.add_argument(
+        "--timers", default="timerfd", help="comma-separated ways to send: timerfd, greenlet, loop (docstring)"
+    )
     parser.add_argument("--wrk", action="store_true", help="after each step, wrk paced at the same rate (docstring)")
     parser.add_argument("--models-dir", type=Path, default=Path("models/bench"))
     parser.add_argument("--out", type=Path, default=Path("runs") / f"generator-floor-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -132,10 +138,12 @@ def main(argv: list[str] | None = None) -> None:
         for k in range(args.rounds):
             order = timers if k % 2 == 0 else timers[::-1]
             for rate, timer in itertools.product(rates if k % 2 == 0 else rates[::-1], order):
-                os.environ["LATLAB_TIMER"] = timer  # the load test's processes inherit it
+                # the load test's processes inherit both
+                os.environ["LATLAB_TIMER"] = "loop" if timer == "loop" else "timerfd"
+                os.environ["LATLAB_OPEN_LOOP"] = "callbacks" if timer == "timerfd" else "greenlet"
                 found = step_row(served, "ffn-b1", work / f"r{k}-{rate:g}-{timer}", rate, args.step_seconds)
                 row = {"round": k, "timer": timer, **found}
-                if args.wrk:
+                if args.wrk and timer == order[0]:
                     body = request_bodies(requests.get(f"{served.url}/v2/models/ffn-b1", timeout=10).json(), seed=0)
                     service = found["direct"]["p50_s"] or 0.0
                     row["wrk"] = wrk_paced(served.url, "ffn-b1", body[0].data, rate, service, args.step_seconds, work)
@@ -151,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
                     f"{ms(added['mean_s'])}",
                     flush=True,
                 )
-                if args.wrk:
+                if "wrk" in row:
                     paced, over = row["wrk"], row["added_over_wrk"]
                     print(
                         f"{'':20} wrk paced {paced['rps']:5.0f}/s p50 {ms(paced['p50_s'])} p99 {ms(paced['p99_s'])} | "
