@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import html
+import math
 from pathlib import Path
 
 from latlab.common.user_input import UserError
@@ -66,13 +67,14 @@ def _validation_table(rows: list[dict]) -> str:
     body = ""
     for row in rows:
         cells = "".join(_slo_cell(s) for s in row["slos"])
-        body += (
-            f"<tr><td>{html.escape(row['deployment'])}</td><td class='text'>{html.escape(row['source'])}</td>"
-            f"{cells}</tr>"
-        )
+        spread = getattr(row["replica"], "spread", 0.0)
+        source = row["source"] + (f"; service spread σ {spread:.2f}" if spread else "")
+        body += f"<tr><td>{html.escape(row['deployment'])}</td><td class='text'>{html.escape(source)}</td>{cells}</tr>"
     return (
         f"<table class='validation'><tr><th>deployment</th><th>model from</th>{head}</tr>{body}</table>"
-        "<p class='note'>Predicted vs measured req/s under each SLO (error relative to the measured rate).</p>"
+        "<p class='note'>Predicted vs measured req/s under each SLO (error relative to the highest step that met "
+        "it; where a faster step broke it, its rate: the truth lies between). σ: how much a batch's time varies, "
+        "fitted from the run's one-at-a-time probe (docs/fleet-plan.md).</p>"
     )
 
 
@@ -81,6 +83,8 @@ def _slo_cell(slo: dict) -> str:
         said = f"none measured, {slo['predicted_rps']:.0f} predicted"
     else:
         said = f"{slo['predicted_rps']:.0f} vs {slo['measured_rps']:.0f} ({slo['error'] * 100:+.0f}%)"
+    if slo.get("broke_rps", math.inf) < math.inf:
+        said += f", broke at {slo['broke_rps']:.0f}"
     if slo["off"]:
         return f"<td class='off'>{html.escape(said)} <strong>off</strong></td>"
     return f"<td>{html.escape(said)}</td>"

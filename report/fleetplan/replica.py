@@ -34,15 +34,20 @@ class ReplicaModel:
     """Requests allowed to wait; one more is rejected at once."""
     adaptive: bool = False
     """Wait only while the server's adaptive rule predicts that waiting pays (server/batching/latency_model.py)."""
+    spread: float = 0.0
+    """How much a batch's time varies: each batch holds its instance for service_s(n) times a log-normal factor of
+    mean 1 and this sigma, drawn per batch (0: every batch takes exactly service_s(n))."""
 
     def __post_init__(self) -> None:
         if not (self.a_s >= 0 and self.b_s >= 0 and self.c_s >= 0 and self.a_s + self.b_s + self.c_s > 0):
             raise ValueError("a replica's batch time needs a, b, c >= 0, not all zero")
         if self.max_batch < 1 or self.instances < 1 or self.queue_size < 1 or self.delay_s < 0:
             raise ValueError("max_batch, instances and queue_size must be >= 1 and the delay >= 0")
+        if not 0 <= self.spread < 5:
+            raise ValueError("a batch time's spread (log-normal sigma) must be in [0, 5)")
 
     @classmethod
-    def of(cls, a_s: float, b_s: float, c_s: float, batcher: BatcherSettings) -> ReplicaModel:
+    def of(cls, a_s: float, b_s: float, c_s: float, batcher: BatcherSettings, spread: float = 0.0) -> ReplicaModel:
         """The model of a deployment with these batcher settings."""
         return cls(
             a_s,
@@ -53,7 +58,14 @@ class ReplicaModel:
             int(batcher.instances),
             int(batcher.max_queue_size),
             bool(batcher.adaptive),
+            spread,
         )
+
+    def factors(self, count: int, seed: int) -> np.ndarray | None:
+        """`count` draws of the batch-time factor (log-normal, mean 1, sigma `spread`); None where it does not vary."""
+        if self.spread == 0:
+            return None
+        return np.random.default_rng(seed).lognormal(-(self.spread**2) / 2, self.spread, count)
 
     def service_s(self, n: int) -> float:
         """How long a batch of n requests holds an instance."""
@@ -94,38 +106,46 @@ class Served:
         return (self.requests - self.rejected) / self.batches if self.batches else 0.0
 
 
-def simulate(arrivals_s: np.ndarray, model: ReplicaModel) -> Served:
-    """Serve sorted arrival times (seconds) with one replica, FIFO; exact for the model, no wall clock involved."""
+def simulate(arrivals_s: np.ndarray, model: ReplicaModel, seed: int = 0) -> Served:
+    """Serve sorted arrival times (seconds) with one replica, FIFO; exact for the model, no wall clock involved.
+    Where the model's batch time varies, its factors are drawn from `seed`, so a simulation repeats exactly."""
     times = np.asarray(arrivals_s, dtype=float)
     if times.size and np.any(np.diff(times) < 0):
         raise ValueError("arrival times must be sorted")
-    if model.max_batch == 1:
-        done = _unbatched(times, model)
+    factors = model.factors(times.size, seed)
+    if model.max_batch == 1 and (factors is None or model.instances == 1):
+        done = _unbatched(times, model, factors)
         if done is not None:
             return Served(done - times, int(times.size))
-    done, batches = _batch_loop(times, model)
+    done, batches = _batch_loop(times, model, factors)
     return Served(done - times, batches)
 
 
-def _unbatched(times: np.ndarray, model: ReplicaModel) -> np.ndarray | None:
+def _unbatched(times: np.ndarray, model: ReplicaModel, factors: np.ndarray | None) -> np.ndarray | None:
     """Completion times with batches of one, vectorised: with equal service times S and k instances, FIFO order
     hands request n the instance request n-k held, so start_n = max(t_n, start_{n-k} + S), a max-plus recursion
-    solved per residue class by a running maximum. None where the queue bound would reject a request (the batch
-    loop then serves them)."""
+    solved per residue class by a running maximum; with varying times S_n (one instance only) the same recursion
+    is start_n = max(t_n, start_{n-1} + S_{n-1}), solved over the cumulative sum of S. None where the queue bound
+    would reject a request (the batch loop then serves them)."""
     service = model.service_s(1)
     k = model.instances
-    start = np.empty_like(times)
-    for r in range(k):
-        lane = times[r::k]
-        steps = service * np.arange(lane.size)
-        start[r::k] = steps + np.maximum.accumulate(lane - steps)
+    if factors is not None:
+        service = service * factors
+        before = np.concatenate([[0.0], np.cumsum(service)[:-1]])  # the service of every earlier request
+        start = before + np.maximum.accumulate(times - before)
+    else:
+        start = np.empty_like(times)
+        for r in range(k):
+            lane = times[r::k]
+            steps = service * np.arange(lane.size)
+            start[r::k] = steps + np.maximum.accumulate(lane - steps)
     waiting = np.arange(times.size) - np.minimum(np.searchsorted(start, times, side="right"), np.arange(times.size))
     if waiting.size and int(waiting.max()) >= model.queue_size:
         return None
     return start + service
 
 
-def _batch_loop(times: np.ndarray, model: ReplicaModel) -> tuple[np.ndarray, int]:
+def _batch_loop(times: np.ndarray, model: ReplicaModel, factors: np.ndarray | None) -> tuple[np.ndarray, int]:
     """Completion times (inf: rejected) from a loop over batches. While nothing is rejected the queue is the run of
     requests from the oldest not yet sent, so a batch follows from the earliest free instance and the arrivals
     alone: it goes when it is full, when the oldest has waited the delay, or when the instance frees, whichever is
@@ -138,6 +158,8 @@ def _batch_loop(times: np.ndarray, model: ReplicaModel) -> tuple[np.ndarray, int
     ends: list[int] = []
     finishes: list[float] = []
     service = [model.service_s(m) for m in range(model.max_batch + 1)]
+    # each batch's factor, by its place in `finishes` (never past n - 1: every entry holds a request)
+    scale = factors.tolist() if factors is not None else [1.0] * n
     size, delay, bound = model.max_batch, model.delay_s, model.queue_size
     head = 0
     while head < n:
@@ -154,19 +176,25 @@ def _batch_loop(times: np.ndarray, model: ReplicaModel) -> tuple[np.ndarray, int
             arrived = bisect.bisect_right(t, send, head, min(limit, n))
             if arrived < limit:
                 last = min(head + size, arrived)
-                finish = send + service[last - head]
+                finish = send + service[last - head] * scale[len(finishes)]
                 heapq.heapreplace(free, finish)
                 firsts.append(head)
                 ends.append(last)
                 finishes.append(finish)
                 head = last
                 continue
-        head = _queue_steps(t, model, free, head, (firsts, ends, finishes), service)
+        head = _queue_steps(t, model, free, head, (firsts, ends, finishes), service, scale)
     return _completions(n, firsts, ends, finishes), _batch_count(finishes)
 
 
 def _queue_steps(
-    t: list[float], model: ReplicaModel, free: list[float], seen: int, batches: tuple[list, list, list], service: list
+    t: list[float],
+    model: ReplicaModel,
+    free: list[float],
+    seen: int,
+    batches: tuple[list, list, list],
+    service: list,
+    scale: list,
 ) -> int:
     """Batches from a queue kept request by request (rejections leave holes in it; the adaptive rule looks at its
     length), from `seen` on, until the queue is empty again (in adaptive mode: until the arrivals end); returns the
@@ -206,7 +234,7 @@ def _queue_steps(
             now = _fill_until(t, now, runs, waiting, seen, fill, free, model)
             admit(now)
         count = min(waiting, model.max_batch)
-        finish = now + service[count]
+        finish = now + service[count] * scale[len(finishes)]
         heapq.heapreplace(free, finish)
         waiting -= count
         sent = True

@@ -3,6 +3,7 @@ each measured rate and the highest rate under each SLO, off where the rate misse
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import statistics
@@ -13,6 +14,7 @@ import numpy as np
 from latlab.common.machine import key as machine_key
 from latlab.common.settings import BatcherSettings
 from latlab.loadtest.results import Curve, Run
+from latlab.loadtest.search import slo_verdict
 from latlab.report.fleetplan.fleet import highest_rate
 from latlab.report.fleetplan.replica import ReplicaModel, simulate
 from latlab.report.fleetplan.traffic import gamma_arrivals
@@ -23,6 +25,10 @@ from latlab.report.rates import max_rate_under
 OFF_BY = 0.20
 """A predicted rate further than this from the measured one (relative) is off, and the plan does not use it."""
 SLOS_S = (0.010, 0.025, 0.050, 0.100)
+Z99 = 2.3263
+"""The standard normal's 99th percentile: a log-normal's p99 is its median times exp(Z99 * sigma)."""
+MAX_SPREAD = 2.0
+"""The widest batch-time spread fitted: p99 - p50 of a mean-1 log-normal grows with sigma up to about Z99."""
 VALIDATION_REQUESTS = 20_000
 BENCH_SOURCE = "bench batch-time fit + the machine's serving work per request"
 SPLIT_SOURCE = "bench batch-time fit + serving work split per request and per batch (the server's CPU per request)"
@@ -53,7 +59,51 @@ def curve_models(
     if own is not None:
         fit, c_s = own
         found.append((ReplicaModel.of(fit.a_s, fit.b_s, c_s, batcher), OWN_SOURCE))
-    return found
+    return [(dataclasses.replace(model, spread=service_spread(curve, model)), source) for model, source in found]
+
+
+def service_spread(curve: Curve, model: ReplicaModel) -> float:
+    """How much a request's service varies, as the sigma of the model's log-normal batch-time factor: the one that
+    gives the model's lone request (mean service_s(1)) the p99 - p50 of the run's one-at-a-time probe, or where it
+    has none, of the lowest-rate step less the generator floor's own p99 - p50 at its lowest rate. The probe's
+    spread is taken as the server's, which holds the request meanwhile; 0 where the run says nothing of it."""
+    lone = curve.single_request or {}
+    if lone.get("p99_s") is not None and lone.get("p50_s") is not None:
+        excess = lone["p99_s"] - lone["p50_s"]
+    else:
+        lowest = min((s for s in curve.steps if s.p99_s is not None and s.p50_s is not None), key=_rate, default=None)
+        if lowest is None:
+            return 0.0
+        excess = lowest.p99_s - lowest.p50_s - _floor_spread_s(curve)
+    return spread_for(max(excess, 0.0) / model.service_s(1))
+
+
+def spread_for(relative_excess: float) -> float:
+    """The sigma whose mean-1 log-normal has p99 - p50 = relative_excess, by bisection over [0, MAX_SPREAD] (where
+    p99 - p50 still grows with sigma); MAX_SPREAD past what that range reaches."""
+
+    def excess(sigma: float) -> float:
+        return math.exp(-(sigma**2) / 2) * (math.exp(Z99 * sigma) - 1)
+
+    if relative_excess <= 0:
+        return 0.0
+    if excess(MAX_SPREAD) <= relative_excess:
+        return MAX_SPREAD
+    low, high = 0.0, MAX_SPREAD
+    for _ in range(40):
+        low, high = ((low + high) / 2, high) if excess((low + high) / 2) < relative_excess else (low, (low + high) / 2)
+    return (low + high) / 2
+
+
+def _floor_spread_s(curve: Curve) -> float:
+    """The generator floor's p99 - p50 at the lowest rate it was measured at (0 where not measured)."""
+    rates = [r for r in (curve.generator_floor or {}).get("rates", []) if r.get("p99_s") and r.get("p50_s")]
+    lowest = min(rates, key=lambda r: r.get("achieved_rps") or 0.0, default=None)
+    return lowest["p99_s"] - lowest["p50_s"] if lowest else 0.0
+
+
+def _rate(step) -> float:
+    return step.achieved_rps
 
 
 def serving_splits(curves: list[Curve]) -> dict[tuple[str, str], tuple[float, float]]:
@@ -134,12 +184,16 @@ def predicted_p99_s(model: ReplicaModel, curve: Curve, rate: float, seed: int = 
     """The model's p99 at `rate`, under the burstiness sent at that rate, with the generator's floor added."""
     cv = sent_cv(curve, rate)
     base = gamma_arrivals(1.0, cv, VALIDATION_REQUESTS * 1.02, np.random.default_rng(seed))[:VALIDATION_REQUESTS]
-    return simulate(base / rate, model).percentile_s(99) + floor_p99_s(curve, rate)
+    # the service draws from another seed: one generator's stream for both would tie each gap to its service time
+    return simulate(base / rate, model, seed + 1).percentile_s(99) + floor_p99_s(curve, rate)
 
 
-def validate_curve(curve: Curve, model: ReplicaModel, source: str, slos_s=SLOS_S, seed: int = 0) -> dict:
+def validate_curve(
+    curve: Curve, model: ReplicaModel, source: str, slos_s=SLOS_S, seed: int = 0, bracketed: bool = False
+) -> dict:
     """One deployment's check: p99 per measured step, the rate under each SLO, measured and predicted, and whether
-    the model is off (any SLO's rate further than OFF_BY from the measured one)."""
+    the model is off: any SLO's predicted rate further than OFF_BY from the measured one (the highest step that met
+    it), or with `bracketed`, further than OFF_BY outside the measured bracket (measured_bracket)."""
     steps = [
         {
             "rate": s.achieved_rps,
@@ -154,17 +208,18 @@ def validate_curve(curve: Curve, model: ReplicaModel, source: str, slos_s=SLOS_S
     slos = []
     p99_at = functools.cache(lambda rate: predicted_p99_s(model, curve, rate, seed))  # the SLOs' bisections share rates
     for slo_s in slos_s:
-        best = max_rate_under(curve.steps, slo_s)
-        measured = best.achieved_rps if best is not None else 0.0
+        measured, broke = measured_bracket(curve, slo_s)
         predicted = highest_rate(lambda r: p99_at(r) <= slo_s, model.capacity_rps())
-        error = _error(predicted, measured)
+        error, outside = _error(predicted, measured), _bracket_error(predicted, measured, broke)
         slos.append(
             {
                 "slo_s": slo_s,
                 "measured_rps": measured,
+                "broke_rps": broke,
                 "predicted_rps": predicted,
                 "error": error,
-                "off": abs(error) > OFF_BY,
+                "bracket_error": outside,
+                "off": abs(outside if bracketed else error) > OFF_BY,
             }
         )
     return {
@@ -181,6 +236,31 @@ def validate_curve(curve: Curve, model: ReplicaModel, source: str, slos_s=SLOS_S
     }
 
 
+def measured_bracket(curve: Curve, slo_s: float) -> tuple[float, float]:
+    """What the run measured of the highest rate under an SLO: the highest achieved rate of a step that met it (0:
+    none did) and the lowest above it of a step that broke it (inf: none did). The truth lies between; a sweep's
+    steps are its resolution apart."""
+    best = max_rate_under(curve.steps, slo_s)
+    met = best.achieved_rps if best is not None else 0.0
+    broke = min(
+        (s.achieved_rps for s in curve.steps if s.achieved_rps > met and slo_verdict(s, slo_s) == "broken"),
+        default=math.inf,
+    )
+    return met, broke
+
+
+def _bracket_error(predicted: float, met: float, broke: float) -> float:
+    """Relative error of a predicted rate against the measured bracket [met, broke]: 0 inside it, else from the
+    nearer end; infinite where the run measured no step at all."""
+    if met == 0 and broke == math.inf:
+        return 0.0 if predicted == 0 else math.inf
+    if predicted < met:
+        return (predicted - met) / met
+    if predicted > broke:
+        return (predicted - broke) / broke
+    return 0.0
+
+
 def _error(predicted: float, measured: float | None) -> float:
     """Relative error of a prediction; 0 when both are 0, infinite when only the measurement is."""
     if measured is None or not math.isfinite(predicted):
@@ -190,9 +270,12 @@ def _error(predicted: float, measured: float | None) -> float:
     return (predicted - measured) / measured
 
 
-def validation_rows(results: Path | str | tuple[list[Run], list[dict]], slos_s=SLOS_S) -> list[dict]:
+def validation_rows(
+    results: Path | str | tuple[list[Run], list[dict]], slos_s=SLOS_S, bracketed: bool = False
+) -> list[dict]:
     """Every deployment of a lab run (a run folder, or its runs and bench documents as report.inputs.load_inputs
-    returns them) with its replica model and how far it is from what was measured (validate_curve's rows)."""
+    returns them) with its replica model and how far it is from what was measured (validate_curve's rows; off as
+    `bracketed` says)."""
     if isinstance(results, (str, Path)):
         runs, bench = load_inputs([Path(results)], None)
     else:
@@ -204,7 +287,7 @@ def validation_rows(results: Path | str | tuple[list[Run], list[dict]], slos_s=S
     rows = []
     for curve in curves:
         checked = [
-            validate_curve(curve, model, source, slos_s=slos_s)
+            validate_curve(curve, model, source, slos_s=slos_s, bracketed=bracketed)
             for model, source in curve_models(curve, fits, overheads, splits)
         ]
         if (
