@@ -229,7 +229,7 @@ def main() -> None:
         parser.error("--triton-python is needed for triton")
     if args.patch_pytriton:
         patch_pytriton(args.triton_python)
-    model = args.model.resolve()
+    model, args.out = args.model.resolve(), args.out.resolve()  # each server starts in its own folder
     for server in servers:
         folder = args.out / server
         folder.mkdir(parents=True, exist_ok=True)
