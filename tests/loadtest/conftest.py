@@ -50,7 +50,10 @@ class _Handler(socketserver.BaseRequestHandler):
             lines = head.decode("latin-1").split("\r\n")
             length = next((int(line.split(":")[1]) for line in lines if line.lower().startswith("content-length")), 0)
             while len(buffer) < length:
-                buffer += self.request.recv(65536)
+                chunk = self.request.recv(65536)
+                if not chunk:  # the client left in the middle of its body
+                    return
+                buffer += chunk
             self.server.bodies.append(buffer[:length])
             buffer = buffer[length:]
             path = lines[0].split()[1]
