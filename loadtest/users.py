@@ -308,16 +308,7 @@ class _InferenceUser(FastHttpUser):
             done = time.time()
             recorder.end(key, done, status == 200, status, retry_after, error)
         if self.lean is not None:  # Locust's own statistics (its web UI and CSV) see every request too
-            self.environment.events.request.fire(
-                request_type=self.method,
-                name=self.deployment,
-                context={},
-                response_time=(done - sent) * 1000.0,
-                response=None,
-                response_length=received,
-                exception=failure,
-                url=self.path,
-            )
+            self._tell_locust(done - sent, received, failure)
 
     def _raw(self, size: int) -> bytes:
         """The encoded lean request of `size` (sizes drawn per request), else one of the user's bodies."""
@@ -332,13 +323,17 @@ class _InferenceUser(FastHttpUser):
         failure = None
         if done.status != 200:
             failure = RequestFailed(f"HTTP {done.status}" if done.status else f"no answer: {done.error}")
+        self._tell_locust(done.done - done.sent, done.received, failure)
+
+    def _tell_locust(self, seconds: float, received: int, failure: Exception | None) -> None:
+        """Locust's own statistics (its web UI and CSV) see every request the lean client or a loop sender sent."""
         self.environment.events.request.fire(
             request_type=self.method,
             name=self.deployment,
             context={},
-            response_time=(done.done - done.sent) * 1000.0,
+            response_time=seconds * 1000.0,
             response=None,
-            response_length=done.received,
+            response_length=received,
             exception=failure,
             url=self.path,
         )
@@ -417,18 +412,15 @@ class OpenLoopUser(_InferenceUser):
             for intended, size in zip(times, sizes):
                 if not self._wait_until(intended, version):
                     break  # the load changed: the new schedule from its own origin
-                if self.sender is not None:
-                    if self.sender.in_flight >= MAX_OUTSTANDING_PER_USER:
-                        state.recorder.drop(intended)
-                    else:
-                        raw = self._raw(size)
-                        sent = time.time()
-                        self.sender.send(raw, state.recorder.begin(intended, sent), sent)
-                    continue
-                if len(self.inflight) >= MAX_OUTSTANDING_PER_USER:
+                flying = self.sender.in_flight if self.sender is not None else len(self.inflight)
+                if flying >= MAX_OUTSTANDING_PER_USER:
                     state.recorder.drop(intended)
-                    continue
-                self.inflight.spawn(self._send, intended, size)
+                elif self.sender is not None:
+                    raw = self._raw(size)
+                    sent = time.time()
+                    self.sender.send(raw, state.recorder.begin(intended, sent), sent)
+                else:
+                    self.inflight.spawn(self._send, intended, size)
 
     def _wait_until(self, when: float, version: int) -> bool:
         """Sleep until `when` in short slices; False if the load changed from `version`, the one `when` was
