@@ -78,7 +78,8 @@ def plan(kit_dir: Path, reference: Path, costs: dict) -> int:
             )
         print(
             f"  then give_back, and here: .venv/bin/python benchmarks/gpu_kit.py collect --files-at FILES_AT "
-            f"--name h100 --leg {leg.number} (once per call that brought files)\n"
+            f"--name MACHINE --leg {leg.number} (once per call that brought files; MACHINE: h100 or h200, as the "
+            "reply names it)\n"
         )
         if est.minutes > legs.LEG_LIMIT_MINUTES:
             over.append(f"leg {leg.number} ~{est.minutes:.1f} min")

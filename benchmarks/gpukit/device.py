@@ -11,6 +11,7 @@ plans run their CPU half. The fleet steps find the kit's own haproxy (haproxy.py
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 import os
 import shutil
 import signal
@@ -19,7 +20,6 @@ import sys
 import tarfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from xml.etree import ElementTree
 
@@ -221,15 +221,21 @@ def _lab(stage: Path, cap_s: float, plan: str, extra: list[str], folder: str) ->
     """A lab run; its run folder's small files into stage/<folder>/ (results per model, report, logs)."""
     runs = KIT / "runs" / folder
     command = [*LATLAB, "lab", "--plan", plan, "--runs-dir", str(runs)]
-    code = logged([*command, "--models-dir", str(MODELS), *extra], stage / "lab.log", cap_s)
+    code = logged([*command, "--models-dir", str(MODELS), *extra], stage / f"{folder}.log", cap_s)
     done = [p for p in runs.glob("*") if p.is_dir()]
     if done:
         keep_run(max(done, key=lambda p: p.stat().st_mtime), stage / folder)
     print(f"lab: exit {code}")
 
 
-def lab(stage: Path, cap_s: float, rehearse: bool) -> None:
-    _lab(stage, cap_s, "gpu-serve-cpu" if rehearse else "gpu-serve", [], "lab")
+def lab_model(model: str) -> Callable[[Path, float, bool], None]:
+    """The serve leg's lab run of one model (plan gpu-serve): one call each, so a model's sweep to the device's
+    ceiling fits one command and a model cut short by its cap leaves the other measured."""
+
+    def step(stage: Path, cap_s: float, rehearse: bool) -> None:
+        _lab(stage, cap_s, "gpu-serve-cpu" if rehearse else "gpu-serve", ["--models", model], f"lab-{model}")
+
+    return step
 
 
 def lab_small(stage: Path, cap_s: float, rehearse: bool) -> None:
@@ -308,7 +314,8 @@ STEPS = {
     "cuda": cuda,
     "verify": verify,
     "buckets": buckets,
-    "lab": lab,
+    "lab-cnn": lab_model("cnn"),
+    "lab-minilm": lab_model("minilm"),
     "lab-small": lab_small,
     "lab-traffic": lab_traffic,
     "search": search,

@@ -238,7 +238,8 @@ COSTS = {
         "install": {"value": 30},
         "verify": {"value": 50},
         "buckets": {"value": 60},
-        "lab": {"value": 200},
+        "lab-cnn": {"value": 200},
+        "lab-minilm": {"value": 150},
         "cuda": {"value": 5},
         "search": {"value": 400},
         "frontends": {"value": 300},
@@ -251,11 +252,12 @@ COSTS = {
 
 def test_a_leg_carries_one_part_per_call_and_starts_its_work_in_the_last_parts_call() -> None:
     leg = legs.leg(1, 3)
-    assert [c.carry for c in leg.calls] == [".whl/carry-1", ".whl/carry-2", ".whl/carry-3"]
+    assert [c.carry for c in leg.calls] == [".whl/carry-1", ".whl/carry-2", ".whl/carry-3", None]
     assert [[s.name for s in c.steps] for c in leg.calls] == [
         ["stash"],
         ["stash"],
-        ["stash", "install", "verify", "buckets", "lab"],
+        ["stash", "install", "verify", "lab-cnn"],
+        ["lab-minilm"],  # each model's lab in a call of its own: its CUDA sweep runs to the bench's ceiling
     ]
     for spec in legs.SPECS:
         for call in legs.lay_out(spec, 3).calls:
@@ -275,9 +277,9 @@ def test_the_estimate_adds_the_start_the_carries_the_steps_and_the_gaps() -> Non
     leg = legs.leg(1, 3)
     est = legs.estimate(leg, COSTS, [50.0, 50.0, 25.0])
     # call 1: start 100 + 50/5 + overhead 10 + stash 2; call 2: gap 20 + 10 + 10 + 2;
-    # call 3: gap 20 + 25/5 + 10 + stash 2 + install 30 + verify 50 + buckets 60 + lab 200
-    assert est.parts == [122.0, 42.0, 377.0]
-    assert est.calls == 3 and est.carried_mib == 125.0 and est.seconds == 541.0
+    # call 3: gap 20 + 25/5 + 10 + stash 2 + install 30 + verify 50 + lab-cnn 200; call 4: gap 20 + 10 + lab-minilm 150
+    assert est.parts == [122.0, 42.0, 317.0, 180.0]
+    assert est.calls == 4 and est.carried_mib == 125.0 and est.seconds == 661.0
 
 
 def test_plan_shows_every_leg_within_the_limit_from_the_recorded_costs(tmp_path: Path) -> None:
@@ -304,12 +306,11 @@ def test_a_leg_has_landed_when_its_reference_folder_holds_every_file_it_lands(tm
     assert legs.next_leg(reference) is first
     folder = reference / "h100" / "leg-1"
     for model in ("cnn", "minilm"):
-        (folder / "lab" / model).mkdir(parents=True)
+        (folder / f"lab-{model}" / model).mkdir(parents=True)
     (folder / "gpu-tests.json").write_text("{}")
-    (folder / "gpu-buckets.json").write_text("{}")
-    (folder / "lab" / "cnn" / "results.json").write_text("{}")
+    (folder / "lab-cnn" / "cnn" / "results.json").write_text("{}")
     assert legs.landed(first, reference) == [] and legs.next_leg(reference) is first  # minilm not served yet
-    (folder / "lab" / "minilm" / "results.json").write_text("{}")
+    (folder / "lab-minilm" / "minilm" / "results.json").write_text("{}")
     assert legs.landed(first, reference) == ["h100"]
     assert legs.next_leg(reference) is legs.SPECS[1]
 
