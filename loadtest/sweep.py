@@ -23,7 +23,6 @@ from latlab.loadtest.driver import LoadDriver
 from latlab.loadtest.calibrate import calibrate
 from latlab.loadtest.overload import run_overload
 from latlab.loadtest.plan import OverloadPlan, SweepPlan
-from latlab.loadtest.schedule import Schedule
 from latlab.loadtest.loadgen_metrics import LoadGenMetrics, start_exporter
 from latlab.loadtest.recorder import MIN_SAMPLES_P99
 from latlab.loadtest.results import Curve, Run, Step, write_results
@@ -31,14 +30,14 @@ from latlab.loadtest.describe import describe, extras_notice
 from latlab.loadtest.fleet import FleetTargets, fleet_step, read_fleet, read_targets
 from latlab.loadtest.proxy_hop import proxy_added, proxy_line
 from latlab.loadtest.scrape import fetch, metrics_source
-from latlab.loadtest.search import SATURATED_BELOW, bracket_slos, open_slos, slo_search
+from latlab.loadtest.search import bracket_slos, open_slos, slo_search
 from latlab.loadtest.single import one_at_a_time
 from latlab.loadtest.sizes import max_length, truncation_line
 from latlab.loadtest.arrivals import load_trace
 from latlab.loadtest.step import LONGEST_WINDOW_S, measure_step, progress_line
+from latlab.loadtest.stepping import ServerGone, sweep_rates
 
 SERVER_BACK_S = 10.0  # after an interrupted step, how long to wait for the server to answer again
-RAISE_BY = 1.5  # past the listed rates, each step offers this much more until saturation or the cap
 QUEUE_SAMPLE_S = 1.0  # overload: the queue is full for most of a burst, a sample a second shows it
 
 
@@ -123,10 +122,6 @@ def run_sweep(
     return run
 
 
-class ServerGone(requests.ConnectionError):
-    """The server stopped answering during a step and did not come back."""
-
-
 def _run_deployment(
     plan: SweepPlan, driver: LoadDriver, metrics: LoadGenMetrics, deployment: str, progress: Callable[[str], None]
 ) -> Curve:
@@ -160,7 +155,7 @@ def _run_deployment(
             saturated=saturated,
             rate_cap_rps=max((p["target"] for p in search["probes"]), default=None) if search else None,
         )
-    stop_reason, saturated = _sweep_rates(plan, measure)
+    stop_reason, saturated = sweep_rates(plan, measure)
     progress(f"{deployment}: {stop_reason}")
     schedule = plan.schedule
     cap = max(schedule.max_rate, max(schedule.loads)) if schedule.mode == "open" else None
@@ -203,30 +198,6 @@ def _record(info: dict, **fields: object) -> Curve:
     """A deployment's record: its description (`_describe`) with `fields` over it. A key of the description that
     is no Curve field (a newer server's /config) is left out: results files hold only known fields."""
     return Curve(**{**{k: v for k, v in info.items() if k in _DEPLOYMENT_FIELDS}, **fields})
-
-
-def _sweep_rates(plan: SweepPlan, measure: Callable[[float], Step]) -> tuple[str, bool]:
-    """Step through the listed loads; with a cap, raise the rate until the deployment saturates, breaks the SLO
-    or errs, then narrow the bracket to refine_within. (why it stopped, whether the deployment's limit did)."""
-    schedule = plan.schedule
-    listed, passed, failed, why = list(schedule.loads[1:]), None, None, ""
-    load: float | None = schedule.loads[0]
-    while load is not None:
-        try:
-            reason = _stop_reason(measure(load), plan)
-        except ServerGone as exc:
-            return f"stopped at {load:g}: {exc}", False
-        if reason and reason.startswith("no Locust worker"):
-            return f"stopped at {load:g}: {reason}", False
-        if reason:
-            failed, why = load, reason
-        else:
-            passed = load
-        load = _next_load(schedule, listed, passed, failed)
-    if failed is not None:
-        return f"stopped at {failed:g}: {why}", True
-    capped = schedule.max_rate > max(schedule.loads)
-    return (f"rate cap {schedule.max_rate:g} reached" if capped else "all loads done") + ": not saturated", False
 
 
 def _bracket_slos(
@@ -276,22 +247,6 @@ def single_line(deployment: str, single: dict) -> str:
         f"{deployment:>14}  one at a time: {single['requests']} requests  p50 {single['p50_s'] * 1e3:7.2f} ms  "
         f"p99 {single['p99_s'] * 1e3:7.2f} ms  errors {single['errors']}"
     )
-
-
-def _next_load(schedule: Schedule, listed: list[float], passed: float | None, failed: float | None) -> float | None:
-    """The next listed rate; past them, x RAISE_BY up to the cap; after a failure, the bracket's middle while it
-    is wider than refine_within (only when raising was asked for: a plain sweep stops at its first failure)."""
-    if failed is None:
-        if listed:
-            return listed.pop(0)
-        if schedule.mode != "open" or passed is None or passed >= schedule.max_rate:
-            return None
-        return min(passed * RAISE_BY, schedule.max_rate)
-    if schedule.mode != "open" or not schedule.max_rate or passed is None:
-        return None
-    if failed - passed <= schedule.refine_within * passed:
-        return None
-    return (passed + failed) / 2
 
 
 def _search(plan: SweepPlan, driver: LoadDriver, measure: Callable[[float], Step]) -> tuple[dict | None, str]:
@@ -416,19 +371,3 @@ def _wait_for_server(host: str, deployment: str, step: Step, progress: Callable[
         f"{deployment}: step at {step.target:g} was interrupted ({step.interruption}); "
         "the server answers again, going on"
     )
-
-
-def _stop_reason(step: Step, plan: SweepPlan) -> str | None:
-    if step.workers_left == 0:
-        return "no Locust worker left to send load"
-    if step.server_interrupted or step.workers_lost:
-        return None  # the errors and the shortfall are the restart's (or the lost worker's), not this load's
-    schedule, slo = plan.schedule, plan.slo
-    saturated = step.achieved_rps < SATURATED_BELOW * step.offered_rps
-    if schedule.mode == "open" and schedule.stop_at_saturation and saturated:
-        return f"saturated: achieved {step.achieved_rps:.0f} < 90% of offered {step.offered_rps:.0f} req/s"
-    if step.sent and step.errors / step.sent > schedule.max_error_ratio:
-        return f"{step.errors} errors of {step.sent} requests"
-    if slo.p99_s and step.p99_s is not None and step.p99_s > slo.margin * slo.p99_s:
-        return f"p99 {step.p99_s * 1e3:.1f} ms broke the SLO by more than {slo.margin:g}x"
-    return None

@@ -96,8 +96,9 @@ def _target(step: Step) -> float:
 def is_lower_bound(curve: Curve, step: Step) -> bool:
     """Whether a step's rate is only a lower bound of the deployment's: the sweep ended (its cap, or its rates
     ran out) before the deployment saturated, and this is its highest load. A curve that does not say
-    (results from before the saturation search) counts as saturated."""
-    return curve.saturated is False and _target(step) >= max(_target(s) for s in curve.steps)
+    (results from before the saturation search) counts as saturated. Faster steps where the load generator was
+    the limit (Step.generator_bound) do not count against it: they measured the instrument."""
+    return curve.saturated is False and all(s.generator_bound for s in curve.steps if _target(s) > _target(step))
 
 
 def rate_text(curve: Curve, step: Step | None, slo_s: float | None = None) -> str:

@@ -290,6 +290,30 @@ def sweep_model(
         child.run(sweep, traffic_folder(run_dir, model, k), run_id=run_dir.name)
 
 
+CEILING_HEADROOM = 1.25
+"""How far past the device's in-process ceiling the sweep may raise the rate: a served rate cannot pass it, so a
+step there shows saturation."""
+
+
+def device_ceiling(run_dir: Path, plan: LabPlan, model: ModelPlan) -> float:
+    """The rate the run's bench says CUDA computes the model at on full batches of its batching setting
+    (report.predict.capacity_rps of the ort-cuda batch-time fit); 0 without CUDA in the plan or a bench. A GPU's
+    capacity lies far past what a plan's listed rates guess, and its verdict needs the sweep to reach it: a sweep
+    that stops short leaves the GPU's cost an upper bound and the answer open. On the CPU the listed rates reach
+    saturation already."""
+    bench = run_dir / "bench" / "bench.json"
+    if "cuda" not in plan.providers or not bench.is_file():
+        return 0.0
+    from latlab.report.predict import bench_fits, capacity_rps
+
+    batch = model.batching.max_batch_size or 1
+    fits = bench_fits([json.loads(bench.read_text())])
+    return max(
+        (capacity_rps(f["fit"], batch, 1) for f in fits if (f["model"], f["backend"]) == (model.name, "ort-cuda")),
+        default=0.0,
+    )
+
+
 def traffic_folder(run_dir: Path, model: ModelPlan, k: int) -> Path:
     """Where a model's sweep under the plan's k-th traffic profile writes its results."""
     return run_dir / model.name if k == 0 else run_dir / model.name / f"traffic-{k}"
@@ -317,7 +341,9 @@ def sweep_plan(
         schedule=step_schedule(
             plan,
             model.rates,
-            max_rate=max(model.rates) * max(1.0, plan.raise_cap),
+            max_rate=max(
+                max(model.rates) * max(1.0, plan.raise_cap), CEILING_HEADROOM * device_ceiling(run_dir, plan, model)
+            ),
             refine_within=plan.refine_within,
             arrivals=arrivals,
         ),

@@ -3,6 +3,7 @@ generator what it needs, on machines of any size (as configuration: no many-core
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -93,3 +94,31 @@ def test_the_zoos_requests_take_the_plans_sizes_and_a_sample_file_keeps_its_own(
     assert sweep.workload.payload.sizes == "lognormal:16:160" and sweep.workload.payload.size_spec.varies
     sampled = replace(model, samples={"x": np.zeros((2, 4), np.float32)})
     assert sweep_plan(tmp_path, plan, sampled, "http://127.0.0.1:1", metrics_port=0).workload.payload.sizes == ""
+
+
+H200_BENCH = (
+    Path(__file__).parents[2] / "report" / "reference" / "h200" / "leg-1" / "lab-minilm" / "bench" / "bench.json"
+)
+
+
+def test_a_cuda_sweep_may_raise_the_rate_to_the_devices_in_process_ceiling(tmp_path: Path) -> None:
+    """The H200 trip's minilm-cuda-batch still met its SLOs at the plan's cap (4 x the last listed rate): the sweep
+    now goes on to the ceiling the run's own bench measured for CUDA at the deployment's batch size."""
+    from latlab.lab.run import CEILING_HEADROOM
+    from latlab.report.predict import bench_fits
+
+    minilm = next(m for m in PLANS["gpu-serve"].models if m.name == "minilm")
+    listed_cap = max(minilm.rates) * PLANS["gpu-serve"].raise_cap
+    assert sweep_plan(tmp_path, PLANS["gpu-serve"], minilm, "http://127.0.0.1:1", 0).schedule.max_rate == listed_cap
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "bench.json").write_text(H200_BENCH.read_text())
+    (fit,) = [
+        f["fit"]
+        for f in bench_fits([json.loads(H200_BENCH.read_text())])
+        if f["model"] == "minilm" and f["backend"] == "ort-cuda"
+    ]
+    ceiling = 32 / fit.time_s(32)  # full batches of the plan's max_batch_size, one instance
+    raised = sweep_plan(tmp_path, PLANS["gpu-serve"], minilm, "http://127.0.0.1:1", 0).schedule.max_rate
+    assert raised == pytest.approx(CEILING_HEADROOM * ceiling) and raised > 4 * listed_cap
+    # The CPU half of the plan keeps its listed cap: the CPU's bench says nothing of a device.
+    assert sweep_plan(tmp_path, PLANS["gpu-serve-cpu"], minilm, "http://127.0.0.1:1", 0).schedule.max_rate == listed_cap
