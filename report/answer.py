@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from latlab.loadtest.results import Curve
 from latlab.report import costs
 from latlab.report.best import Best, best_rate_text
-from latlab.report.findings import AtSlo, Findings
+from latlab.report.findings import AtSlo, Findings, open_contender
 from latlab.report.naming import (
     PROVIDER_HINT,
     UNKNOWN,
@@ -30,7 +30,10 @@ ADD_SERVED_GPU = (
     "for served GPU curves run the gpu plan on a GPU box, `latlab lab --plan gpu`, and merge: "
     "`latlab report CPU_RUN GPU_RUN`"
 )
-ADD_GPU = f"`latlab report RUN --with-reference` merges the committed H100 data (in-process bench); {ADD_SERVED_GPU}"
+ADD_GPU = (
+    "`latlab report RUN --with-reference` merges the committed GPU data (an H100's in-process bench, cnn and "
+    f"minilm served on an H200); {ADD_SERVED_GPU}"
+)
 
 
 def settings(curve: Curve) -> str:
@@ -74,6 +77,11 @@ def _money(value: float | None) -> str:
     return f"${value:.2f}" if value >= 0.01 else f"${value:.4f}"
 
 
+def _cost_text(row: Best) -> str:
+    """'$0.52', or '≤ $0.52' where the rate is a lower bound (the sweep ended before the deployment saturated)."""
+    return f"≤ {_money(row.cost)}" if row.unsaturated and row.cost is not None else _money(row.cost)
+
+
 def _who(row: Best) -> str:
     if provider_of(row.curve) == UNKNOWN:
         return server_name(row.curve)
@@ -90,7 +98,7 @@ def _clause(row: Best, first: bool, servers: bool = False) -> str:
         rate = f"serves ≥ {row.rate:.0f} req/s (not saturated)"
     else:
         rate = f"serves {row.rate:.0f} req/s" if first else f"tops out at {row.rate:.0f} req/s"
-    cost = f" at {_money(row.cost)} per million" if row.cost is not None else ""
+    cost = f" at {_cost_text(row)} per million" if row.cost is not None else ""
     return f"{what} {rate}{cost}"
 
 
@@ -99,8 +107,18 @@ def crossover_clause(found: dict) -> str:
     names = {"cpu": "the CPU", "gpu": "the GPU"}
     low = names[found["cheaper_low"]]
     if found["from_rps"] is None:
-        return f"{low} is cheaper at every rate up to {found['top_rps']:.0f} req/s"
-    return f"below {found['from_rps']:.0f} req/s {low} is cheaper, above it {names[found['cheaper_high']]}"
+        text = f"{low} is cheaper at every rate up to {found['top_rps']:.0f} req/s"
+    else:
+        bound = "at most " if found.get("at_most") else ""
+        text = f"below {bound}{found['from_rps']:.0f} req/s {low} is cheaper, above it {names[found['cheaper_high']]}"
+    if "open" in found:
+        side = found["open"]
+        text += (
+            f" as measured, but {names[side['side']]} was not saturated at {side['rate_rps']:.0f} req/s: if it serves "
+            f"more than {side['needs_rps']:.0f} req/s it is the cheaper at high rates, so which pays off is open "
+            "until a sweep reaches its limit"
+        )
+    return text
 
 
 def sentence(findings: Findings) -> str:
@@ -181,6 +199,10 @@ def _winner_cell(at: AtSlo) -> str:
         if len(met) == 1
         else ("cheaper per inference" if priced else "higher rate (no price to compare)")
     )
+    rival = open_contender(at) if priced else None
+    if rival is not None:
+        row, needs = rival
+        why += f" at the rates measured; {row.group}, not saturated at {row.rate:.0f}, wins above {needs:.0f} req/s"
     return f"{best.group} ({why})"
 
 
@@ -207,7 +229,7 @@ def answer_table(findings: Findings) -> str:
             best = settings(row.curve) if row.rate > 0 else "–"
             cells += (
                 f"<td class='text'>{html.escape(best)}</td><td>{html.escape(best_rate_text(row))}</td>"
-                f"<td>{_money(row.cost) if row.rate > 0 else '–'}</td>"
+                f"<td>{_cost_text(row) if row.rate > 0 else '–'}</td>"
             )
         winner_text = html.escape(_winner_cell(at))
         rows.append(f"<tr><td>p99 ≤ {at.slo_s * 1e3:g} ms</td>{cells}<td class='text'>{winner_text}</td></tr>")

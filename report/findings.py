@@ -122,11 +122,42 @@ def _top(rows: Sequence[Best], kind: str) -> Best | None:
 
 
 def cost_crossover(cpu: Best, gpu: Best) -> dict | None:
-    """costs.crossover for the two rows, over rates up to 4× the larger capacity; None without both."""
+    """costs.crossover for the two rows, over rates up to 4× the larger capacity; None without both. A side whose
+    sweep ended before it saturated has a capacity that is only a lower bound (Best.unsaturated), so its cost is
+    only an upper bound: where that side is the one cheaper at high rates the crossover rate is an upper bound
+    ("at_most"); where it is the other one, which is cheaper is open ("open": the side, its rate, and the rate
+    from which it would be the cheaper at high rates: overtaking_rate)."""
     if cpu.rate <= 0 or gpu.rate <= 0 or cpu.price is None or gpu.price is None:
         return None
     top = 4 * max(cpu.rate, gpu.rate)
-    return {**costs.crossover((cpu.rate, cpu.price.per_hour), (gpu.rate, gpu.price.per_hour), top), "top_rps": top}
+    found = {**costs.crossover((cpu.rate, cpu.price.per_hour), (gpu.rate, gpu.price.per_hour), top), "top_rps": top}
+    rows = {"cpu": cpu, "gpu": gpu}
+    high = rows[found["cheaper_high"]]
+    other = gpu if high is cpu else cpu
+    if other.unsaturated:
+        side = "gpu" if other is gpu else "cpu"
+        found["open"] = {"side": side, "rate_rps": other.rate, "needs_rps": overtaking_rate(other, high)}
+    elif high.unsaturated and found["from_rps"] is not None:
+        found["at_most"] = True
+    return found
+
+
+def overtaking_rate(row: Best, cheaper: Best) -> float:
+    """The capacity at which `row`, kept busy, would cost per inference what `cheaper` costs kept busy at its own:
+    past it `row` is the cheaper at high rates. Both must be priced and have met the SLO."""
+    return row.price.per_hour / cheaper.price.per_hour * cheaper.rate
+
+
+def open_contender(at: AtSlo) -> tuple[Best, float] | None:
+    """A row that met the SLO at a lower cost bound than the winner's cost could still beat it: its sweep ended
+    before it saturated, so its capacity is a lower bound. (that row, the rate it would need) for the one that
+    needs the least above what it reached; None when the winner's lead is settled."""
+    best = at.winner
+    if best is None or best.cost is None:
+        return None
+    rivals = [r for r in at.best if r is not best and r.rate > 0 and r.unsaturated and r.cost is not None]
+    found = [(r, overtaking_rate(r, best)) for r in rivals if r.cost > best.cost]
+    return min(found, key=lambda pair: pair[1] / pair[0].rate, default=None)
 
 
 def _winner(rows: Sequence[Best]) -> Best | None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 
 from latlab.loadtest.results import Curve
-from latlab.report.best import Best
+from latlab.report.best import Best, Measured
 from latlab.report.findings import Findings
 from latlab.report.naming import PROVIDER_HINT, label, machine_name
-from latlab.report.rates import unmet_clause
+from latlab.report.rates import is_lower_bound, unmet_clause
 
 
 def verdict(findings: Findings, slo_s: float) -> str:
@@ -25,13 +25,21 @@ def verdict(findings: Findings, slo_s: float) -> str:
         return f"{label(curve)} on {machine_name(curve)}" if merged else label(curve)
 
     top, rest = best[0], best[1:]
-    sentence = f"{model} at {bound}: {name(top.curve)} sustains {top.rate:.0f} req/s"
+    sentence = f"{model} at {bound}: {name(top.curve)} sustains {_rate(top)}"
     for found in rest:
         if found.step is None or found.rate <= 0:
             sentence += f"; {name(found.curve)} {unmet_clause(found.unmet)}"
         else:
-            sentence += f"; {name(found.curve)} {found.rate:.0f} req/s ({top.rate / found.rate:.1f}× less)"
+            less = "at least " if is_lower_bound(top.curve, top.step) else ""
+            sentence += f"; {name(found.curve)} {_rate(found)} ({less}{top.rate / found.rate:.1f}× less)"
     return sentence + "."
+
+
+def _rate(found: Measured | Best) -> str:
+    """'240 req/s', or '≥ 1347 req/s (not saturated)' where the sweep ended before the deployment saturated."""
+    if found.curve is not None and found.step is not None and is_lower_bound(found.curve, found.step):
+        return f"≥ {found.rate:.0f} req/s (not saturated)"
+    return f"{found.rate:.0f} req/s"
 
 
 def provider_verdict(findings: Findings, slo_s: float) -> str:
@@ -96,17 +104,22 @@ def _gpu_wins(model: str, bound: str, cpu: Best, gpu: Best) -> str:
     else:
         lower = "at lower cost" if cpu.price.per_hour < gpu.price.per_hour else "but not at lower cost"
         cheaper = f" {lower} (${cpu.price.per_hour:.2f}/h against ${gpu.price.per_hour:.2f}/h)"
+    at_least = "at least " if gpu.unsaturated else ""  # the sweep ended before the GPU saturated
+    up_to = f"up to ≥ {gpu.rate:.0f} req/s (not saturated)" if gpu.unsaturated else f"up to {gpu.rate:.0f} req/s"
     sentence = (
         f"{model}, {bound}: below {cpu.rate:.0f} req/s the CPU meets it{cheaper}; above it only the GPU "
-        f"does, up to {gpu.rate:.0f} req/s, at {ratio:.1f}× the throughput ({_where(gpu)}{_cost(gpu)})."
+        f"does, {up_to}, at {at_least}{ratio:.1f}× the throughput ({_where(gpu)}{_cost(gpu)})."
     )
     if cpu.price is not None and gpu.price is not None:
         replicas = math.ceil(gpu.rate / cpu.rate)
         cpu_bill = replicas * cpu.price.per_hour
         advice = "scale out on CPUs" if cpu_bill < gpu.price.per_hour else "the GPU pays off"
+        if gpu.unsaturated and cpu_bill < gpu.price.per_hour:
+            needs = gpu.price.per_hour / cpu.price.per_hour * cpu.rate
+            advice += f" unless the GPU serves more than {needs:.0f} req/s, which a sweep to its limit would show"
         sentence += (
-            f" {replicas} CPU machines would match that rate for ${cpu_bill:.2f}/h against the GPU's "
-            f"${gpu.price.per_hour:.2f}/h: {advice}."
+            f" {at_least}{replicas} CPU machines would match that rate for {at_least}${cpu_bill:.2f}/h against "
+            f"the GPU's ${gpu.price.per_hour:.2f}/h: {advice}."
         )
     return sentence
 

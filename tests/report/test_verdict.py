@@ -11,7 +11,8 @@ from latlab.loadtest.results import Curve, Step
 from latlab.report import costs
 from latlab.report.bench_crossover import human, size_crossover
 from latlab.report.best import Best, best_per_provider
-from latlab.report.findings import findings_of
+from latlab.report.answer import _winner_cell, crossover_clause
+from latlab.report.findings import findings_of, open_contender
 from latlab.report.prices import DEFAULT_PRICES, PriceError, parse_prices
 from latlab.report.verdict import provider_verdict, verdict
 
@@ -244,3 +245,49 @@ def test_machines_are_named_by_what_they_are_never_by_hostname() -> None:
     named = replace(gpu, machine={**gpu.machine, "name": "h100-box"})
     assert machine_name(named) == "h100-box"
     assert "vm" not in {machine_name(c) for c in (cpu, gpu, named)}
+
+
+# --- a side whose sweep ended before it saturated ---------------------------------------------------------------
+
+GPU_OPEN = replace(  # its sweep reached its cap at 1000 req/s still meeting 25 ms: 1000 is only a lower bound
+    curve("ffn-gpu", "cuda", 64, [bare_step(r, p / 1e3, target=r) for r, p in ((250, 4), (500, 6), (1000, 8))]),
+    saturated=False,
+    machine={"hostname": "gpubox", "name": "gpubox"},
+)
+
+
+def test_a_gpu_not_saturated_leaves_open_which_is_cheaper_and_says_the_rate_that_decides() -> None:
+    found = findings_of("ffn", [CPU_BATCH, GPU_OPEN], [0.025], PRICES).at(0.025)
+    assert found.gpu.unsaturated and found.winner is found.cpu  # at the rates measured the CPU is cheaper
+    # The GPU costs $2.50/h against $0.10/h for 800 req/s: kept busy it is cheaper per inference above 20000 req/s.
+    assert found.crossover["open"] == {"side": "gpu", "rate_rps": 1000, "needs_rps": pytest.approx(20000)}
+    words = crossover_clause(found.crossover)
+    assert words.startswith("the CPU is cheaper at every rate up to 4000 req/s as measured, but the GPU was not ")
+    assert "saturated at 1000 req/s: if it serves more than 20000 req/s it is the cheaper at high rates" in words
+    cell = _winner_cell(found)
+    assert (
+        cell == "cpu (cheaper per inference at the rates measured; cuda, not saturated at 1000, wins above 20000 req/s)"
+    )
+    sentence = provider_verdict(findings_of("ffn", [CPU_BATCH, GPU_OPEN], [0.025], PRICES), 0.025)
+    assert "above it only the GPU does, up to ≥ 1000 req/s (not saturated), at at least 1.2× the throughput" in sentence
+    assert "scale out on CPUs unless the GPU serves more than 20000 req/s" in sentence
+    assert verdict(findings_of("ffn", [CPU_BATCH, GPU_OPEN], [0.025]), 0.025).startswith(
+        "ffn at p99 ≤ 25 ms: ffn-gpu (cuda, batch ≤ 64, wait ≤ 2 ms) on gpubox sustains ≥ 1000 req/s (not saturated)"
+    )
+
+
+def test_a_gpu_not_saturated_but_already_cheaper_makes_the_crossover_an_upper_bound() -> None:
+    # One CPU machine ($0.20/h) is cheaper than one GPU ($0.24/h) at a low rate; kept busy, the GPU is cheaper.
+    found = findings_of("ffn", [CPU_BATCH, GPU_OPEN], [0.025], {"cpu": 0.20, "cuda": 0.24}).at(0.025)
+    assert found.winner is found.gpu and "open" not in found.crossover and open_contender(found) is None
+    assert found.crossover["from_rps"] is not None and found.crossover["at_most"]
+    assert crossover_clause(found.crossover).startswith("below at most ")
+    assert "at the rates measured" not in _winner_cell(found)
+    # The other way round: a saturated GPU and an unsaturated CPU that looks dearer leave it open for the CPU.
+    cpu_open = replace(
+        CPU_BATCH, saturated=False, steps=[replace(s, target_rps=s.achieved_rps) for s in CPU_BATCH.steps[:3]]
+    )
+    found = findings_of("ffn", [cpu_open, GPU_BATCH], [0.025], {"cpu": 1.0, "cuda": 2.5}).at(0.025)
+    assert found.winner is found.gpu and found.crossover["open"]["side"] == "cpu"
+    rival, needs = open_contender(found)
+    assert rival is found.cpu and needs == pytest.approx(1.0 / 2.5 * 8000)
