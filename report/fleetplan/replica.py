@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import heapq
 import math
 from collections import deque
@@ -66,6 +67,14 @@ class ReplicaModel:
         if self.spread == 0:
             return None
         return np.random.default_rng(seed).lognormal(-(self.spread**2) / 2, self.spread, count)
+
+    def slowed(self, factor: float) -> ReplicaModel:
+        """The same replica with every batch taking `factor` times as long (its CPU shared with other work)."""
+        if not factor > 0:
+            raise ValueError("a replica is slowed by a positive factor")
+        if factor == 1:
+            return self
+        return dataclasses.replace(self, a_s=self.a_s * factor, b_s=self.b_s * factor, c_s=self.c_s * factor)
 
     def service_s(self, n: int) -> float:
         """How long a batch of n requests holds an instance."""

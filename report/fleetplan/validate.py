@@ -14,9 +14,11 @@ import numpy as np
 from latlab.common.machine import key as machine_key
 from latlab.common.settings import BatcherSettings
 from latlab.loadtest.results import Curve, Run
-from latlab.loadtest.search import slo_verdict
+from latlab.loadtest.search import GENERATOR_BOUND_CPU, late_for, slo_verdict
 from latlab.report.fleetplan.fleet import highest_rate
+from latlab.report.fleetplan.lab_machine import CheckTerms, GeneratorFloor, SharedCores
 from latlab.report.fleetplan.replica import ReplicaModel, simulate
+from latlab.report.fleetplan.spread import service_spread
 from latlab.report.fleetplan.traffic import gamma_arrivals
 from latlab.report.inputs import load_inputs
 from latlab.report.predict import BatchTimeFit, FitError, bench_fits, matching_fit, request_overheads
@@ -25,23 +27,23 @@ from latlab.report.rates import max_rate_under
 OFF_BY = 0.20
 """A predicted rate further than this from the measured one (relative) is off, and the plan does not use it."""
 SLOS_S = (0.010, 0.025, 0.050, 0.100)
-Z99 = 2.3263
-"""The standard normal's 99th percentile: a log-normal's p99 is its median times exp(Z99 * sigma)."""
-MAX_SPREAD = 2.0
-"""The widest batch-time spread fitted: p99 - p50 of a mean-1 log-normal grows with sigma up to about Z99."""
 VALIDATION_REQUESTS = 20_000
+MIN_BATCH_SPAN = 0.5
+"""Steps' mean batch sizes closer than this tell no slope apart: a stray batch of two in a batching-off sweep would
+otherwise read as seconds of run time per sample."""
 BENCH_SOURCE = "bench batch-time fit + the machine's serving work per request"
 SPLIT_SOURCE = "bench batch-time fit + serving work split per request and per batch (the server's CPU per request)"
 OWN_SOURCE = "fit of its own steps (server batch sizes and run times, capacity at its highest rate)"
 
 
 def curve_models(
-    curve: Curve, fits: list[dict], overheads: dict[str, float], splits: dict | None = None
+    curve: Curve, fits: list[dict], overheads: dict[str, float], splits: dict | None = None, spread: bool = True
 ) -> list[tuple[ReplicaModel, str]]:
     """The replica models of a deployment worth checking, each with where it comes from: the bench's batch-time fit
     of its model where the bench ran the same model (FP32 export) on its machine, with the machine's serving work
     per request (report/predict.py's), and with that work split per request and per batch (`splits`, from
-    serving_splits); and a fit of its own steps' server figures."""
+    serving_splits); and a fit of its own steps' server figures. Each with its service spread (service_spread),
+    unless `spread` is false."""
     batcher = curve.batcher or BatcherSettings()
     found = []
     bench = matching_fit(curve, fits) if curve.variant is None else None
@@ -59,51 +61,9 @@ def curve_models(
     if own is not None:
         fit, c_s = own
         found.append((ReplicaModel.of(fit.a_s, fit.b_s, c_s, batcher), OWN_SOURCE))
+    if not spread:
+        return found
     return [(dataclasses.replace(model, spread=service_spread(curve, model)), source) for model, source in found]
-
-
-def service_spread(curve: Curve, model: ReplicaModel) -> float:
-    """How much a request's service varies, as the sigma of the model's log-normal batch-time factor: the one that
-    gives the model's lone request (mean service_s(1)) the p99 - p50 of the run's one-at-a-time probe, or where it
-    has none, of the lowest-rate step less the generator floor's own p99 - p50 at its lowest rate. The probe's
-    spread is taken as the server's, which holds the request meanwhile; 0 where the run says nothing of it."""
-    lone = curve.single_request or {}
-    if lone.get("p99_s") is not None and lone.get("p50_s") is not None:
-        excess = lone["p99_s"] - lone["p50_s"]
-    else:
-        lowest = min((s for s in curve.steps if s.p99_s is not None and s.p50_s is not None), key=_rate, default=None)
-        if lowest is None:
-            return 0.0
-        excess = lowest.p99_s - lowest.p50_s - _floor_spread_s(curve)
-    return spread_for(max(excess, 0.0) / model.service_s(1))
-
-
-def spread_for(relative_excess: float) -> float:
-    """The sigma whose mean-1 log-normal has p99 - p50 = relative_excess, by bisection over [0, MAX_SPREAD] (where
-    p99 - p50 still grows with sigma); MAX_SPREAD past what that range reaches."""
-
-    def excess(sigma: float) -> float:
-        return math.exp(-(sigma**2) / 2) * (math.exp(Z99 * sigma) - 1)
-
-    if relative_excess <= 0:
-        return 0.0
-    if excess(MAX_SPREAD) <= relative_excess:
-        return MAX_SPREAD
-    low, high = 0.0, MAX_SPREAD
-    for _ in range(40):
-        low, high = ((low + high) / 2, high) if excess((low + high) / 2) < relative_excess else (low, (low + high) / 2)
-    return (low + high) / 2
-
-
-def _floor_spread_s(curve: Curve) -> float:
-    """The generator floor's p99 - p50 at the lowest rate it was measured at (0 where not measured)."""
-    rates = [r for r in (curve.generator_floor or {}).get("rates", []) if r.get("p99_s") and r.get("p50_s")]
-    lowest = min(rates, key=lambda r: r.get("achieved_rps") or 0.0, default=None)
-    return lowest["p99_s"] - lowest["p50_s"] if lowest else 0.0
-
-
-def _rate(step) -> float:
-    return step.achieved_rps
 
 
 def serving_splits(curves: list[Curve]) -> dict[tuple[str, str], tuple[float, float]]:
@@ -137,10 +97,13 @@ def own_fit(curve: Curve) -> tuple[BatchTimeFit, float] | None:
     if not steps:
         return None
     points = [(float(s.avg_batch_size), float(s.server["compute_s"])) for s in steps]
+    constant = BatchTimeFit(statistics.median(t for _, t in points), 0.0, len(points), int(points[0][0]))
     try:
+        if np.ptp([n for n, _ in points]) < MIN_BATCH_SPAN:
+            raise FitError("batch sizes too alike for a slope")
         fit = BatchTimeFit.from_points(points)
     except FitError:  # one batch size (batching off): the run time is a constant
-        fit = BatchTimeFit(statistics.median(t for _, t in points), 0.0, len(points), int(points[0][0]))
+        fit = constant
     top = max(steps, key=lambda s: s.achieved_rps)
     instances = int((curve.batcher or BatcherSettings()).instances)
     if curve.saturated and top.achieved_rps > 0:
@@ -180,16 +143,36 @@ def sent_cv(curve: Curve, rate: float) -> float:
     return float(np.interp(rate, [p[0] for p in points], [p[1] for p in points]))
 
 
-def predicted_p99_s(model: ReplicaModel, curve: Curve, rate: float, seed: int = 0) -> float:
-    """The model's p99 at `rate`, under the burstiness sent at that rate, with the generator's floor added."""
+def predicted_p99_s(
+    model: ReplicaModel, curve: Curve, rate: float, seed: int = 0, terms: CheckTerms = CheckTerms()
+) -> float:
+    """The model's p99 at `rate`, under the burstiness sent at that rate, on the lab's machine as `terms` say: the
+    replica slowed where it and the generator ask more CPU than the machine has, and the generator's floor drawn
+    per request (or its p99 added to the model's)."""
     cv = sent_cv(curve, rate)
     base = gamma_arrivals(1.0, cv, VALIDATION_REQUESTS * 1.02, np.random.default_rng(seed))[:VALIDATION_REQUESTS]
-    # the service draws from another seed: one generator's stream for both would tie each gap to its service time
-    return simulate(base / rate, model, seed + 1).percentile_s(99) + floor_p99_s(curve, rate)
+    cores = SharedCores.of(curve) if terms.shared_cores else None
+    if cores is not None:
+        model = model.slowed(cores.stretch(rate))
+    # each draw from its own seed: one generator's stream for all would tie each gap to its service time
+    served = simulate(base / rate, model, seed + 1)
+    if terms.floor == "p99":
+        return served.percentile_s(99) + floor_p99_s(curve, rate)
+    floor = GeneratorFloor.of(curve) if terms.floor == "drawn" else None
+    if floor is None:
+        return served.percentile_s(99)
+    latency = served.latency_s + floor.draw(rate, served.requests, np.random.default_rng(seed + 2))
+    return float(np.percentile(latency, 99, method="higher"))
 
 
 def validate_curve(
-    curve: Curve, model: ReplicaModel, source: str, slos_s=SLOS_S, seed: int = 0, bracketed: bool = False
+    curve: Curve,
+    model: ReplicaModel,
+    source: str,
+    slos_s=SLOS_S,
+    seed: int = 0,
+    bracketed: bool = False,
+    terms: CheckTerms = CheckTerms(),
 ) -> dict:
     """One deployment's check: p99 per measured step, the rate under each SLO, measured and predicted, and whether
     the model is off: any SLO's predicted rate further than OFF_BY from the measured one (the highest step that met
@@ -198,7 +181,7 @@ def validate_curve(
         {
             "rate": s.achieved_rps,
             "measured_p99_s": s.p99_s,
-            "predicted_p99_s": predicted_p99_s(model, curve, s.achieved_rps, seed),
+            "predicted_p99_s": predicted_p99_s(model, curve, s.achieved_rps, seed, terms),
         }
         for s in curve.steps
         if s.p99_s is not None and s.achieved_rps > 0
@@ -206,7 +189,7 @@ def validate_curve(
     for step in steps:
         step["error"] = _error(step["predicted_p99_s"], step["measured_p99_s"])
     slos = []
-    p99_at = functools.cache(lambda rate: predicted_p99_s(model, curve, rate, seed))  # the SLOs' bisections share rates
+    p99_at = functools.cache(lambda rate: predicted_p99_s(model, curve, rate, seed, terms))  # bisections share rates
     for slo_s in slos_s:
         measured, broke = measured_bracket(curve, slo_s)
         predicted = highest_rate(lambda r: p99_at(r) <= slo_s, model.capacity_rps())
@@ -216,6 +199,7 @@ def validate_curve(
                 "slo_s": slo_s,
                 "measured_rps": measured,
                 "broke_rps": broke,
+                "broke_by_generator": _generator_decided(curve, broke, slo_s),
                 "predicted_rps": predicted,
                 "error": error,
                 "bracket_error": outside,
@@ -230,6 +214,11 @@ def validate_curve(
         "cv": sent_cv(curve, max((s.achieved_rps for s in curve.steps), default=0.0)),
         "source": source,
         "replica": model,
+        "terms": terms,
+        "stretch": _largest_stretch(curve, terms),
+        "generator_bound": sum(
+            1 for s in curve.steps if s.generator_bound and s.p99_s is not None and s.achieved_rps > 0
+        ),
         "steps": steps,
         "slos": slos,
         "off": any(s["off"] for s in slos),
@@ -247,6 +236,16 @@ def measured_bracket(curve: Curve, slo_s: float) -> tuple[float, float]:
         default=math.inf,
     )
     return met, broke
+
+
+def _generator_decided(curve: Curve, rate: float, slo_s: float) -> bool:
+    """Whether the generator may have broken the bound at the step of this rate, by loadtest.search's rules: its CPU
+    saturated, or its send lateness alone could have broken this bound."""
+    return any(
+        (s.generator_cpu_percent or 0.0) > GENERATOR_BOUND_CPU or late_for(s.send_lateness_p99_s, s.p99_s, (slo_s,))
+        for s in curve.steps
+        if s.achieved_rps == rate
+    )
 
 
 def _bracket_error(predicted: float, met: float, broke: float) -> float:
@@ -270,12 +269,21 @@ def _error(predicted: float, measured: float | None) -> float:
     return (predicted - measured) / measured
 
 
+def _largest_stretch(curve: Curve, terms: CheckTerms) -> float:
+    """How much the shared cores slowed the replica at the busiest measured step (1: never, or the term is off)."""
+    cores = SharedCores.of(curve) if terms.shared_cores else None
+    return max((cores.stretch(s.achieved_rps) for s in curve.steps), default=1.0) if cores else 1.0
+
+
 def validation_rows(
-    results: Path | str | tuple[list[Run], list[dict]], slos_s=SLOS_S, bracketed: bool = False
+    results: Path | str | tuple[list[Run], list[dict]],
+    slos_s=SLOS_S,
+    bracketed: bool = False,
+    terms: CheckTerms = CheckTerms(),
 ) -> list[dict]:
     """Every deployment of a lab run (a run folder, or its runs and bench documents as report.inputs.load_inputs
     returns them) with its replica model and how far it is from what was measured (validate_curve's rows; off as
-    `bracketed` says)."""
+    `bracketed` says; the lab machine's terms as `terms` say)."""
     if isinstance(results, (str, Path)):
         runs, bench = load_inputs([Path(results)], None)
     else:
@@ -287,12 +295,10 @@ def validation_rows(
     rows = []
     for curve in curves:
         checked = [
-            validate_curve(curve, model, source, slos_s=slos_s, bracketed=bracketed)
-            for model, source in curve_models(curve, fits, overheads, splits)
+            validate_curve(curve, model, source, slos_s=slos_s, bracketed=bracketed, terms=terms)
+            for model, source in curve_models(curve, fits, overheads, splits, spread=terms.spread)
         ]
-        if (
-            checked
-        ):  # the fit within OFF_BY for the most SLOs (then the least worst error) is kept, the others beside it
+        if checked:  # kept: the fit within OFF_BY for the most SLOs (then the least worst error); the others beside it
             checked.sort(key=lambda r: (sum(s["off"] for s in r["slos"]), _worst(r)))
             rows.append(
                 {**checked[0], "others": [{"source": r["source"], "worst_error": _worst(r)} for r in checked[1:]]}

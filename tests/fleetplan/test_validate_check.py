@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import numpy as np
 import pytest
 
 from latlab.report.fleetplan.replica import ReplicaModel, simulate
-from latlab.report.fleetplan.validate import measured_bracket, service_spread, spread_for, validate_curve
-from tests.report.report_fixtures import CPU_NAME, curve, step
+from latlab.report.fleetplan.spread import service_spread, spread_for
+from latlab.report.fleetplan.validate import measured_bracket, own_fit, validate_curve
+from tests.report.report_fixtures import CPU_NAME, curve, server, step
 
 ENV = {"name": CPU_NAME, "cpu": "SYNTHETIC CPU", "cores": 2}
 
@@ -70,3 +72,26 @@ def test_by_default_the_rate_is_judged_against_the_highest_step_that_met():
     near = curve("b1", "cpu", 1, [step(300, 4.0), step(480, 30.0)], ENV)
     (slo,) = validate_curve(near, model, "test", slos_s=(0.025,))["slos"]
     assert slo["off"] == (abs(slo["predicted_rps"] / 300 - 1) > 0.2)
+
+
+def test_a_stray_batch_of_two_in_a_batching_off_sweep_gives_no_slope() -> None:
+    steps = [
+        step(100, 5.0, avg_batch_size=1.0, server=server(1, 0.2, 0.3, 0.1, 0.1)),
+        step(500, 9.0, avg_batch_size=1.003, server=server(1, 0.2, 0.6, 0.3, 0.3)),
+        step(900, 20.0, avg_batch_size=1.0, server=server(1, 0.2, 0.4, 0.5, 0.5)),
+    ]
+    fit, _ = own_fit(curve("b1", "cpu", 1, steps, ENV))
+    assert fit.b_s == 0.0 and fit.a_s == statistics.median(s.server["compute_s"] for s in steps)
+
+
+def test_a_bound_broken_at_a_step_whose_lateness_alone_could_have_broken_it_is_marked():
+    """The step at 480 req/s broke 25 ms with a p99 of 30 ms: sent 10 ms late (p99) the generator alone could have
+    broken it, 2 ms late it could not; 10 ms late cannot have broken a bound of 5 ms that its p99 passes sixfold."""
+    model = ReplicaModel(0.002, 0.0, max_batch=1)
+    late = curve("b1", "cpu", 1, [step(300, 4.0), step(480, 30.0, send_lateness_p99_s=0.010)], ENV)
+    on_time = curve("b1", "cpu", 1, [step(300, 4.0), step(480, 30.0, send_lateness_p99_s=0.002)], ENV)
+    (marked,) = validate_curve(late, model, "test", slos_s=(0.025,))["slos"]
+    (unmarked,) = validate_curve(on_time, model, "test", slos_s=(0.025,))["slos"]
+    assert marked["broke_by_generator"] and not unmarked["broke_by_generator"]
+    (tight,) = validate_curve(late, model, "test", slos_s=(0.005,))["slos"]
+    assert tight["broke_rps"] == 480 and not tight["broke_by_generator"]
