@@ -32,7 +32,8 @@ from latlab.report.predict import bench_fits
 GPU_BATCHER = BatcherSettings(max_batch_size=64, max_queue_delay_ms=2.0, max_queue_size=256)
 """The batcher of a GPU replica planned from the reference bench (no GPU deployment measured): batches of up to
 64 formed within 2 ms."""
-REFERENCE_SOURCE = "H100 reference bench"
+REFERENCE_SOURCE = "reference bench"
+"""The end of a reference kind's source: 'H100 reference bench', named after the GPU whose bench it is."""
 TARGET_HELP = "inflight:N (Ray Serve's target_ongoing_requests, default 2) or util:U (U x one replica's SLO rate)"
 
 
@@ -198,7 +199,11 @@ def _cold_start(kind: ReplicaKind, scaler: Autoscaler, given: float | None, note
         "deployment of the lab's config",
         "given": f"{kind.name} replica cold start {kind.cold_start_text}",
         "assumed": f"{kind.name} replica cold start {kind.cold_start_text}, an assumption: "
-        + ("the H100 reference carries no measurement" if kind.source == REFERENCE_SOURCE else "the run measured none"),
+        + (
+            f"the {kind.source} carries no measurement"
+            if kind.source.endswith(REFERENCE_SOURCE)
+            else "the run measured none"
+        ),
     }
     notes.append(said[kind.cold_start_from])
     return kind
@@ -212,21 +217,29 @@ def _price(prices: dict, name: str) -> float:
 
 
 def _reference_gpu(model: str, cpu: ReplicaKind | None, prices: dict, notes: list[str]) -> ReplicaKind | None:
-    """A GPU replica from the committed H100 bench of the same model, with the CPU deployment's serving work."""
-    fit = next(
-        (f["fit"] for f in bench_fits(read_bench(REFERENCE_DIR)) if f["model"] == model and f["backend"] == "ort-cuda"),
+    """A GPU replica from the committed GPU bench of the same model (the first in report/reference/'s order), with
+    the CPU deployment's serving work."""
+    found = next(
+        (f for f in bench_fits(read_bench(REFERENCE_DIR)) if f["model"] == model and f["backend"] == "ort-cuda"),
         None,
     )
-    if fit is None:
-        notes.append(f"no GPU data: the run measured no GPU deployment and the H100 reference has no {model}")
+    if found is None:
+        notes.append(f"no GPU data: the run measured no GPU deployment and the GPU references have no {model}")
         return None
+    fit, source = found["fit"], f"{_gpu_short(found['machine'])} {REFERENCE_SOURCE}"
     c_s = cpu.model.c_s if cpu is not None else 0.0
     notes.append(
-        f"GPU replica from the committed H100 reference bench of {model} (report/reference/h100), not a measured "
+        f"GPU replica from the committed {source} of {model} (report/reference/), not a measured "
         "deployment: batches of up to 64 within 2 ms, the CPU deployment's serving work per request"
     )
     replica = ReplicaModel.of(fit.a_s, fit.b_s, c_s, GPU_BATCHER)
-    return ReplicaKind("gpu", replica, _price(prices, "gpu"), REFERENCE_SOURCE)
+    return ReplicaKind("gpu", replica, _price(prices, "gpu"), source)
+
+
+def _gpu_short(machine: dict) -> str:
+    """'H100' of 'NVIDIA H100 80GB HBM3': the GPU a reference bench ran on, in a word."""
+    words = str(machine.get("gpu") or "GPU").removeprefix("NVIDIA ").split()
+    return words[0] if words else "GPU"
 
 
 def fleet_specs(kinds: list[ReplicaKind], traffic: DayTraffic, sizing: dict[str, Sizing]) -> list[FleetSpec]:
