@@ -1,16 +1,18 @@
 """Closed-loop throughput of latlab's generator against wrk's, on the same server, the same body, side by side.
 
     .venv/bin/python benchmarks/closed_vs_wrk.py [--users 16] [--seconds 8] [--rounds 6] [--max-batch 1]
+        [--greenlet] [--other /tmp/before/pkg]
 
 Serves the lab's mlp at batching off (or `--max-batch N`, waiting up to 2 ms; one ORT thread) on a free port
 and, alternating the order per round, runs `wrk -t1 -cUSERS` (a POST of one JSON infer body, the first the
 generator itself would send) and `latlab loadtest --mode closed --users USERS` for the same seconds (with
 `--greenlet` also with LATLAB_CLOSED_LOOP=greenlet: the users sending from their greenlets, as before the loop
-sender). Prints each
+sender; with `--other` also
+another version of latlab's code: a folder holding its `latlab` package, put first on PYTHONPATH). Prints each
 tool's requests/s, its own CPU (% of one core: wrk's from its process times, latlab's the busiest generator
-process as the results record it), latlab's rate over wrk's per round, and their median over the rounds (this
-machine's rate drifts between rounds far more than the two tools differ: only pairs side by side compare). wrk
-is Debian's `wrk` (apt-get install wrk)."""
+process as the results record it) and CPU per request, each latlab's rate over wrk's per round, and per tool the
+median and range over the rounds (this machine's rate drifts between rounds far more than the tools differ: only
+runs side by side compare). wrk is Debian's `wrk` (apt-get install wrk)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -84,6 +87,26 @@ def latlab_rate(url: str, users: int, seconds: float, out: Path) -> tuple[float,
     return step.achieved_rps, step.generator_cpu_percent or 0.0
 
 
+def latlab_rate_of(tool: str, other: str, url: str, users: int, seconds: float, out: Path) -> tuple[float, float]:
+    """latlab_rate of one of the latlab tools: this checkout's callback sender, its greenlet sender, or the other
+    version's code (its default sender)."""
+    os.environ[CLOSED_LOOP_ENV] = "greenlet" if tool == "latlab-greenlet" else "callbacks"
+    saved = os.environ.get("PYTHONPATH")
+    if tool == "latlab-other":
+        os.environ["PYTHONPATH"] = other
+    try:
+        return latlab_rate(url, users, seconds, out)
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+
+
+def _spread(values: list[float], spec: str) -> str:
+    return f"{format(statistics.median(values), spec)} ({format(min(values), spec)}-{format(max(values), spec)})"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--users", type=int, default=16)
@@ -95,6 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--greenlet", action="store_true", help="also latlab's closed loop sending from its greenlets (the old way)"
     )
+    parser.add_argument("--other", default="", help="a folder holding another version's `latlab` package")
     parser.add_argument("--models-dir", type=Path, default=Path("models/bench"))
     parser.add_argument("--out", type=Path, default=Path("runs") / f"closed-vs-wrk-{time.strftime('%Y%m%d-%H%M%S')}")
     args = parser.parse_args(argv)
@@ -103,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     work = args.out.resolve()
     work.mkdir(parents=True, exist_ok=True)
     mlp = export_zoo(args.models_dir.resolve(), "mlp")
+    os.chdir(work)  # the load tests' `python -m latlab.loadtest` must find the version asked for, not ./latlab
     port = procs.free_port()
     config = write_config(
         work / "mlp.toml", port, {DEPLOYMENT: (mlp, batching(args.max_batch, 2.0 if args.max_batch > 1 else 0.0))}
@@ -112,26 +137,34 @@ def main(argv: list[str] | None = None) -> None:
         metadata = requests.get(f"{served.url}/v2/models/{DEPLOYMENT}", timeout=10).json()
         body = request_bodies(metadata, seed=0)[0].data
         print("round  tool              req/s  own CPU %  CPU per request")
+        tools = [
+            "wrk",
+            "latlab",
+            *(["latlab-greenlet"] if args.greenlet else []),
+            *(["latlab-other"] * bool(args.other)),
+        ]
         for k in range(args.rounds):
             measured = {}
-            tools = ["wrk", "latlab", *(["latlab-greenlet"] if args.greenlet else [])]
             for tool in tools if k % 2 == 0 else tools[::-1]:
                 if tool == "wrk":
                     measured[tool] = wrk_rate(served.url, body, args.users, args.seconds, work)
                 else:
-                    os.environ[CLOSED_LOOP_ENV] = "greenlet" if tool == "latlab-greenlet" else "callbacks"
-                    measured[tool] = latlab_rate(served.url, args.users, args.seconds, work / f"{tool}-{k}")
+                    measured[tool] = latlab_rate_of(
+                        tool, args.other, served.url, args.users, args.seconds, work / f"{tool}-{k}"
+                    )
                 rps, cpu = measured[tool]
                 print(f"{k:5d}  {tool:15s} {rps:7.0f}  {cpu:9.0f}  {cpu / 100 / rps * 1e6:6.0f} µs", flush=True)
-            ratio = measured["latlab"][0] / measured["wrk"][0]
-            print(f"{k:5d}  latlab / wrk: {ratio:.3f}", flush=True)
             figures = {tool: {"rps": rps, "cpu_percent": cpu} for tool, (rps, cpu) in measured.items()}
-            rows.append({"round": k, "users": args.users, **figures, "ratio": ratio})
-    ratios = sorted(row["ratio"] for row in rows)
-    print(
-        f"latlab / wrk over {len(rows)} rounds: median {ratios[len(ratios) // 2]:.3f}, "
-        f"range {ratios[0]:.3f}-{ratios[-1]:.3f}"
-    )
+            ratios = {tool: rps / measured["wrk"][0] for tool, (rps, _) in measured.items() if tool != "wrk"}
+            print(f"{k:5d}  " + ", ".join(f"{tool} / wrk {ratio:.3f}" for tool, ratio in ratios.items()), flush=True)
+            rows.append({"round": k, "users": args.users, **figures, "ratio": ratios["latlab"], "ratios": ratios})
+    print(f"over {len(rows)} rounds, median (range):")
+    for tool in tools:
+        cost = [row[tool]["cpu_percent"] / 100 / row[tool]["rps"] * 1e6 for row in rows]
+        line = f"  {tool:15s} CPU per request {_spread(cost, '.0f')} µs"
+        if tool != "wrk":
+            line += f", {tool} / wrk {_spread([row['ratios'][tool] for row in rows], '.3f')}"
+        print(line)
     (work / "closed_vs_wrk.json").write_text(json.dumps(rows, indent=1))
     print(f"written: {work / 'closed_vs_wrk.json'}")
 

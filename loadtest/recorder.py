@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -83,13 +83,18 @@ class Recorder:
         self._completed_at = 0.0
         self._columns = self._empty_columns()
         self.on_completed: Callable[[list[float], list[bool]], None] | None = None
+        self._collectors: list[Callable[[], None]] = []
+        self._collecting = False
 
     @property
     def outstanding(self) -> int:
+        """Requests still waiting for their answer (the senders' collected first)."""
+        self.collect()
         return len(self._outstanding) + sum(len(v) for v in self._remote_outstanding.values())
 
     def outstanding_before(self, t: float) -> int:
-        """Arrivals intended before t still waiting for their answer."""
+        """Arrivals intended before t still waiting for their answer (the senders' collected first)."""
+        self.collect()
         local = sum(1 for intended, _ in self._outstanding.values() if intended < t)
         return local + sum(1 for times in self._remote_outstanding.values() for i in times if i < t)
 
@@ -119,10 +124,61 @@ class Recorder:
             latencies.append(done - intended)
             oks.append(ok)
             if done - self._completed_at >= self.COMPLETED_EVERY_S:
-                self.flush_completed(done)
+                self._hand_completed(done)
+
+    def add_answered(
+        self,
+        sent: Sequence[float],
+        done: Sequence[float],
+        status: Sequence[int],
+        retry_after: Sequence[bool],
+        error: Sequence[str],
+    ) -> None:
+        """Requests that finished before they were begun here, each sent the moment it was meant to be (a closed
+        loop's: its intended time is its send time), as columns: what `begin` then `end` of each would record."""
+        ok = [code == 200 for code in status]
+        self.intended.extend(sent)
+        self.sent.extend(sent)
+        self.done.extend(done)
+        self.ok.extend(ok)
+        self.status.extend(status)
+        self.retry_after.extend(retry_after)
+        self.error.extend(error)
+        self.source.extend(itertools.repeat("local", len(ok)))
+        if self.on_completed is not None and ok:
+            latencies, oks = self._completed
+            latencies.extend([d - s for s, d in zip(sent, done)])
+            oks.extend(ok)
+            if done[-1] - self._completed_at >= self.COMPLETED_EVERY_S:
+                self._hand_completed(done[-1])
+
+    def add_collector(self, collect: Callable[[], None]) -> None:
+        """`collect()` hands this recorder what a sender finished and has not yet recorded (the closed loop's
+        senders record in batches: loop_sender.py); it is called before anything here is counted or shipped."""
+        self._collectors.append(collect)
+
+    def remove_collector(self, collect: Callable[[], None]) -> None:
+        if collect in self._collectors:
+            self._collectors.remove(collect)
+
+    def collect(self) -> None:
+        """Every sender's requests finished but not yet recorded, recorded now (windows and drains call this)."""
+        if self._collecting:  # a collector's recording must not set off the collectors again
+            return
+        self._collecting = True
+        try:
+            for collect in list(self._collectors):
+                collect()
+        finally:
+            self._collecting = False
 
     def flush_completed(self, now: float | None = None) -> None:
-        """Hand the local completions not yet reported to `on_completed` (windows and drains call this)."""
+        """Collect, then hand the local completions not yet reported to `on_completed` (windows and drains call
+        this)."""
+        self.collect()
+        self._hand_completed(now)
+
+    def _hand_completed(self, now: float | None = None) -> None:
         latencies, oks = self._completed
         self._completed_at = time.time() if now is None else now
         if latencies and self.on_completed is not None:

@@ -12,7 +12,7 @@ import os
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 from urllib.parse import urlsplit
 
 import gevent
@@ -25,6 +25,7 @@ from locust.runners import MasterRunner, WorkerRunner
 from latlab.loadtest.arrivals import SPEC_HELP, Arrivals, FleetSchedule
 from latlab.loadtest.fleet_cpu import FleetCpu, cpu_reading
 from latlab.loadtest.lean_http import LeanClient
+from latlab.loadtest.locust_stats import LocustTally, RequestFailed, failure_of
 from latlab.loadtest.loop_sender import LoopSender
 from latlab.loadtest.open_sender import OpenSender
 from latlab.loadtest.raw_http import Finished
@@ -52,6 +53,9 @@ CLOSED_LOOP_ENV = "LATLAB_CLOSED_LOOP"
 """'greenlet': closed-loop users send from their greenlet, not from the loop sender's callbacks."""
 OPEN_LOOP_ENV = "LATLAB_OPEN_LOOP"
 """'greenlet': open-loop users send each request from a greenlet of its own, not from the sender's wake-up."""
+BODY_ORDER_LENGTH = 4096
+"""A closed-loop user without sizes drawn per request sends its bodies in a random order this long, drawn once and
+repeated: a body chosen per request with no Python call (the loop sender asks from the event loop's callback)."""
 LOAD_MESSAGE = "latlab_load"
 # Workers ship their samples with each report; once a second keeps the master's windows current.
 locust.runners.WORKER_REPORT_INTERVAL = 1.0
@@ -253,6 +257,7 @@ class _InferenceUser(FastHttpUser):
             self.method, self.path = "POST", f"/v2/models/{self.deployment}/infer"
             self.metadata = self.client.get(f"/v2/models/{self.deployment}", name="metadata").json()
             self.bodies = request_bodies(self.metadata, seed=random.randrange(2**32), options=self.state.payload)
+        self.tally = LocustTally(self.environment, self.method, self.deployment, self.path)
         self.rng = random.Random()
         self.sized = not self.state.route and self.state.payload.size_spec.varies and sizeable(self.metadata)
         """Requests of sizes drawn per request (--dim seq=SPEC): bodies by size, built as each size first comes."""
@@ -308,7 +313,7 @@ class _InferenceUser(FastHttpUser):
             done = time.time()
             recorder.end(key, done, status == 200, status, retry_after, error)
         if self.lean is not None:  # Locust's own statistics (its web UI and CSV) see every request too
-            self._tell_locust(done - sent, received, failure)
+            self.tally.tell(done - sent, received, failure)
 
     def _raw(self, size: int) -> bytes:
         """The encoded lean request of `size` (sizes drawn per request), else one of the user's bodies."""
@@ -320,23 +325,7 @@ class _InferenceUser(FastHttpUser):
         """A request a loop sender finished (loop_sender.py, open_sender.py), into the recorder and Locust's
         statistics, as `_send` records one."""
         self.state.recorder.end(key, done.done, done.status == 200, done.status, done.retry_after, done.error)
-        failure = None
-        if done.status != 200:
-            failure = RequestFailed(f"HTTP {done.status}" if done.status else f"no answer: {done.error}")
-        self._tell_locust(done.done - done.sent, done.received, failure)
-
-    def _tell_locust(self, seconds: float, received: int, failure: Exception | None) -> None:
-        """Locust's own statistics (its web UI and CSV) see every request the lean client or a loop sender sent."""
-        self.environment.events.request.fire(
-            request_type=self.method,
-            name=self.deployment,
-            context={},
-            response_time=seconds * 1000.0,
-            response=None,
-            response_length=received,
-            exception=failure,
-            url=self.path,
-        )
+        self.tally.tell(done.done - done.sent, done.received, failure_of(done))
 
     def _post_lean(self, prepared: object) -> tuple[int, bool, int, Exception | None]:
         answer = self.lean.send(prepared)
@@ -363,10 +352,6 @@ class _InferenceUser(FastHttpUser):
                 len(response.content or b""),
                 error,
             )
-
-
-class RequestFailed(Exception):
-    """What Locust's statistics record for a request that got no answer or not a 200."""
 
 
 class OpenLoopUser(_InferenceUser):
@@ -466,20 +451,37 @@ class ClosedLoopUser(_InferenceUser):
         if self.lean is None or os.environ.get(CLOSED_LOOP_ENV) == "greenlet":
             self._send(time.time(), next(self.sizes) if self.sizes is not None else 0)
             return
-        LoopSender(self.lean.address, self._next_raw, self.network_timeout, self.connection_timeout).run(self._record)
+        next_raw = self._next_raw if self.sizes is not None else self._body_order()
+        sender = LoopSender(self.lean.address, next_raw, self.network_timeout, self.connection_timeout)
+        self.state.recorder.add_collector(sender.collect)  # a window counts what the sender has not yet handed on
+        try:
+            sender.run(self._record)
+        finally:
+            self.state.recorder.remove_collector(sender.collect)
 
     def _next_raw(self) -> bytes:
         return self._raw(next(self.sizes) if self.sizes is not None else 0)
 
+    def _body_order(self) -> Callable[[], bytes]:
+        """The next of the user's encoded requests, each drawn at random (BODY_ORDER_LENGTH)."""
+        raws = [prepared.raw for prepared in self.requests]
+        return itertools.cycle([raws[self.rng.randrange(len(raws))] for _ in range(BODY_ORDER_LENGTH)]).__next__
+
     def _record(self, finished: list[Finished], in_flight: float | None) -> None:
-        """What the loop sender finished, into the recorder and Locust's statistics as `_send` records a request;
-        the request it has in flight begun in the recorder, so that a stall counts while it lasts."""
+        """What the loop sender finished, into the recorder and then Locust's statistics, in one go each; the
+        request it has in flight begun in the recorder, so that a stall counts while it lasts. That request, begun
+        at an earlier call, is the first to finish after it."""
         recorder = self.state.recorder
-        for done in finished:
-            if self.in_flight is not None and self.in_flight[1] == done.sent:
-                key, self.in_flight = self.in_flight[0], None
-            else:
-                key = recorder.begin(done.sent, done.sent)
-            self._report(key, done)
+        rest = finished
+        if finished and self.in_flight is not None and finished[0].sent == self.in_flight[1]:
+            first, rest = finished[0], finished[1:]
+            recorder.end(
+                self.in_flight[0], first.done, first.status == 200, first.status, first.retry_after, first.error
+            )
+            self.in_flight = None
+        if rest:
+            sent, done, status, retry_after, _, error = zip(*rest)
+            recorder.add_answered(sent, done, status, retry_after, error)
         if in_flight is not None and self.in_flight is None:
             self.in_flight = (recorder.begin(in_flight, in_flight), in_flight)
+        self.tally.tell_batch(finished)  # last: a locustfile's own listener may yield to other greenlets

@@ -107,3 +107,23 @@ def test_an_answer_that_never_comes_fails_after_the_network_timeout(server: Stub
     assert (finished[0].status, finished[0].error) == (0, "timeout")
     assert finished[0].done - finished[0].sent >= sender.timeout_s
     assert finished[1].status == 200  # on a new connection
+
+
+def test_finished_requests_wait_for_their_batch_unless_collected(server: StubServer) -> None:
+    """Nothing wakes the user's greenlet per request: what finished waits for the next batch (here, one never
+    due), or for `collect()` (the recorder's, before it counts), which hands all of it at once."""
+    batches: list[list[Finished]] = []
+    sender = LoopSender(server.server_address, lambda: request("/length"), record_every_s=3600.0)
+    runner = gevent.spawn(sender.run, lambda finished, _flying: batches.append(finished))
+    with gevent.Timeout(30):
+        while len(server.bodies) < 50:
+            gevent.sleep(0.001)
+    assert sum(len(batch) for batch in batches) == 0  # only the first connection's empty hand-over
+    sender.collect()
+    assert len(batches[-1]) >= 49 and all(f.status == 200 for f in batches[-1])
+    runner.kill()
+    *answered, stopped = batches[-1]  # handed on as the sender ended: those answered since, and the one in flight
+    assert stopped.status == 0 and all(f.status == 200 for f in answered)
+    handed = len(batches)
+    sender.collect()
+    assert len(batches) == handed  # after the end there is nothing to hand on

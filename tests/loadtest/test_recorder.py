@@ -301,3 +301,87 @@ def test_windows_read_the_same_after_samples_are_added_forgotten_and_absorbed_be
         a, b = seen.window_detail(start, end, 10.0), fresh.window_detail(start, end, 10.0)
         assert a[0] == b[0] and np.array_equal(a[1], b[1]) and a[2] == b[2]
     assert seen.window_detail(8.0, 9.0, 10.0)[2] == {"worker-1": 100}
+
+
+# --- requests recorded after they finished (the closed loop's batches) ---------------------------
+
+
+def closed_loop_requests(count: int) -> list[tuple[float, float, int, bool, str]]:
+    """(sent, done, status, retry_after, error) of `count` requests one after another, every fifth a 503 with
+    Retry-After and every thirteenth without an answer."""
+    rows, t = [], 5.0
+    for i in range(count):
+        status = 0 if i % 13 == 12 else 503 if i % 5 == 4 else 200
+        rows.append((t, t + 0.003 + 0.0001 * (i % 7), status, status == 503, "timeout" if status == 0 else ""))
+        t = rows[-1][1]
+    return rows
+
+
+def test_requests_added_at_once_read_as_if_each_was_begun_and_ended() -> None:
+    rows = closed_loop_requests(300)
+    one_by_one, at_once = Recorder(), Recorder()
+    for sent, done, status, retry_after, error in rows:
+        key = one_by_one.begin(sent, sent)
+        one_by_one.end(key, done, status == 200, status, retry_after, error)
+    sent, done, status, retry_after, error = zip(*rows)
+    at_once.add_answered(sent[:100], done[:100], status[:100], retry_after[:100], error[:100])
+    at_once.add_answered(sent[100:], done[100:], status[100:], retry_after[100:], error[100:])
+    for name in Recorder.COLUMNS:
+        assert getattr(at_once, name) == getattr(one_by_one, name), name
+    end = rows[-1][1]
+    assert at_once.window(5.0, end, now=end) == one_by_one.window(5.0, end, now=end)
+    assert at_once.by_status(5.0, end) == one_by_one.by_status(5.0, end)
+    assert at_once.outstanding == one_by_one.outstanding == 0
+
+
+def test_a_window_and_a_drain_first_collect_what_senders_have_not_yet_recorded() -> None:
+    recorder = Recorder()
+    waiting = closed_loop_requests(50)
+    handed: list[int] = []
+
+    def collect() -> None:
+        if waiting:
+            sent, done, status, retry_after, error = zip(*waiting)
+            recorder.add_answered(sent, done, status, retry_after, error)
+            handed.append(len(waiting))
+            waiting.clear()
+
+    recorder.add_collector(collect)
+    end = 10.0
+    assert recorder.window(5.0, end, now=end).sent == 50 and handed == [50]
+    waiting.extend(closed_loop_requests(20))
+    assert len(recorder.drain()["intended"]) == 70 and handed == [50, 20]
+    recorder.remove_collector(collect)
+    waiting.extend(closed_loop_requests(5))
+    assert recorder.window(5.0, end, now=end).sent == 70  # a collector removed is no longer asked
+
+
+def test_a_collector_whose_recording_hands_on_completions_is_not_asked_again_meanwhile() -> None:
+    recorder = Recorder()
+    asked = []
+    recorder.on_completed = lambda latencies, oks: recorder.flush_completed()
+
+    def collect() -> None:
+        asked.append(True)
+        sent, done, status, retry_after, error = zip(*closed_loop_requests(3))
+        recorder.add_answered(sent, done, status, retry_after, error)
+
+    recorder.add_collector(collect)
+    recorder.flush_completed()
+    assert len(asked) == 1 and len(recorder.intended) == 3
+
+
+def test_a_request_in_flight_that_no_collector_has_handed_on_yet_is_outstanding() -> None:
+    recorder = Recorder()
+    flying: list[float] = []
+    begun: list[int] = []
+
+    def collect() -> None:  # as a closed-loop user's: the request in flight is begun when collected
+        if flying and not begun:
+            begun.append(recorder.begin(flying[0], flying[0]))
+
+    recorder.add_collector(collect)
+    assert recorder.outstanding == 0
+    flying.append(5.0)
+    assert recorder.outstanding_before(6.0) == 1 and recorder.outstanding == 1
+    assert recorder.window(5.0, 6.0, now=6.5).incomplete == 1
