@@ -10,9 +10,10 @@ files; a loan is 15 minutes of machine time, its start, transfers and idle waits
     here:    .venv/bin/python benchmarks/gpu_kit.py collect --files-at DIR --name h100 --leg N
     here:    .venv/bin/python benchmarks/gpu_kit.py rehearse --leg N   # a leg's calls end to end on this CPU
 
-`plan` exits non-zero when a leg's estimate leaves less than three minutes of a loan for a retry. What a trip
-carries and why: docs/gpu.md; the legs and their costs: gpukit/legs.py and gpukit/costs.json. The device side
-uses the standard library only.
+`plan` exits non-zero when a leg's estimate leaves less than three minutes of a loan for a retry (1), or when
+the kit's latlab was built from older code than the tree's (2: the device installs latlab from the kit). What a
+trip carries and why: docs/gpu.md; the legs and their costs: gpukit/legs.py and gpukit/costs.json. The device
+side uses the standard library only.
 """
 
 from __future__ import annotations
@@ -51,7 +52,33 @@ def carry_sizes(kit_dir: Path, costs: dict) -> tuple[list[float], str]:
     return legs.part_sizes(archive, part, tree), source
 
 
+def stale_code(manifest: dict | None, root: Path = ROOT) -> list[str]:
+    """The latlab sources (Python files outside tests/ and benchmarks/) that differ from those the kit's latlab
+    wheel was built from: the device installs latlab from the kit, not from the carried tree, so after a change
+    it would run the older code. An unknown or dirty build commit counts as stale ("?")."""
+    if not manifest:
+        return []
+    commit = str(manifest.get("commit", ""))
+    if not commit or commit.endswith("-dirty"):
+        return ["?"]
+    changed = subprocess.run(
+        ["git", "-C", str(root), "diff", "--name-only", commit, "--", "*.py", ":!tests/", ":!benchmarks/"],
+        capture_output=True,
+        text=True,
+    )
+    if changed.returncode != 0:
+        return ["?"]
+    return changed.stdout.split()
+
+
 def plan(kit_dir: Path, reference: Path, costs: dict) -> int:
+    stale = stale_code(carry.read_manifest(kit_dir))
+    if stale:
+        shown = ", ".join(stale[:3]) + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")
+        print(
+            f"the kit's latlab is older than this tree ({shown} changed since its build): the device would run the "
+            "older code; run `gpu_kit.py prepare` again first\n"
+        )
     sizes, source = carry_sizes(kit_dir, costs)
     upcoming = legs.next_leg(reference)
     print(f"carry per call (part + tree): {', '.join(f'{s:.1f}' for s in sizes)} MiB, from {source}")
@@ -86,7 +113,7 @@ def plan(kit_dir: Path, reference: Path, costs: dict) -> int:
     if over:
         print(f"over {legs.LEG_LIMIT_MINUTES:g} estimated minutes (no spare for a retry): {', '.join(over)}")
         return 1
-    return 0
+    return 2 if stale else 0
 
 
 def collect(files_at: Path, name: str, leg: int, reference: Path) -> list[Path]:

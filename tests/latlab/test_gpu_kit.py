@@ -283,9 +283,12 @@ def test_the_estimate_adds_the_start_the_carries_the_steps_and_the_gaps() -> Non
 
 
 def test_plan_shows_every_leg_within_the_limit_from_the_recorded_costs(tmp_path: Path) -> None:
-    """As a fresh clone runs it: no kit prepared, so the carry is costs.json's record of the last prepare."""
+    """As a fresh clone runs it: no kit prepared, so the carry is costs.json's record of the last prepare (on a
+    machine holding a kit built from older code, `plan` also says so and exits 2)."""
     done = subprocess.run([sys.executable, str(KIT_SCRIPT), "plan"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stdout + done.stderr
+    stale = kit.stale_code(carry.read_manifest(kit.KIT_DIR))
+    assert done.returncode == (2 if stale else 0), done.stdout + done.stderr
+    assert ("the device would run the older code" in done.stdout) == bool(stale)
     found = re.findall(r"^leg (\d) \w+: (\d) calls, (\d+) MiB carried, ~([\d.]+) device minutes", done.stdout, re.M)
     assert [n for n, *_ in found] == ["1", "2", "3", "4", "5", "6"]
     assert all(float(minutes) <= legs.LEG_LIMIT_MINUTES for *_, minutes in found)
@@ -516,3 +519,24 @@ def test_the_kit_carries_every_library_debians_haproxy_links_but_glibc_and_the_c
     owners = subprocess.run(["dpkg", "-S", *both], capture_output=True, text=True).stdout
     packages = {line.split(":")[0] for line in owners.splitlines()}
     assert packages - {"libc6", "libstdc++6", "libgcc-s1"} == set(haproxy.DEBS) - {"haproxy"}
+
+
+def test_plan_refuses_a_kit_whose_latlab_is_older_than_the_tree(tmp_path: Path) -> None:
+    """The device installs latlab from the kit's wheel, not from the carried tree: a kit built before a change to
+    latlab's sources would measure the older code, so `plan` says so and exits 2."""
+    repo = tmp_path / "repo"
+    (repo / "server").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    (repo / "server" / "app.py").write_text("A = 1\n")
+    (repo / "tests" / "test_app.py").write_text("B = 1\n")
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "kit"], check=True)
+    built = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert kit.stale_code({"commit": built}, repo) == []
+    (repo / "tests" / "test_app.py").write_text("B = 2\n")  # tests travel with the tree: not stale
+    assert kit.stale_code({"commit": built}, repo) == []
+    (repo / "server" / "app.py").write_text("A = 2\n")
+    assert kit.stale_code({"commit": built}, repo) == ["server/app.py"]
+    assert kit.stale_code({"commit": f"{built}-dirty"}, repo) == ["?"] and kit.stale_code(None, repo) == []
