@@ -26,6 +26,7 @@ from latlab.common import procs
 from latlab.loadtest import users
 from latlab.loadtest.arrivals import Arrivals, FleetSchedule, load_trace
 from latlab.loadtest.loadgen_metrics import LoadGenMetrics
+from latlab.loadtest.machine_load import MachineLoad
 from latlab.loadtest.plan import DEFAULT_MASTER_PORT, SweepPlan
 
 # A worker silent for HEARTBEAT_LIVENESS + 1 heartbeats (1 s each) is missing: 3 s instead of Locust's 4 s.
@@ -85,6 +86,8 @@ class LoadDriver:
             None if self.route else metrics.observe(self.deployment, latencies, oks)
         )  # the calibration's requests (a trivial route) are no deployment's
         self.process = psutil.Process()
+        self.generator_cores: float | None = None
+        self.machine = MachineLoad()
         if self.distributed:
             self._start_workers(user_class)
             self._known = set(self.runner.clients.keys())
@@ -204,14 +207,17 @@ class LoadDriver:
 
     def generator_cpu(self) -> float:
         """CPU % of the busiest generator process since the last call: in distributed mode the busiest worker
-        (each ships its CPU seconds with its samples) or the master, which merges every sample."""
+        (each ships its CPU seconds with its samples) or the master, which merges every sample. The cores of all
+        of them together since the same call are left in `generator_cores`."""
         own = self.process.cpu_percent()
         if not self.distributed:
+            self.generator_cores = own / 100.0
             return own
         live = set(self.live_workers)
         workers = self.state.worker_cpu.since_last_read(live)
         if not workers:  # no worker has reported twice yet: Locust's own figure (a 10 s average, 0 at first)
             workers = {w.id: w.cpu_usage for w in self.runner.clients.values() if w.id in live}
+        self.generator_cores = (own + sum(workers.values())) / 100.0
         return max([own, *workers.values()])
 
     def lost_since(self, t: float) -> list[str]:

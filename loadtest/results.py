@@ -80,6 +80,11 @@ class Step:
     """Where a request's time went on the server over the step (scrape.server_step), None where unknown."""
     generator_cpu_percent: float | None = None
     generator_bound: bool = False
+    machine_busy_cores: float | None = None
+    """The generator's machine's busy cores over the step, every process's (machine_load.MachineLoad)."""
+    other_load_cores: float | None = None
+    """Of those, the cores neither the server nor the generator used: other work on the machine (None where the
+    server is elsewhere or a figure is missing)."""
     sent_by_worker: dict[str, int] | None = None
     by_status: dict[str, Figures] = field(default_factory=dict)
     queue_depth_max: float | None = None

@@ -17,6 +17,7 @@ from latlab.loadtest.confidence import decide, percentile_interval, step_confide
 from latlab.loadtest.driver import LoadDriver
 from latlab.loadtest.floor import near_floor
 from latlab.loadtest.loadgen_metrics import LoadGenMetrics
+from latlab.loadtest.machine_load import other_load, other_load_text
 from latlab.loadtest.plan import SweepPlan
 from latlab.loadtest.recorder import MIN_SAMPLES_P99, Recorder, recovery_spans
 from latlab.loadtest.results import Step
@@ -66,6 +67,7 @@ def measure_step(
     batches_before = scrape_batches(host, deployment, url=source.url) if source.url else None
     server_before = snapshot(host, url=source.url) if source.url else None  # where a request's time went
     driver.generator_cpu()
+    driver.machine.busy_cores()
     start = time.time()
     windows, stable = _windows_until_stable(schedule, plan.slo.confidence, recorder, start, lag)
     decide = plan.slo.slos.seconds if decide_for is None else decide_for
@@ -73,6 +75,7 @@ def measure_step(
     end = start + len(windows) * window_s
     first = end - (min(3, len(windows) - extended) + extended) * window_s
     cpu = driver.generator_cpu()
+    machine_busy = driver.machine.busy_cores()
     driver.await_answers(end)
     stats, latencies, per_source = recorder.window_detail(first, end, time.time())
     pooled = recovery_spans(recorder, [w["samples"] for w in windows], start, window_s, time.time()) if spans else None
@@ -81,6 +84,7 @@ def measure_step(
     by_status = recorder.by_status(first, end)
     unread = (batches_before is None) + (batches_after is None) if source.url else 0  # none to read: not a failure
     interruption = _interruption(by_status, queue.failures + unread)
+    server = server_step(server_before, server_after, deployment)
     step = Step(
         target=load,
         target_rps=load if mode == "open" else None,
@@ -92,8 +96,12 @@ def measure_step(
         window_seconds=window_s,
         stable=stable,
         avg_batch_size=average_batch(batches_before, batches_after),
-        server=server_step(server_before, server_after, deployment),
+        server=server,
         generator_cpu_percent=cpu,
+        machine_busy_cores=machine_busy,
+        other_load_cores=other_load(
+            machine_busy, (server or {}).get("process_cpu_cores"), driver.generator_cores, host
+        ),
         generator_bound=cpu > GENERATOR_BOUND_CPU or late_for(stats.send_lateness_p99_s, stats.p99_s, plan.slo.bounds),
         sent_by_worker=per_source if driver.distributed else None,
         by_status=by_status,
@@ -214,6 +222,8 @@ def progress_line(deployment: str, step: Step, mode: str, floor: dict | None = N
         flags += f"  [server interrupted: {step.interruption}]"
     if step.workers_lost:
         flags += f"  [workers lost: {', '.join(step.workers_lost)}]"
+    if other_load_text(step.other_load_cores):
+        flags += f"  [{other_load_text(step.other_load_cores)}]"
     batch = f"{step.avg_batch_size:.1f}" if step.avg_batch_size else "-"
     load = f"offered {step.offered_rps:7.0f}/s" if mode == "open" else f"users {step.users:4d}"
     late = step.send_lateness_p99_s

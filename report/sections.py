@@ -7,6 +7,7 @@ import html
 
 from latlab.loadtest.proxy_hop import proxy_line
 from latlab.loadtest.floor import floor_line, near_floor
+from latlab.loadtest.machine_load import other_load_text
 from latlab.loadtest.results import Curve, Run, Step
 from latlab.report.bench_pivot import gpu_speedup, pivot
 from latlab.common.machine import key as machine_key
@@ -198,6 +199,10 @@ def bench_table(doc: dict) -> str:
     return f"<details><summary>bench numbers</summary>{''.join(tables)}</details>"
 
 
+def _cores(curve: Curve) -> int | None:
+    return (curve.machine or {}).get("cores")
+
+
 def steps_table(curve: Curve) -> str:
     rows = []
     for s in curve.steps:
@@ -214,6 +219,7 @@ def steps_table(curve: Curve) -> str:
             + (" (server-bound)" if server_bound(s, curve) else "")
             + ("" if s.stable else " (unstable)")
             + (" (near the generator's floor)" if near_floor(s, curve.generator_floor) else "")
+            + (f" ({other})" if (other := other_load_text(s.other_load_cores, _cores(curve))) else "")
         )
         if s.server_interrupted:
             flags += f" (server interrupted: {s.interruption})"

@@ -1,5 +1,6 @@
 """What the lab's own machine adds where the replica model is checked against a lab run: the load generator's round
-trip (its floor), drawn per request, and the cores the generator shares with the server it loads. A fleet's
+trip (its floor), drawn per request, and the cores the generator and other work on the machine share with the
+server it loads. A fleet's
 replicas run without the generator beside them, so the plan's simulations leave both out."""
 
 from __future__ import annotations
@@ -79,6 +80,9 @@ class SharedCores:
     """The server process's CPU seconds per request (its threads and ORT's together) at each rate."""
     generator_cpu_s: tuple[float, ...]
     """The load generator's CPU seconds per request at each rate."""
+    other_cores: tuple[float, ...] = ()
+    """Other work on the machine at each rate, in cores (Step.other_load_cores; 0 where a run did not record it):
+    the same cores, taken from both."""
 
     def __post_init__(self) -> None:
         if self.cores <= 0 or not self.rates_rps:
@@ -100,19 +104,22 @@ class SharedCores:
             return None
         rates = [r for r, _ in server]
         g_rates, g_cpu = zip(*generator)
+        other = {s.achieved_rps: s.other_load_cores or 0.0 for s in curve.steps if s.achieved_rps > 0}
         return cls(
             float(cores),
             tuple(rates),
             tuple(c for _, c in server),
             tuple(float(np.interp(r, g_rates, g_cpu)) for r in rates),
+            tuple(other.get(r, 0.0) for r in rates),
         )
 
     def demand_cores(self, rate: float) -> float:
-        """The cores the server and the generator together ask for at `rate`."""
+        """The cores the server, the generator and other work on the machine together ask for at `rate`."""
         per_request = np.interp(rate, self.rates_rps, self.server_cpu_s) + np.interp(
             rate, self.rates_rps, self.generator_cpu_s
         )
-        return float(per_request * rate)
+        other = float(np.interp(rate, self.rates_rps, self.other_cores)) if self.other_cores else 0.0
+        return float(per_request * rate) + other
 
     def stretch(self, rate: float) -> float:
         """How much longer each batch takes at `rate`: 1 while the cores suffice, else demand over cores."""

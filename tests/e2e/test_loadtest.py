@@ -167,6 +167,8 @@ def test_distributed_fleet_totals_equal_the_sum_of_the_workers(tmp_path):
         # The generator's CPU, from the workers' own readings: Locust's heartbeat figure is 0.0 for a
         # worker's first 10 s, which every step of this run falls within (it read 0.0% at every step).
         assert step.generator_cpu_percent > 0, step.generator_cpu_percent
+        # The machine was busy at least with the busiest generator process (machine_load.MachineLoad).
+        assert step.machine_busy_cores >= 0.8 * step.generator_cpu_percent / 100, step.machine_busy_cores
 
 
 def test_options_come_from_the_environment_and_a_config_file(tmp_path):

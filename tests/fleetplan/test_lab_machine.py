@@ -142,3 +142,15 @@ def test_the_spread_can_be_left_out_and_a_bad_floor_way_is_refused():
     assert dataclasses.replace(with_spread, spread=0.0) == without
     with pytest.raises(ValueError):
         CheckTerms(floor="sum")
+
+
+def test_other_work_on_the_machine_takes_from_the_same_cores() -> None:
+    """Steps that recorded other load (Step.other_load_cores) add it to what the server and the generator ask: at
+    1000 req/s 0.7 cores of theirs and 1.6 of other work ask 2.3 of the 2 cores, so each batch takes 1.15 times as
+    long; a run that recorded none is the term without it."""
+    plain = deployment(cpu_cores_at_1000=0.5)
+    loaded = dataclasses.replace(plain, steps=[dataclasses.replace(s, other_load_cores=1.6) for s in plain.steps])
+    assert SharedCores.of(plain).stretch(1000.0) == 1.0 and SharedCores.of(plain).other_cores == (0.0, 0.0)
+    busy = SharedCores.of(loaded)
+    assert busy.demand_cores(1000.0) == pytest.approx(1000.0 * (0.0005 + 0.0002) + 1.6)
+    assert busy.stretch(1000.0) == pytest.approx((0.7 + 1.6) / 2.0)

@@ -281,3 +281,14 @@ def test_each_steps_send_lateness_is_in_the_details_and_older_steps_show_a_dash(
     assert sections.lateness_text(curves[0].steps[0]) == "–"  # recorded before the generator measured itself
     html = sections.steps_table(replace(curves[0], steps=[timed, *curves[0].steps[1:]]))
     assert "<th>sent late p50 / p99 ms</th>" in html and "<td>0.12 / 1.84</td>" in html
+
+
+def test_a_step_that_other_work_on_the_machine_shared_says_so_in_the_details(tmp_path: Path) -> None:
+    """Step.other_load_cores (loadtest/machine_load.py): said where it is material on the run's machine (a tenth
+    of its cores, at least a quarter of one), and not where it is not or was not recorded."""
+    curve = curves_of(cpu_run(tmp_path))[0]
+    cores = (curve.machine or {}).get("cores") or 16
+    loaded = replace(curve.steps[0], other_load_cores=0.2 * cores)
+    quiet = replace(curve.steps[1], other_load_cores=0.01 * cores)
+    html = sections.steps_table(replace(curve, steps=[loaded, quiet, *curve.steps[2:]]))
+    assert html.count("(other load ") == 1 and f"(other load {0.2 * cores:.1f} cores)" in html
