@@ -38,26 +38,8 @@ CLI = [sys.executable, "-m", "latlab.cli"]
 SWEEP = ["--rates", "100,300,1000", "--max-rate", "4000", "--step-seconds", "3", "--warmup-seconds", "1"]
 SLOS = (0.010, 0.025, 0.050, 0.100)
 START_S = 120.0
-MLSERVER_RUNTIME = """\
-import onnxruntime as ort
-from mlserver import MLModel
-from mlserver.codecs import NumpyCodec
-from mlserver.types import InferenceRequest, InferenceResponse
-
-
-class OnnxModel(MLModel):
-    async def load(self) -> bool:
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        self.session = ort.InferenceSession(self.settings.parameters.uri, options, providers=["CPUExecutionProvider"])
-        self.output_names = [o.name for o in self.session.get_outputs()]
-        return True
-
-    async def predict(self, request: InferenceRequest) -> InferenceResponse:
-        outputs = self.session.run(None, {i.name: NumpyCodec.decode_input(i) for i in request.inputs})
-        return InferenceResponse(model_name=self.name, outputs=[
-            NumpyCodec.encode_output(name, value) for name, value in zip(self.output_names, outputs)])
-"""
+MLSERVER_RUNTIME = Path(__file__).with_name("mlserver_runtime.py")
+"""MLServer's runtime for an ONNX file, copied into each model folder as runtime.py."""
 TRITON_SERVER = """\
 import sys
 
@@ -142,7 +124,7 @@ def latlab_server(folder: Path, model: Path, name: str) -> tuple[subprocess.Pope
 def mlserver(folder: Path, model: Path, name: str) -> tuple[subprocess.Popen, str, list[str]]:
     x, y, width, width_out = io_of(model)
     http, grpc, metrics = (procs.free_port() for _ in range(3))
-    (folder / "runtime.py").write_text(MLSERVER_RUNTIME)
+    (folder / "runtime.py").write_text(MLSERVER_RUNTIME.read_text())
     settings = {"host": "127.0.0.1", "http_port": http, "grpc_port": grpc, "metrics_port": metrics}
     (folder / "settings.json").write_text(json.dumps({**settings, "parallel_workers": 0}))
     model_settings = {

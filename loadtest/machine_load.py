@@ -31,17 +31,22 @@ class MachineLoad:
 
 def _busy_now() -> tuple[float, float]:
     times = psutil.cpu_times()
-    busy = times.user + times.system + getattr(times, "irq", 0.0) + getattr(times, "softirq", 0.0)
-    busy += times.nice if hasattr(times, "nice") else 0.0
+    busy = times.user + times.system + sum(getattr(times, name, 0.0) for name in ("nice", "irq", "softirq"))
     return time.monotonic(), busy
 
 
 def other_load(
-    busy_cores: float | None, server_cores: float | None, generator_cores: float | None, host: str
+    busy_cores: float | None,
+    server_cores: float | None,
+    generator_cores: float | None,
+    host: str,
+    fleet: bool = False,
 ) -> float | None:
     """Cores the machine spent on work other than the server and the generator during a step; None where the
-    server is not on this machine or a figure is missing. Never below 0 (the reads are not simultaneous)."""
-    if busy_cores is None or server_cores is None or generator_cores is None:
+    server is not on this machine, a figure is missing, or the load goes through a fleet (the server's figures are
+    then one replica's, and the other replicas and the proxy are the fleet itself, no third party). Never below 0
+    (the reads are not simultaneous)."""
+    if busy_cores is None or server_cores is None or generator_cores is None or fleet:
         return None
     if urlsplit(host).hostname not in LOCAL_HOSTS:
         return None

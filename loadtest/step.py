@@ -99,11 +99,12 @@ def measure_step(
         server=server,
         generator_cpu_percent=cpu,
         machine_busy_cores=machine_busy,
-        other_load_cores=other_load(  # not through a fleet: its other replicas and proxy are no third party
+        other_load_cores=other_load(
             machine_busy,
             (server or {}).get("process_cpu_cores"),
             driver.generator_cores,
-            "" if plan.provenance.fleet else host,
+            host,
+            fleet=bool(plan.provenance.fleet),
         ),
         generator_bound=cpu > GENERATOR_BOUND_CPU or late_for(stats.send_lateness_p99_s, stats.p99_s, plan.slo.bounds),
         sent_by_worker=per_source if driver.distributed else None,

@@ -149,9 +149,10 @@ def overtaking_rate(row: Best, cheaper: Best) -> float:
 
 
 def open_contender(at: AtSlo) -> tuple[Best, float] | None:
-    """A row that met the SLO at a lower cost bound than the winner's cost could still beat it: its sweep ended
-    before it saturated, so its capacity is a lower bound. (that row, the rate it would need) for the one that
-    needs the least above what it reached; None when the winner's lead is settled."""
+    """A row the winner beats only as measured: it met the SLO, costs more per inference at the rate it reached,
+    but its sweep ended before it saturated, so it could still be the cheaper. (that row, the rate it would need:
+    overtaking_rate) for the row that needs the least above what it reached; None when the winner's lead is
+    settled."""
     best = at.winner
     if best is None or best.cost is None:
         return None

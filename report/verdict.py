@@ -7,7 +7,7 @@ import math
 
 from latlab.loadtest.results import Curve
 from latlab.report.best import Best, Measured
-from latlab.report.findings import Findings
+from latlab.report.findings import Findings, overtaking_rate
 from latlab.report.naming import PROVIDER_HINT, label, machine_name
 from latlab.report.rates import is_lower_bound, unmet_clause
 
@@ -115,7 +115,7 @@ def _gpu_wins(model: str, bound: str, cpu: Best, gpu: Best) -> str:
         cpu_bill = replicas * cpu.price.per_hour
         advice = "scale out on CPUs" if cpu_bill < gpu.price.per_hour else "the GPU pays off"
         if gpu.unsaturated and cpu_bill < gpu.price.per_hour:
-            needs = gpu.price.per_hour / cpu.price.per_hour * cpu.rate
+            needs = overtaking_rate(gpu, cpu)
             advice += f" unless the GPU serves more than {needs:.0f} req/s, which a sweep to its limit would show"
         sentence += (
             f" {at_least}{replicas} CPU machines would match that rate for {at_least}${cpu_bill:.2f}/h against "

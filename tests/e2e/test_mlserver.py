@@ -30,28 +30,8 @@ pytestmark = pytest.mark.e2e
 MLSERVER_VERSION = "1.7.1"  # as pinned in pyproject.toml's test extra
 START_S = 90.0
 SHORT = ["--rates", "20,50", "--step-seconds", "1.5", "--warmup-seconds", "0.3", "--max-windows", "3"]
-RUNTIME = '''\
-import onnxruntime as ort
-from mlserver import MLModel
-from mlserver.codecs import NumpyCodec
-from mlserver.types import InferenceRequest, InferenceResponse
-
-
-class OnnxModel(MLModel):
-    """An ONNX file through ONNX Runtime on one CPU thread; its path is the model settings' parameters.uri."""
-
-    async def load(self) -> bool:
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        self.session = ort.InferenceSession(self.settings.parameters.uri, options, providers=["CPUExecutionProvider"])
-        self.output_names = [o.name for o in self.session.get_outputs()]
-        return True
-
-    async def predict(self, request: InferenceRequest) -> InferenceResponse:
-        outputs = self.session.run(None, {i.name: NumpyCodec.decode_input(i) for i in request.inputs})
-        return InferenceResponse(model_name=self.name, outputs=[
-            NumpyCodec.encode_output(name, value) for name, value in zip(self.output_names, outputs)])
-'''
+RUNTIME = Path(__file__).parents[2] / "benchmarks" / "mlserver_runtime.py"
+"""The runtime the other-servers benchmark serves with: an ONNX file through ONNX Runtime on one CPU thread."""
 
 
 def distinct_ports(count: int) -> list[int]:
@@ -67,7 +47,7 @@ def write_repository(folder: Path, model: Path, name: str, ports: list[int]) -> 
     """MLServer's settings (ports of 127.0.0.1; parallel_workers 0: the model runs in the server's process, which
     also avoids its worker pool's uvloop start-up failure on Python 3.11) and one model served by OnnxModel."""
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "runtime.py").write_text(RUNTIME)
+    (folder / "runtime.py").write_text(RUNTIME.read_text())
     (folder / "model.onnx").write_bytes(model.read_bytes())
     http, grpc, metrics = ports
     (folder / "settings.json").write_text(

@@ -102,8 +102,9 @@ H200_BENCH = (
 
 
 def test_a_cuda_sweep_may_raise_the_rate_to_the_devices_in_process_ceiling(tmp_path: Path) -> None:
-    """The H200 trip's minilm-cuda-batch still met its SLOs at the plan's cap (4 x the last listed rate): the sweep
-    now goes on to the ceiling the run's own bench measured for CUDA at the deployment's batch size."""
+    """A batched CUDA deployment can still meet every SLO at the plan's cap (4 x the last listed rate): the sweep
+    goes on to the ceiling the run's own bench measured for CUDA at the deployment's batch size (here a committed
+    GPU bench)."""
     from latlab.lab.run import CEILING_HEADROOM
     from latlab.report.predict import bench_fits
 

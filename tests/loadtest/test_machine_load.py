@@ -36,7 +36,7 @@ def test_other_load_is_what_the_server_and_the_generator_did_not_use_on_a_local_
     assert other_load(1.9, 0.6, 0.3, "http://10.0.0.7:8000") is None  # the server's cores are another machine's
     assert other_load(None, 0.6, 0.3, "http://127.0.0.1:8000") is None
     assert other_load(1.9, None, 0.3, "http://127.0.0.1:8000") is None
-    assert other_load(1.9, 0.6, 0.3, "") is None  # through a fleet (step.py): its replicas and proxy are no third party
+    assert other_load(1.9, 0.6, 0.3, "http://127.0.0.1:8000", fleet=True) is None  # replicas and proxy: the fleet
 
 
 def test_other_load_is_said_from_a_quarter_core_or_a_tenth_of_the_machine() -> None:
