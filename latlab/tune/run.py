@@ -147,7 +147,7 @@ def run_tune(job: TuneJob, space: Space, budget_s: float, variants_first: bool =
         first_probe=fine_probe(job),
     )
     left = budget_s - (time.monotonic() - began)
-    confirm(log, fine_probe(job), left, probe_cost_s=log.probe_cost_s * FINE_COST)
+    confirm(log, fine_probe(job), left, probe_cost_s=log.probe_cost_s * FINE_COST, first_owed=True)
     (job.work / "tune.json").write_text(json.dumps(tune_record(job, log), indent=2) + "\n")
     return log
 

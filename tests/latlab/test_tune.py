@@ -201,6 +201,17 @@ def test_the_finalists_round_the_budget_cannot_pay_for_is_not_started():
     assert clock.probes == 0 and not short.confirmed and "left no time" in short.stopped
 
 
+def test_the_finalists_first_round_is_owed_when_the_climb_ran_long():
+    """The climb kept the finalists' share, but its last round ran slower than its estimate and ate into it: the
+    first round side by side still runs (and only the first), and the log says by how much it went over."""
+    space = space_for("cpu", 2, ("fp32",))
+    log = brute_force(space, lambda cs: [held(c) for c in cs])
+    clock = Clock(per_probe=10.0)
+    confirm(log, clock.probe, budget_s=20.0, finalists=3, rounds=3, clock=clock, probe_cost_s=10.0, first_owed=True)
+    assert clock.probes == 3 and len(log.confirmed) == 3
+    assert "side by side 1 time (over the budget by 10 s" in log.stopped
+
+
 def test_the_climb_keeps_the_finalists_share_of_the_budget():
     space = space_for("cpu", 2, ("fp32", "int8"))
     clock = Clock(per_probe=10.0)
