@@ -28,6 +28,7 @@ switch per batch, not per request. The recorder's windows never wait for it (the
 statistics (web UI, CSV, a worker's reports) hear of a request at most this much after it finished."""
 
 _new_tuple = tuple.__new__  # a Finished without NamedTuple's Python-level __new__: the answer callback is hot
+_now = time.time
 
 
 class LoopSender:
@@ -54,6 +55,7 @@ class LoopSender:
         self._connection: RawConnection | None = None
         self._sent = 0.0
         self._broken = ""
+        self._on_answer = self._answered  # bound once: exchange() takes it per request
 
     def run(self, record: Record) -> None:
         """Connect, send, and hand what finishes to `record` with the send time of the request now in flight (None
@@ -116,17 +118,19 @@ class LoopSender:
             self._connection = None
 
     def _send_next(self) -> None:
-        self._sent = time.time()
-        self._connection.exchange(self.next_request(), self._answered)
+        self._sent = _now()
+        self._connection.exchange(self.next_request(), self._on_answer)
 
-    def _answered(self, _connection: RawConnection, found: tuple | None, error: str) -> None:
+    def _answered(self, connection: RawConnection, found: tuple | None, error: str) -> None:
         if found is None:
             self._fail(error)
             return
         status, retry_after, received, keep = found
-        self.finished.append(_new_tuple(Finished, (self._sent, time.time(), status, retry_after, received, "")))
-        if keep:
-            self._send_next()
+        done = _now()
+        self.finished.append(_new_tuple(Finished, (self._sent, done, status, retry_after, received, "")))
+        if keep:  # the next request, as _send_next sends it, without the call: this runs per request
+            self._sent = _now()
+            connection.exchange(self.next_request(), self._on_answer)
         else:
             self._broken = "closed"
             self._wake.set()  # the greenlet opens the next connection

@@ -129,6 +129,12 @@ class RawConnection:
         self.got_bytes = False
         """Whether the last exchange received any byte of its answer (a kept-alive connection the server closed
         meanwhile fails before any: the request can go again on a new one)."""
+        self._before_length, self._after_length, self._length_at = b"\x00", b"", 0
+        self._last_found: tuple = ()
+        """The last answer read in one piece with a Content-Length, around that header's value: its bytes before
+        the value (`_length_at` of them) and its head's after it, and its figures. A server's answers to one route
+        mostly differ in their lengths and bodies alone (and the Date header each second), so an answer whose
+        head is the last one's but for the length is not parsed again: that one number is read."""
         self._reader.start(self._readable)
 
     @classmethod
@@ -195,16 +201,47 @@ class RawConnection:
             elif self._buffer:
                 self._buffer += chunk
                 found = parse_answer(self._buffer)
+            elif (
+                chunk.startswith(self._before_length)
+                and chunk.startswith(self._after_length, eol := chunk.find(b"\r\n", self._length_at))
+                and len(chunk) == eol + len(self._after_length) + (length := int(chunk[self._length_at : eol]))
+            ):  # the last answer's head but for its length, and whole: its figures, with this length
+                self.got_bytes = True
+                found = (self._last_found[0], self._last_found[1], length, self._last_found[3])
             else:  # most answers come in one read: parsed where they lie, copied only when incomplete
                 self.got_bytes = True
                 found = parse_answer(chunk)
                 if found is None:
                     self._buffer += chunk
+                else:
+                    self._remember(chunk, found)
         except (HttpError, ValueError) as exc:
             self._end(None, type(exc).__name__)
             return
-        if found is not None:
+        if found is None:
+            return
+        if found[3]:  # kept alive, as most are: _end's bookkeeping without its call
+            answered, self._answered = self._answered, None
+            answered(self, found, "")
+        else:
             self._end(found, "")
+
+    def _remember(self, chunk: bytes, found: tuple) -> None:
+        """Keep `chunk`'s head around its Content-Length value for the next answer (see __init__) where `chunk` is
+        exactly one answer framed by one Content-Length: its head, then a body of the length the head declares."""
+        end = chunk.find(_HEAD_END) + len(_HEAD_END)
+        head = chunk[:end].lower()
+        at = head.find(_CONTENT_LENGTH) + len(_CONTENT_LENGTH)
+        if (
+            len(chunk) != end + found[2]
+            or at < len(_CONTENT_LENGTH)
+            or head.find(_CONTENT_LENGTH, at) >= 0
+            or head.find(b"\r\ntransfer-encoding:") >= 0
+        ):
+            return
+        eol = chunk.find(b"\r\n", at)
+        self._before_length, self._after_length, self._length_at = chunk[:at], chunk[eol:end], at
+        self._last_found = found
 
     def _end(self, found: tuple | None, error: str) -> None:
         answered, self._answered = self._answered, None

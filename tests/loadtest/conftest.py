@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socketserver
 import threading
+import time
 from typing import Iterator
 
 import pytest
@@ -16,6 +17,8 @@ def _answer(path: str) -> tuple[bytes, bool]:
     """The raw answer for a request path, and whether the server closes the connection after it."""
     if path == "/length":
         return b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Type: text/plain\r\n\r\nhello", False
+    if path == "/longer":  # /length's head but for its length
+        return b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\nContent-Type: text/plain\r\n\r\nhello!!", False
     if path == "/chunked":
         return (
             b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -60,6 +63,12 @@ class _Handler(socketserver.BaseRequestHandler):
             if path == "/silent":  # never answers: the connection stays open until the client gives up
                 self.request.recv(1)
                 return
+            if path == "/length-split":  # /length's answer, its body in two reads: the same head, cut short first
+                whole, _ = _answer("/length")
+                self.request.sendall(whole[:-2])
+                time.sleep(0.02)
+                self.request.sendall(whole[-2:])
+                continue
             raw, close = _answer(path)
             self.request.sendall(raw)
             if close:

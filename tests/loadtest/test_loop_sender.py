@@ -71,6 +71,15 @@ def test_a_kept_alive_connection_sends_each_request_as_the_last_answer_comes(ser
     assert server.bodies[:3] == [b"x", b"x", b"x"]
 
 
+def test_an_answer_with_the_last_ones_head_is_read_whole(server: StubServer) -> None:
+    """An answer whose head is the last one's but for its Content-Length is not parsed again (raw_http's
+    RawConnection reads that one number): its length is its own, and one cut short across reads is waited for."""
+    paths = iter(["/length", "/length", "/length-split", "/length", "/longer", "/length"] * 20)
+    finished = run_for(LoopSender(server.server_address, lambda: request(next(paths))), 60)
+    assert [f.received for f in finished[:60]] == [5, 5, 5, 5, 7, 5] * 10
+    assert all(f.status == 200 and f.sent <= f.done for f in finished[:60]) and server.connections == 1
+
+
 def test_a_connection_the_server_closes_is_opened_again(server: StubServer) -> None:
     paths = iter(["/close-header", "/to-close", "/length"] * 100)
     finished = run_for(LoopSender(server.server_address, lambda: request(next(paths))), 30)
