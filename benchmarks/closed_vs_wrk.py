@@ -1,18 +1,19 @@
 """Closed-loop throughput of latlab's generator against wrk's, on the same server, the same body, side by side.
 
     .venv/bin/python benchmarks/closed_vs_wrk.py [--users 16] [--seconds 8] [--rounds 6] [--max-batch 1]
-        [--greenlet] [--other /tmp/before/pkg]
+        [--greenlet] [--bare] [--other /tmp/before/pkg]
 
 Serves the lab's mlp at batching off (or `--max-batch N`, waiting up to 2 ms; one ORT thread) on a free port
 and, alternating the order per round, runs `wrk -t1 -cUSERS` (a POST of one JSON infer body, the first the
-generator itself would send) and `latlab loadtest --mode closed --users USERS` for the same seconds (with
-`--greenlet` also with LATLAB_CLOSED_LOOP=greenlet: the users sending from their greenlets, as before the loop
-sender; with `--other` also
-another version of latlab's code: a folder holding its `latlab` package, put first on PYTHONPATH). Prints each
-tool's requests/s, its own CPU (% of one core: wrk's from its process times, latlab's the busiest generator
-process as the results record it) and CPU per request, each latlab's rate over wrk's per round, and per tool the
-median and range over the rounds (this machine's rate drifts between rounds far more than the tools differ: only
-runs side by side compare). wrk is Debian's `wrk` (apt-get install wrk)."""
+generator itself would send) and `latlab loadtest --mode closed --users USERS` for the same seconds; with
+`--bare` also latlab's loop sender alone, without Locust or the recorder (bare_sender.py: what a Python sender
+costs here at the least); with `--greenlet` also with LATLAB_CLOSED_LOOP=greenlet (the users sending from their
+greenlets, as before the loop sender); with `--other` also another version of latlab's code (a folder holding
+its `latlab` package, put first on PYTHONPATH). Prints each tool's requests/s, its own CPU (% of one core: wrk's
+and the bare sender's from their process times, latlab's the busiest generator process as the results record
+it) and CPU per request, each latlab's rate over wrk's per round, and per tool the median and range over the
+rounds (this machine's rate drifts between rounds far more than the tools differ: only runs side by side
+compare). wrk is Debian's `wrk` (apt-get install wrk)."""
 
 from __future__ import annotations
 
@@ -87,6 +88,19 @@ def latlab_rate(url: str, users: int, seconds: float, out: Path) -> tuple[float,
     return step.achieved_rps, step.generator_cpu_percent or 0.0
 
 
+def bare_rate(url: str, users: int, seconds: float) -> tuple[float, float]:
+    """The loop sender alone (bare_sender.py): its requests/s and CPU (% of one core)."""
+    script = Path(__file__).with_name("bare_sender.py")
+    args = [sys.executable, str(script), url, DEPLOYMENT, "--users", str(users), "--seconds", f"{seconds:g}"]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120)
+    if done.returncode:
+        raise RuntimeError(f"the bare sender failed: {done.stderr[-2000:]}")
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    if figures["failed"]:
+        raise RuntimeError(f"the bare sender had {figures['failed']} requests fail")
+    return figures["rps"], figures["cpu_percent"]
+
+
 def latlab_rate_of(tool: str, other: str, url: str, users: int, seconds: float, out: Path) -> tuple[float, float]:
     """latlab_rate of one of the latlab tools: this checkout's callback sender, its greenlet sender, or the other
     version's code (its default sender)."""
@@ -119,6 +133,9 @@ def main(argv: list[str] | None = None) -> None:
         "--greenlet", action="store_true", help="also latlab's closed loop sending from its greenlets (the old way)"
     )
     parser.add_argument("--other", default="", help="a folder holding another version's `latlab` package")
+    parser.add_argument(
+        "--bare", action="store_true", help="also latlab's loop sender alone, without Locust (bare_sender.py)"
+    )
     parser.add_argument("--models-dir", type=Path, default=Path("models/bench"))
     parser.add_argument("--out", type=Path, default=Path("runs") / f"closed-vs-wrk-{time.strftime('%Y%m%d-%H%M%S')}")
     args = parser.parse_args(argv)
@@ -142,12 +159,15 @@ def main(argv: list[str] | None = None) -> None:
             "latlab",
             *(["latlab-greenlet"] if args.greenlet else []),
             *(["latlab-other"] * bool(args.other)),
+            *(["sender-alone"] * args.bare),
         ]
         for k in range(args.rounds):
             measured = {}
             for tool in tools if k % 2 == 0 else tools[::-1]:
                 if tool == "wrk":
                     measured[tool] = wrk_rate(served.url, body, args.users, args.seconds, work)
+                elif tool == "sender-alone":
+                    measured[tool] = bare_rate(served.url, args.users, args.seconds)
                 else:
                     measured[tool] = latlab_rate_of(
                         tool, args.other, served.url, args.users, args.seconds, work / f"{tool}-{k}"
