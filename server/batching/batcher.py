@@ -68,6 +68,17 @@ class DynamicBatcher:
         self._cond = threading.Condition()
         self._closing = False
         self._busy = 0
+        self._samples = 0
+        """Samples queued (cancelled requests included until taken)."""
+        self._parked_until: float | None = None
+        """When the lone worker, parked, looks again at a queue it would only wait on (None: it is not parked so,
+        and every arrival wakes it). See _must_wake."""
+        self._may_park = (
+            settings.instances == 1
+            and settings.priority_levels == 1
+            and not settings.adaptive
+            and not settings.preferred_batch_sizes
+        )
         self._workers = [
             threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True) for i in range(settings.instances)
         ]
@@ -104,10 +115,11 @@ class DynamicBatcher:
             else:  # decided at arrival, never queued: the queue stays empty and its gauge untouched
                 direct = self._queue.sends_alone(pending, free)
                 if not direct:
+                    self._samples += pending.size
                     self._metrics.queue_depth(len(self._queue))
             if direct:
                 self._busy += 1
-            elif wake:
+            elif wake and self._must_wake((pending,)):
                 self._cond.notify()
         if direct:
             run_s = None
@@ -117,10 +129,59 @@ class DynamicBatcher:
                 self._finish_batch([pending], run_s)
         return pending.future
 
+    def submit_many(self, requests: Sequence[tuple], wake: bool = True) -> list[Slot | Exception]:
+        """Queue a group of requests, each given as `submit`'s first five arguments (inputs, size, timeout_s,
+        priority, outputs), in the order given, under one lock, with one write of the queue-depth gauge (a file
+        write in multiprocess mode) and one worker wake-up for the whole group instead of one of each per request:
+        the engine process submits together what it read from the front ends together.
+
+        Returns each request's outcome in the order given: its slot, or the error `submit` would have raised for it
+        (QueueFull, BadRequest, ModelNotReady); a request's error is its own, never its group's. Nothing runs on
+        the calling thread (see `submit`'s run_here for a lone request)."""
+        pendings: list[Pending | Exception] = []
+        for arguments in requests:
+            try:
+                pendings.append(self._pending(*arguments))
+            except Exception as exc:  # noqa: BLE001 - the request's error is its outcome, not its group's
+                pendings.append(exc)
+        with self._cond:
+            free = self._settings.instances - self._busy
+            outcomes = [p if isinstance(p, Exception) else self._queued(p, free) for p in pendings]
+            if any(isinstance(outcome, Slot) for outcome in outcomes):
+                self._metrics.queue_depth(len(self._queue))
+                if wake and self._must_wake([p for p in pendings if not isinstance(p, Exception)]):
+                    self._cond.notify()
+        return outcomes
+
+    def _queued(self, pending: Pending, free_instances: int) -> Slot | Exception:
+        """submit_many's queueing of one request (the caller holds the lock): its slot, or its error."""
+        try:
+            self._queue_one(pending, free_instances)
+        except Exception as exc:  # noqa: BLE001 - the request's error is its outcome, not its group's
+            return exc
+        return pending.future
+
     def wake(self) -> None:
         """Wake a worker to look at the queue: for arrivals submitted with `wake` False."""
         with self._cond:
+            self._parked_until = None
             self._cond.notify()
+
+    def _must_wake(self, arrivals: Sequence[Pending]) -> bool:
+        """Whether queued arrivals must wake the worker (the caller holds the lock). A lone worker parked until
+        the send time of a batch that is not full would, woken, only compute that time again, unless the arrivals
+        fill a batch (or leave one that no longer fits: more samples than max_batch_size in all) or expire before
+        it. With one priority level the batch it waits for keeps its oldest request whatever arrives, so its send
+        time cannot come earlier; adaptive waits and preferred sizes decide from what arrived, so they always
+        wake. Each wake-up saved is a thread switch and an interpreter hand-over."""
+        until = self._parked_until
+        if until is None or self._closing or self._samples >= self._settings.max_batch_size:
+            self._parked_until = None  # woken: it looks at everything queued
+            return True
+        if any(p.deadline < until for p in arrivals):
+            self._parked_until = None
+            return True
+        return False
 
     def infer(
         self,
@@ -166,7 +227,12 @@ class DynamicBatcher:
         )
 
     def _put(self, pending: Pending, free_instances: int = 0) -> None:
-        """Queue it (the caller holds the lock)."""
+        """Queue it and show the queue's depth (the caller holds the lock)."""
+        self._queue_one(pending, free_instances)
+        self._metrics.queue_depth(len(self._queue))
+
+    def _queue_one(self, pending: Pending, free_instances: int) -> None:
+        """Queue it, counting a refusal, without touching the depth gauge (the caller holds the lock)."""
         if self._closing:
             raise ModelNotReady("deployment is shutting down")
         try:
@@ -174,7 +240,7 @@ class DynamicBatcher:
         except QueueFull:
             self._metrics.rejected("queue_full")
             raise
-        self._metrics.queue_depth(len(self._queue))
+        self._samples += pending.size
 
     def refuse_if_full(self) -> None:
         """Raise QueueFull, counting the rejection, when the queue is full right now. Read without the lock:
@@ -195,6 +261,7 @@ class DynamicBatcher:
         """Stop taking requests, finish everything queued and in flight, then stop the workers."""
         with self._cond:
             self._closing = True
+            self._parked_until = None
             self._cond.notify_all()
         for worker in self._workers:
             worker.join(timeout)
@@ -229,6 +296,7 @@ class DynamicBatcher:
                 for pending in expired:
                     self._fail(pending, RequestTimeout(f"expired after {now - pending.enqueued_at:.3f} s in the queue"))
                 if expired:
+                    self._samples -= sum(p.size for p in expired)
                     self._metrics.queue_depth(len(self._queue))
                 free = self._settings.instances - self._busy
                 if free <= 0:  # every instance runs a batch (a request thread may run its own): wait for one
@@ -237,13 +305,17 @@ class DynamicBatcher:
                 decision = self._queue.take(now, flush=self._closing, free_instances=free)
                 if isinstance(decision, list):
                     self._busy += 1
+                    self._samples -= sum(p.size for p in decision)
                     self._metrics.queue_depth(len(self._queue))
                     if self._queue:
                         self._cond.notify()  # another worker may start the next batch
                     return decision
                 if decision is None and self._closing and not self._busy:
                     return None
+                if decision is not None and self._may_park and not self._closing:
+                    self._parked_until = decision
                 self._cond.wait(None if decision is None else max(0.0, decision - now))
+                self._parked_until = None
 
     def _fail(self, pending: Pending, error: Exception) -> None:
         if pending.future.set_running_or_notify_cancel():

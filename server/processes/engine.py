@@ -3,11 +3,12 @@ sessions and batchers) and answers the front-end processes' requests over ZeroMQ
 from every request the server receives.
 
 One thread does all the socket work (ZeroMQ sockets are not thread-safe): it reads the front ends' groups of
-requests from the ROUTER socket they connect to, hands each request to its deployment's batcher (`submit`: never
-waits) and sends the answers the batcher's workers leave in a queue, one message per front end for all that
-finished together, woken through an eventfd. GET requests a front
-end cannot answer alone (metadata, config, readiness, /metrics) are answered by the same Flask app a one-process
-server runs, and the observer port (/metrics of every process, health) is served from here.
+requests from the ROUTER socket they connect to, hands the requests of everything read to their deployments'
+batchers together (`submit_many`: never waits, wakes a worker once per deployment) and sends the answers the
+batcher's workers leave in a queue, one message per front end for all that finished together, woken through an
+eventfd. GET requests a front end cannot answer alone (metadata, config, readiness, /metrics) are answered by the
+same Flask app a one-process server runs, and the observer port (/metrics of every process, health) is served
+from here.
 
 Started by its supervisor (supervisor.py) as `python -m latlab.server.processes.engine CONFIG RUN_DIR HOST:PORT`."""
 
@@ -28,6 +29,7 @@ from flask import Flask
 from prometheus_client import CollectorRegistry
 from werkzeug.test import Client
 
+from latlab.server.batching.batcher import DynamicBatcher
 from latlab.server.config import engine_groups, served_config
 from latlab.server.errors import ConfigError, ModelNotReady, ServingError
 from latlab.server.http.app import ServerState, create_app
@@ -99,10 +101,11 @@ class Engine:
 
     def _read_requests(self) -> None:
         """Every message waiting on the socket (up to READ_AT_ONCE, then answers get their turn), each a front end's
-        group of calls; an infer call's request is handed to its batcher, an error fails its own call alone. A
-        request read alone may run on this thread (`run_here`), saving two thread hand-overs, when its deployment
-        has one instance: then nothing could start beside it anyway, and what arrives meanwhile waits on the
-        socket instead of in the queue, to be read and batched together next."""
+        group of calls; an error fails its own call alone. The infer calls of everything read are handed to their
+        batchers together (`_submit`): one lock, one queue-depth gauge write and one worker wake-up per deployment,
+        not per request. A request read alone may run on this thread (`run_here`), saving two thread hand-overs,
+        when its deployment has one instance: then nothing could start beside it anyway, and what arrives meanwhile
+        waits on the socket instead of in the queue, to be read and batched together next."""
         router = self.router
         try:
             messages = [recv_frames(router, NOBLOCK)]  # the poll said one waits: asking again costs a system call
@@ -111,6 +114,7 @@ class Engine:
         while len(messages) < READ_AT_ONCE and router.get(EVENTS) & POLLIN:
             messages.append(recv_frames(router, NOBLOCK))
         answers = self.answers
+        to_submit: dict[int, tuple] = {}
         for message in messages:
             frames, header = message[2:], unpack(message[1])
             group = header["group"]
@@ -120,7 +124,7 @@ class Engine:
                 try:
                     kind = header.get("kind")
                     if kind == "infer":
-                        self._infer(identity, header, frames, alone)
+                        self._infer(identity, header, frames, alone, to_submit)
                     elif kind == "http":
                         answers.append((identity, header["id"], self._http(header), None))
                     elif kind == "describe":
@@ -128,11 +132,13 @@ class Engine:
                     elif kind == "hello":  # the front end's answer socket is connected: answers reach it
                         answers.append((identity, header["id"], header, None))
                 except Exception as exc:  # noqa: BLE001 - a request's failure is its own answer, not its group's
-                    if not isinstance(exc, ServingError):
-                        log.exception("unexpected error in the engine")
-                    answers.append((identity, header.get("id", 0), error_header(header.get("id", 0), exc), None))
+                    answers.append(failed_call(identity, header.get("id", 0), exc))
+        for batcher, calls, arguments in to_submit.values():
+            self._submit(batcher, calls, arguments)
 
-    def _infer(self, identity: bytes, header: dict, frames: list, alone: bool) -> None:
+    def _infer(self, identity: bytes, header: dict, frames: list, alone: bool, to_submit: dict[int, tuple]) -> None:
+        """Validate an infer call and add it to its deployment's share of `to_submit` (a lone one is submitted at
+        once, to run here when it can)."""
         if self.stopping.is_set():
             raise ModelNotReady("the server is shutting down")
         deployment = self.state.get(header["model"], header.get("version"))
@@ -140,12 +146,36 @@ class Engine:
         deployment.check_outputs(outputs)
         inputs = tensors_from(header["inputs"], frames)
         arguments = deployment.queued(inputs, outputs, header.get("parameters") or {}, set(header.get("finite", ())))
-        run_here = alone and deployment.config.batcher.instances == 1
-        slot = deployment.batcher.submit(*arguments, run_here=run_here)
+        call = (identity, header["id"], outputs)
+        if alone:
+            run_here = deployment.config.batcher.instances == 1
+            self._hold([(call, deployment.batcher.submit(*arguments, run_here=run_here))])
+            return
+        batcher = deployment.batcher
+        share = to_submit.get(id(batcher))
+        if share is None:
+            share = to_submit[id(batcher)] = (batcher, [], [])
+        share[1].append(call)
+        share[2].append(arguments)
+
+    def _submit(self, batcher: DynamicBatcher, calls: list[tuple], arguments: list[tuple]) -> None:
+        """Queue one deployment's share of what was read, at once; a call its batcher refused is answered with
+        its error."""
+        submitted = []
+        for call, outcome in zip(calls, batcher.submit_many(arguments)):
+            if isinstance(outcome, Exception):
+                self.answers.append(failed_call(call[0], call[1], outcome))
+            else:
+                submitted.append((call, outcome))
+        self._hold(submitted)
+
+    def _hold(self, submitted: list[tuple]) -> None:
+        """Count the submitted calls as held until answered, and have each slot's answer queued when it comes."""
         with self._lock:
-            self.held += 1
-        request_id = header["id"]
-        slot.when_done(lambda done: self._answered(identity, request_id, done, outputs))
+            self.held += len(submitted)
+        answered = self._answered
+        for (identity, request_id, outputs), slot in submitted:
+            slot.when_done(lambda done, i=identity, r=request_id, o=outputs: answered(i, r, done, o))
 
     def _answered(self, identity: bytes, request_id: int, slot, outputs: list[str] | None) -> None:
         """A batcher worker's callback: queue the slot (the socket thread reads its answer) and wake the socket
@@ -203,6 +233,13 @@ class Engine:
             },
             "failed": self.state.failed,
         }
+
+
+def failed_call(identity: bytes, request_id: int, error: Exception) -> tuple:
+    """An answers-queue entry for a call that failed before it reached a batch: its error is its answer."""
+    if not isinstance(error, ServingError):
+        log.error("unexpected error in the engine", exc_info=error)
+    return identity, request_id, error_header(request_id, error), None
 
 
 def answered_call(request_id: int, answer, outputs: list[str] | None) -> tuple[dict, str, dict | None]:

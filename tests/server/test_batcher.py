@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
+import types
 import time
 
 import numpy as np
 import pytest
 
+from latlab.server.batching import batcher as batcher_module
 from latlab.server.batching.batcher import DynamicBatcher
 from latlab.server.config import BatcherSettings
 from latlab.server.errors import BadRequest, ComputeError, ModelNotReady, QueueFull, RequestTimeout
@@ -403,3 +405,108 @@ def test_close_waits_for_a_run_on_a_calling_thread(batchers) -> None:
     closer.join(RESULT_WAIT_S)
     caller.join(RESULT_WAIT_S)
     assert not closer.is_alive() and not caller.is_alive()
+
+
+# --- groups submitted at once (submit_many: the engine process's submit) ----------------------------
+
+
+def test_a_group_submitted_at_once_gets_each_request_its_own_answer_or_error(batchers) -> None:
+    """Good requests around bad ones: each bad one gets its own error, in its place, and the rest are batched
+    and answered as if submitted one by one; the queue bound counts the group's requests one by one (2 waiting
+    besides the batch of 3 the free instance takes: the 6th good request is refused)."""
+    metrics, run = MetricsRecorder(), Recorder()
+    batcher = batchers(run, metrics, max_batch_size=3, max_queue_delay_ms=60_000.0, max_queue_size=2)
+    good = [x(1, 10 * i) for i in range(6)]
+    group = [({"x": a}, 1, None, 0, None) for a in good]
+    group[1:1] = [({"x": x(4)}, 4, None, 0, None), ({"x": x(1)}, 1, None, 3, None)]  # too large; no such priority
+    outcomes = batcher.submit_many(group)
+    assert metrics.depths[:1] == [5]  # one gauge write for the group, before the worker takes a batch
+    assert isinstance(outcomes[1], BadRequest) and "max_batch_size" in str(outcomes[1])
+    assert isinstance(outcomes[2], BadRequest) and "priority" in str(outcomes[2])
+    assert isinstance(outcomes[-1], QueueFull) and metrics.rejections == ["queue_full"]
+    batcher.close(RESULT_WAIT_S)  # sends the batch still waiting out its delay
+    slots = [outcomes[0], *outcomes[3:-1]]
+    for slot, a in zip(slots, good):
+        np.testing.assert_array_equal(slot.result(RESULT_WAIT_S)["y"], a * 2)
+    assert run.sizes == [3, 2]
+
+
+def test_a_group_submitted_after_close_is_refused_request_by_request(batchers) -> None:
+    batcher = batchers(Recorder())
+    batcher.close(RESULT_WAIT_S)
+    outcomes = batcher.submit_many([({"x": x(1)}, 1, None, 0, None)] * 3)
+    assert len(outcomes) == 3 and all(isinstance(outcome, ModelNotReady) for outcome in outcomes)
+
+
+class CountingCondition(threading.Condition):
+    """threading.Condition counting its notify calls: each is a worker woken when one waits."""
+
+    notified = 0
+
+    def notify(self, n: int = 1) -> None:
+        CountingCondition.notified += 1
+        super().notify(n)
+
+
+@pytest.fixture
+def counted_notifies(monkeypatch: pytest.MonkeyPatch) -> type[CountingCondition]:
+    """Batchers built in the test use CountingCondition (only the batcher module's view of threading changes)."""
+    counting = types.SimpleNamespace(Thread=threading.Thread, Condition=CountingCondition)
+    monkeypatch.setattr(batcher_module, "threading", counting)
+    monkeypatch.setattr(CountingCondition, "notified", 0)
+    return CountingCondition
+
+
+class WorkerLooks:
+    """A clock stopped at 0 that counts the worker's reads of it: one each time it looks at the queue."""
+
+    def __init__(self) -> None:
+        self.looks = 0
+        self._cond = threading.Condition()
+
+    def __call__(self) -> float:
+        if threading.current_thread().name.startswith("looked-"):
+            with self._cond:
+                self.looks += 1
+                self._cond.notify_all()
+        return 0.0
+
+    def parked(self, batcher: DynamicBatcher, looks: int) -> None:
+        """Return once the worker has looked `looks` times and waits again (it waits holding no lock)."""
+        with self._cond:
+            assert self._cond.wait_for(lambda: self.looks >= looks, RESULT_WAIT_S)
+        batcher.adaptive_state()  # takes the batcher's lock: the worker, having looked, is back in its wait
+
+
+def one(n: int = 1, timeout_s: float | None = None) -> tuple:
+    return {"x": x(n)}, n, timeout_s, 0, None
+
+
+def test_a_group_wakes_a_worker_once_and_arrivals_that_change_nothing_wake_none(counted_notifies) -> None:
+    """A group notifies the worker once (none with `wake` False until `wake`). Parked until a batch's send time,
+    the worker is not woken by arrivals that leave the batch short and expire after that time; it is by one
+    that expires sooner, and by those that fill the batch."""
+    clock = WorkerLooks()
+    limits = settings(max_batch_size=16, max_queue_delay_ms=60_000.0, max_queue_size=64, timeout_ms=600_000.0)
+    batcher = DynamicBatcher(Recorder(), limits, clock=clock, name="looked")
+    try:
+        clock.parked(batcher, 1)  # an empty queue: waiting with no time set
+        batcher.submit_many([one()] * 5)
+        assert counted_notifies.notified == 1
+        clock.parked(batcher, 2)  # parked until the batch's send time, 60 s on
+        batcher.submit_many([one()] * 5)
+        for _ in range(3):
+            batcher.submit(*one())
+        assert counted_notifies.notified == 1  # 13 samples of 16, all expiring after the send time
+        batcher.submit(*one(timeout_s=1.0))
+        assert counted_notifies.notified == 2  # it expires first: the worker must look at it by then
+        clock.parked(batcher, 3)
+        batcher.submit_many([one(2)])
+        assert counted_notifies.notified == 3  # 16 samples: a full batch
+        counted_notifies.notified = 0
+        batcher.submit_many([one()] * 3, wake=False)
+        assert counted_notifies.notified == 0
+        batcher.wake()
+        assert counted_notifies.notified == 1
+    finally:
+        batcher.close(RESULT_WAIT_S)

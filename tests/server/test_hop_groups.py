@@ -50,8 +50,11 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Eng
     # a queue that holds a whole oversized group: none of it is refused as queue full
     batcher = {"max_batch_size": 8, "max_queue_delay_ms": 2.0, "max_queue_size": 1024}
     deployment = {"name": "tiny", "model_path": model, "batcher": batcher}
-    config = save_config({"server": {"port": procs.free_port()}, "deployments": [deployment]}, folder / "c.toml")
-    run_dir = run_folder(1)
+    # a queue that holds 2 requests besides a full batch: what a group sends past them is refused
+    tight = {"name": "tight", "model_path": model, "batcher": {**batcher, "max_queue_size": 2}}
+    deployments = [deployment, tight]
+    config = save_config({"server": {"port": procs.free_port()}, "deployments": deployments}, folder / "c.toml")
+    run_dir = run_folder(len(deployments))
     status = EngineStatus(run_dir)
     command = [sys.executable, "-m", "latlab.server.processes.engine", str(config), str(run_dir)]
     process = subprocess.Popen([*command, f"127.0.0.1:{procs.free_port()}"])
@@ -131,6 +134,34 @@ def test_a_bad_request_fails_alone_in_its_group(engine) -> None:
     for request_id, x in ((1, good), (4, good[:1])):
         answer, frames = answers[request_id]
         np.testing.assert_allclose(tensors_from(answer["outputs"], frames)["y"], tiny_y(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_request_its_batcher_refuses_fails_alone_in_its_group(engine) -> None:
+    """A group's requests reach each deployment's batcher at once: what the batcher refuses (the queue full, a
+    batch over max_batch_size, a priority out of range) is that request's answer, and the others, of both
+    deployments, are answered with their outputs."""
+    run_dir, _ = engine
+    x = np.random.default_rng(1).standard_normal((1, 4)).astype(np.float32)
+    tight = {**infer_call(x, model="tight"), "parameters": {"priority": 0}}
+    refused = {2: "QueueFull", 4: "BadRequest", 6: "BadRequest", 8: "QueueFull"}
+    calls = [
+        ({**tight, "id": 0}, "inputs", {"x": x}),
+        ({**infer_call(x), "id": 1}, "inputs", {"x": x}),
+        ({**tight, "id": 3}, "inputs", {"x": x}),
+        ({**tight, "id": 2}, "inputs", {"x": x}),  # the third waiting in tight's queue of 2
+        ({**infer_call(x), "id": 4}, "inputs", {"x": np.ones((9, 4), np.float32)}),  # over max_batch_size 8
+        ({**infer_call(x), "id": 5}, "inputs", {"x": x}),
+        ({**infer_call(x), "parameters": {"priority": 5}, "id": 6}, "inputs", {"x": x}),  # one level only
+        ({**infer_call(x), "id": 7}, "inputs", {"x": x}),
+        ({**tight, "id": 8}, "inputs", {"x": x}),
+    ]
+    answers = raw_group(run_dir, calls)
+    assert sorted(answers) == list(range(9))
+    for request_id, (answer, frames) in answers.items():
+        if request_id in refused:
+            assert answer.get("error") == refused[request_id], answer
+        else:
+            np.testing.assert_allclose(tensors_from(answer["outputs"], frames)["y"], tiny_y(x), rtol=1e-5, atol=1e-5)
 
 
 def test_a_group_past_one_message_is_answered_whole(engine) -> None:

@@ -115,7 +115,9 @@ def test_a_request_past_its_timeout_gets_504(held: Server) -> None:
 
 
 def test_a_batch_wakes_the_loop_once() -> None:
-    """Eight requests answered by one batch reach the loop with one scheduled call, not eight."""
+    """Eight requests answered by one batch reach the loop with one scheduled call, not eight (two at most: the
+    first answer's call writes to the loop's wake-up pipe, letting go of the interpreter's lock for the write, and
+    the loop may deliver that answer alone before the worker answers the other seven)."""
     runs = threading.Event()
 
     def run_batch(inputs: dict) -> dict:
@@ -142,7 +144,7 @@ def test_a_batch_wakes_the_loop_once() -> None:
     finally:
         batcher.close()
     assert runs.is_set() and values == [2.0 * i for i in range(8)]
-    assert wakes == 1
+    assert 1 <= wakes <= 2
 
 
 def test_the_interface_setting_is_checked_overridden_and_wsgi_for_front_ends(tmp_path: Path, tiny_model: Path) -> None:
