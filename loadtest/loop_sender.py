@@ -121,16 +121,14 @@ class LoopSender:
         self._sent = _now()
         self._connection.exchange(self.next_request(), self._on_answer)
 
-    def _answered(self, connection: RawConnection, found: tuple | None, error: str) -> None:
+    def _answered(self, _connection: RawConnection, found: tuple | None, error: str) -> None:
         if found is None:
             self._fail(error)
             return
         status, retry_after, received, keep = found
-        done = _now()
-        self.finished.append(_new_tuple(Finished, (self._sent, done, status, retry_after, received, "")))
-        if keep:  # the next request, as _send_next sends it, without the call: this runs per request
-            self._sent = _now()
-            connection.exchange(self.next_request(), self._on_answer)
+        self.finished.append(_new_tuple(Finished, (self._sent, _now(), status, retry_after, received, "")))
+        if keep:
+            self._send_next()
         else:
             self._broken = "closed"
             self._wake.set()  # the greenlet opens the next connection

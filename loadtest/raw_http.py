@@ -218,12 +218,7 @@ class RawConnection:
         except (HttpError, ValueError) as exc:
             self._end(None, type(exc).__name__)
             return
-        if found is None:
-            return
-        if found[3]:  # kept alive, as most are: _end's bookkeeping without its call
-            answered, self._answered = self._answered, None
-            answered(self, found, "")
-        else:
+        if found is not None:
             self._end(found, "")
 
     def _remember(self, chunk: bytes, found: tuple) -> None:

@@ -155,12 +155,18 @@ class BatchQueue:
         self.settings = settings
         self._levels: list[deque[Pending]] = [deque() for _ in range(settings.priority_levels)]
         self._count = 0
+        self._samples = 0
         self._delay_s = settings.max_queue_delay_ms / 1000.0
         self.latency = LatencyModel()
         self.arrivals = ArrivalRate()
 
     def __len__(self) -> int:
         return self._count
+
+    @property
+    def samples(self) -> int:
+        """The samples of every queued request (a request of size n counts n)."""
+        return self._samples
 
     @property
     def full(self) -> bool:
@@ -217,6 +223,7 @@ class BatchQueue:
     def _enqueue(self, pending: Pending, level: int) -> None:
         self._levels[level - 1].append(pending)
         self._count += 1
+        self._samples += pending.size
 
     def _admissible(self, pending: Pending) -> int:
         """The request's queue level; BadRequest for a priority out of range or a batch over max_batch_size."""
@@ -299,3 +306,4 @@ class BatchQueue:
             if gone and any(id(p) in gone for p in level):
                 self._levels[i] = deque(p for p in level if id(p) not in gone)
         self._count -= len(items)
+        self._samples -= sum(p.size for p in items)

@@ -68,8 +68,6 @@ class DynamicBatcher:
         self._cond = threading.Condition()
         self._closing = False
         self._busy = 0
-        self._samples = 0
-        """Samples queued (cancelled requests included until taken)."""
         self._parked_until: float | None = None
         """When the lone worker, parked, looks again at a queue it would only wait on (None: it is not parked so,
         and every arrival wakes it). See _must_wake."""
@@ -115,7 +113,6 @@ class DynamicBatcher:
             else:  # decided at arrival, never queued: the queue stays empty and its gauge untouched
                 direct = self._queue.sends_alone(pending, free)
                 if not direct:
-                    self._samples += pending.size
                     self._metrics.queue_depth(len(self._queue))
             if direct:
                 self._busy += 1
@@ -175,7 +172,7 @@ class DynamicBatcher:
         time cannot come earlier; adaptive waits and preferred sizes decide from what arrived, so they always
         wake. Each wake-up saved is a thread switch and an interpreter hand-over."""
         until = self._parked_until
-        if until is None or self._closing or self._samples >= self._settings.max_batch_size:
+        if until is None or self._closing or self._queue.samples >= self._settings.max_batch_size:
             self._parked_until = None  # woken: it looks at everything queued
             return True
         if any(p.deadline < until for p in arrivals):
@@ -240,7 +237,6 @@ class DynamicBatcher:
         except QueueFull:
             self._metrics.rejected("queue_full")
             raise
-        self._samples += pending.size
 
     def refuse_if_full(self) -> None:
         """Raise QueueFull, counting the rejection, when the queue is full right now. Read without the lock:
@@ -296,7 +292,6 @@ class DynamicBatcher:
                 for pending in expired:
                     self._fail(pending, RequestTimeout(f"expired after {now - pending.enqueued_at:.3f} s in the queue"))
                 if expired:
-                    self._samples -= sum(p.size for p in expired)
                     self._metrics.queue_depth(len(self._queue))
                 free = self._settings.instances - self._busy
                 if free <= 0:  # every instance runs a batch (a request thread may run its own): wait for one
@@ -305,7 +300,6 @@ class DynamicBatcher:
                 decision = self._queue.take(now, flush=self._closing, free_instances=free)
                 if isinstance(decision, list):
                     self._busy += 1
-                    self._samples -= sum(p.size for p in decision)
                     self._metrics.queue_depth(len(self._queue))
                     if self._queue:
                         self._cond.notify()  # another worker may start the next batch
