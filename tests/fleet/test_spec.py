@@ -47,7 +47,8 @@ def test_config_balances_checks_readiness_on_the_observer_port_and_exports_metri
     assert "http-reuse" in text
     assert f"stats socket {tmp_path / 'admin.sock'} mode 600 level admin" in text
     assert "retry-on conn-failure" in text  # never a retry of a request the replica may have started
-    assert "stick-table" not in text and "429" not in text
+    outside_paths = text.replace(str(tmp_path), "")  # pytest's own folder names can hold "429"
+    assert "stick-table" not in outside_paths and "429" not in outside_paths
 
 
 def test_rate_limit_tracks_each_client_ip_and_answers_429_with_retry_after(tmp_path):
