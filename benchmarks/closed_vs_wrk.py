@@ -1,18 +1,20 @@
 """Closed-loop throughput of latlab's generator against wrk's, on the same server, the same body, side by side.
 
     .venv/bin/python benchmarks/closed_vs_wrk.py [--users 16] [--seconds 8] [--rounds 6] [--max-batch 1]
-        [--greenlet] [--bare] [--other /tmp/before/pkg]
+        [--python-loop] [--greenlet] [--bare] [--other /tmp/before/pkg]
 
-Serves the lab's mlp at batching off (or `--max-batch N`, waiting up to 2 ms; one ORT thread) on a free port
-and, alternating the order per round, runs `wrk -t1 -cUSERS` (a POST of one JSON infer body, the first the
-generator itself would send) and `latlab loadtest --mode closed --users USERS` for the same seconds; with
-`--bare` also latlab's loop sender alone, without Locust or the recorder (bare_sender.py: what a Python sender
-costs here at the least); with `--greenlet` also with LATLAB_CLOSED_LOOP=greenlet (the users sending from their
-greenlets, as before the loop sender); with `--other` also another version of latlab's code (a folder holding
-its `latlab` package, put first on PYTHONPATH). Prints each tool's requests/s, its own CPU (% of one core: wrk's
-and the bare sender's from their process times, latlab's the busiest generator process as the results record
-it) and CPU per request, each latlab's rate over wrk's per round, and per tool the median and range over the
-rounds (this machine's rate drifts between rounds far more than the tools differ: only runs side by side
+Serves the lab's mlp at batching off (or `--max-batch N`, waiting up to 2 ms; one ORT thread) on a free port and,
+alternating the order per round, runs `wrk -t1 -cUSERS` (a POST of one JSON infer body, the first the generator
+itself would send) and `latlab loadtest --mode closed --users USERS` for the same seconds (its default sender, the
+native closed loop: native_loop.py); with `--python-loop` also with LATLAB_CLOSED_LOOP=python (the Python loop
+sender, loop_sender.py); with `--bare` also latlab's Python loop sender alone, without Locust or the recorder
+(bare_sender.py: what a Python sender costs here at the least); with `--greenlet` also with
+LATLAB_CLOSED_LOOP=greenlet (the users sending from their greenlets, as before the loop sender); with `--other`
+also another version of latlab's code (a folder holding its `latlab` package, put first on PYTHONPATH). Prints each
+tool's requests/s, its own CPU (% of one core: wrk's and the bare sender's from their process times, latlab's the
+busiest generator process as the results record it) and CPU per request, each latlab's rate over wrk's per round,
+and per tool the median and range over the rounds (this machine's rate drifts between rounds far more than the
+tools differ: only runs side by side
 compare). wrk is Debian's `wrk` (apt-get install wrk)."""
 
 from __future__ import annotations
@@ -102,9 +104,9 @@ def bare_rate(url: str, users: int, seconds: float) -> tuple[float, float]:
 
 
 def latlab_rate_of(tool: str, other: str, url: str, users: int, seconds: float, out: Path) -> tuple[float, float]:
-    """latlab_rate of one of the latlab tools: this checkout's callback sender, its greenlet sender, or the other
+    """latlab_rate of one of the latlab tools: this checkout's native, Python loop or greenlet sender, or the other
     version's code (its default sender)."""
-    os.environ[CLOSED_LOOP_ENV] = "greenlet" if tool == "latlab-greenlet" else "callbacks"
+    os.environ[CLOSED_LOOP_ENV] = {"latlab-greenlet": "greenlet", "latlab-python": "python"}.get(tool, "native")
     saved = os.environ.get("PYTHONPATH")
     if tool == "latlab-other":
         os.environ["PYTHONPATH"] = other
@@ -128,6 +130,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument(
         "--max-batch", type=int, default=1, help="the batcher's max batch size (its wait: 2 ms above 1)"
+    )
+    parser.add_argument(
+        "--python-loop", action="store_true", help="also latlab's closed loop on its Python loop sender"
     )
     parser.add_argument(
         "--greenlet", action="store_true", help="also latlab's closed loop sending from its greenlets (the old way)"
@@ -157,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         tools = [
             "wrk",
             "latlab",
+            *(["latlab-python"] if args.python_loop else []),
             *(["latlab-greenlet"] if args.greenlet else []),
             *(["latlab-other"] * bool(args.other)),
             *(["sender-alone"] * args.bare),

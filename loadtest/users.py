@@ -27,6 +27,7 @@ from latlab.loadtest.fleet_cpu import FleetCpu, cpu_reading
 from latlab.loadtest.lean_http import LeanClient
 from latlab.loadtest.locust_stats import LocustTally, RequestFailed, failure_of
 from latlab.loadtest.loop_sender import LoopSender
+from latlab.loadtest import native_loop
 from latlab.loadtest.open_sender import OpenSender
 from latlab.loadtest.raw_http import Finished
 from latlab.loadtest.payloads import BODY_BUDGET_BYTES, Body, request_bodies, sizeable, sized_body
@@ -50,7 +51,8 @@ SIZED_BUDGET_BYTES = 4 * BODY_BUDGET_BYTES
 """Bodies of sizes drawn per request kept per user: a text deployment's sizes end at its max_length, so all are
 kept; past this (long tensors of many sizes) the kept ones are dropped and built again as they come."""
 CLOSED_LOOP_ENV = "LATLAB_CLOSED_LOOP"
-"""'greenlet': closed-loop users send from their greenlet, not from the loop sender's callbacks."""
+"""Which sender drives a closed-loop user's connection: 'native' (the default where it builds: native_loop.py),
+'python' (the event loop's callbacks: loop_sender.py) or 'greenlet' (the user's greenlet, as Locust's task would)."""
 OPEN_LOOP_ENV = "LATLAB_OPEN_LOOP"
 """'greenlet': open-loop users send each request from a greenlet of its own, not from the sender's wake-up."""
 BODY_ORDER_LENGTH = 4096
@@ -436,8 +438,9 @@ class ClosedLoopUser(_InferenceUser):
     """Locust's native model: the next request leaves when the last one returned (no think time).
     Under a stall it simply stops sending, so its percentiles understate the stall.
 
-    Through the lean client the user's connection is driven from the event loop's I/O callbacks (loop_sender.py),
-    which send the next request the moment an answer is read and leave the recording to this user's greenlet;
+    Through the lean client the user's connection is driven by the process's native thread (native_loop.py), or
+    where that cannot be built (or LATLAB_CLOSED_LOOP=python) from the event loop's I/O callbacks (loop_sender.py):
+    either sends the next request the moment an answer is read and leaves the recording to this user's greenlet.
     LATLAB_CLOSED_LOOP=greenlet sends each request from the greenlet instead, as Locust's task would."""
 
     def on_start(self) -> None:
@@ -448,11 +451,18 @@ class ClosedLoopUser(_InferenceUser):
 
     @task
     def request(self) -> None:
-        if self.lean is None or os.environ.get(CLOSED_LOOP_ENV) == "greenlet":
+        how = os.environ.get(CLOSED_LOOP_ENV, "native")
+        if self.lean is None or how == "greenlet":
             self._send(time.time(), next(self.sizes) if self.sizes is not None else 0)
             return
-        next_raw = self._next_raw if self.sizes is not None else self._body_order()
-        sender = LoopSender(self.lean.address, next_raw, self.network_timeout, self.connection_timeout)
+        lib = native_loop.library()[0] if how == "native" and self.sizes is None else None
+        if lib is not None:
+            sender = native_loop.NativeSender(
+                lib, self.lean.address, self._drawn_bodies(), self.network_timeout, self.connection_timeout
+            )
+        else:
+            next_raw = self._next_raw if self.sizes is not None else self._body_order()
+            sender = LoopSender(self.lean.address, next_raw, self.network_timeout, self.connection_timeout)
         self.state.recorder.add_collector(sender.collect)  # a window counts what the sender has not yet handed on
         try:
             sender.run(self._record)
@@ -464,8 +474,12 @@ class ClosedLoopUser(_InferenceUser):
 
     def _body_order(self) -> Callable[[], bytes]:
         """The next of the user's encoded requests, each drawn at random (BODY_ORDER_LENGTH)."""
+        return itertools.cycle(self._drawn_bodies()).__next__
+
+    def _drawn_bodies(self) -> list[bytes]:
+        """BODY_ORDER_LENGTH of the user's encoded requests, each drawn at random: the order they are sent in."""
         raws = [prepared.raw for prepared in self.requests]
-        return itertools.cycle([raws[self.rng.randrange(len(raws))] for _ in range(BODY_ORDER_LENGTH)]).__next__
+        return [raws[self.rng.randrange(len(raws))] for _ in range(BODY_ORDER_LENGTH)]
 
     def _record(self, finished: list[Finished], in_flight: float | None) -> None:
         """What the loop sender finished, into the recorder and then Locust's statistics, in one go each; the
