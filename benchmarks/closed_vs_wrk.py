@@ -14,8 +14,7 @@ also another version of latlab's code (a folder holding its `latlab` package, pu
 tool's requests/s, its own CPU (% of one core: wrk's and the bare sender's from their process times, latlab's the
 busiest generator process as the results record it) and CPU per request, each latlab's rate over wrk's per round,
 and per tool the median and range over the rounds (this machine's rate drifts between rounds far more than the
-tools differ: only runs side by side
-compare). wrk is Debian's `wrk` (apt-get install wrk)."""
+tools differ: only runs side by side compare). wrk is Debian's `wrk` (apt-get install wrk)."""
 
 from __future__ import annotations
 
