@@ -1,8 +1,9 @@
-"""latlab's closed-loop sender alone: the loop sender's connections (loadtest/loop_sender.py) with nothing around
-them, no Locust, recorder, statistics or driver: what a Python sender on gevent's loop costs here, the floor under
-`latlab loadtest --mode closed` (closed_vs_wrk.py's `--bare` runs it beside wrk and the load test).
+"""latlab's closed-loop sender alone: the loop sender's connections (loadtest/loop_sender.py, or with `--native`
+the native closed loop's: native_loop.py) with nothing around them, no Locust, recorder, statistics or driver: what
+the sender costs here, the floor under `latlab loadtest --mode closed` (closed_vs_wrk.py's `--bare` runs both beside
+wrk and the load test).
 
-    .venv/bin/python benchmarks/bare_sender.py URL DEPLOYMENT [--users 16] [--seconds 5]
+    .venv/bin/python benchmarks/bare_sender.py URL DEPLOYMENT [--users 16] [--seconds 5] [--native]
 
 Each connection sends the deployment's request bodies (payloads.request_bodies, as the load test draws them) in
 a random order drawn once, the next the moment an answer is read. Prints one JSON line: requests/s over the
@@ -25,6 +26,7 @@ from urllib.parse import urlsplit  # noqa: E402
 import gevent  # noqa: E402
 import requests  # noqa: E402
 
+from latlab.loadtest import native_loop  # noqa: E402
 from latlab.loadtest.loop_sender import LoopSender  # noqa: E402
 from latlab.loadtest.payloads import request_bodies  # noqa: E402
 from latlab.loadtest.raw_http import Finished  # noqa: E402
@@ -41,6 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("deployment")
     parser.add_argument("--users", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--native", action="store_true", help="the native closed loop's sender (native_loop.py)")
     args = parser.parse_args(argv)
     address = urlsplit(args.url)
     metadata = requests.get(f"{args.url}/v2/models/{args.deployment}", timeout=10).json()
@@ -58,10 +61,14 @@ def main(argv: list[str] | None = None) -> None:
         answered[1] += sum(f.status != 200 for f in finished)
 
     rng = random.Random(0)
-    senders = [
-        LoopSender((address.hostname, address.port), itertools.cycle(rng.choices(raws, k=4096)).__next__)
-        for _ in range(args.users)
-    ]
+    target = (address.hostname, address.port)
+    if args.native:
+        lib, why = native_loop.library()
+        if lib is None:
+            raise SystemExit(f"the native closed loop is not built: {why}")
+        senders = [native_loop.NativeSender(lib, target, rng.choices(raws, k=4096)) for _ in range(args.users)]
+    else:
+        senders = [LoopSender(target, itertools.cycle(rng.choices(raws, k=4096)).__next__) for _ in range(args.users)]
     running = [gevent.spawn(sender.run, record) for sender in senders]
     gevent.sleep(1.0)
     for sender in senders:

@@ -7,8 +7,8 @@ Serves the lab's mlp at batching off (or `--max-batch N`, waiting up to 2 ms; on
 alternating the order per round, runs `wrk -t1 -cUSERS` (a POST of one JSON infer body, the first the generator
 itself would send) and `latlab loadtest --mode closed --users USERS` for the same seconds (its default sender, the
 native closed loop: native_loop.py); with `--python-loop` also with LATLAB_CLOSED_LOOP=python (the Python loop
-sender, loop_sender.py); with `--bare` also latlab's Python loop sender alone, without Locust or the recorder
-(bare_sender.py: what a Python sender costs here at the least); with `--greenlet` also with
+sender, loop_sender.py); with `--bare` also latlab's Python and native loop senders alone, without Locust or the
+recorder (bare_sender.py: what each costs here at the least); with `--greenlet` also with
 LATLAB_CLOSED_LOOP=greenlet (the users sending from their greenlets, as before the loop sender); with `--other`
 also another version of latlab's code (a folder holding its `latlab` package, put first on PYTHONPATH). Prints each
 tool's requests/s, its own CPU (% of one core: wrk's and the bare sender's from their process times, latlab's the
@@ -89,10 +89,11 @@ def latlab_rate(url: str, users: int, seconds: float, out: Path) -> tuple[float,
     return step.achieved_rps, step.generator_cpu_percent or 0.0
 
 
-def bare_rate(url: str, users: int, seconds: float) -> tuple[float, float]:
-    """The loop sender alone (bare_sender.py): its requests/s and CPU (% of one core)."""
+def bare_rate(url: str, users: int, seconds: float, native: bool) -> tuple[float, float]:
+    """A closed-loop sender alone (bare_sender.py): its requests/s and CPU (% of one core)."""
     script = Path(__file__).with_name("bare_sender.py")
     args = [sys.executable, str(script), url, DEPLOYMENT, "--users", str(users), "--seconds", f"{seconds:g}"]
+    args += ["--native"] * native
     done = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120)
     if done.returncode:
         raise RuntimeError(f"the bare sender failed: {done.stderr[-2000:]}")
@@ -164,15 +165,15 @@ def main(argv: list[str] | None = None) -> None:
             *(["latlab-python"] if args.python_loop else []),
             *(["latlab-greenlet"] if args.greenlet else []),
             *(["latlab-other"] * bool(args.other)),
-            *(["sender-alone"] * args.bare),
+            *(["python-alone", "native-alone"] if args.bare else []),
         ]
         for k in range(args.rounds):
             measured = {}
             for tool in tools if k % 2 == 0 else tools[::-1]:
                 if tool == "wrk":
                     measured[tool] = wrk_rate(served.url, body, args.users, args.seconds, work)
-                elif tool == "sender-alone":
-                    measured[tool] = bare_rate(served.url, args.users, args.seconds)
+                elif tool.endswith("-alone"):
+                    measured[tool] = bare_rate(served.url, args.users, args.seconds, tool == "native-alone")
                 else:
                     measured[tool] = latlab_rate_of(
                         tool, args.other, served.url, args.users, args.seconds, work / f"{tool}-{k}"

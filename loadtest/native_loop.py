@@ -49,6 +49,7 @@ as the Python senders name them; other codes are errno values, named as Python's
 RUNNING, CLOSED, FAILED = 0, 1, 2
 TAKE_AT_ONCE = 4096
 
+_new_tuple = tuple.__new__  # a Finished without NamedTuple's Python-level __new__, as loop_sender.py makes them
 _lock = threading.Lock()
 _built: tuple[ctypes.CDLL | None, str] | None = None
 _driver: int | None = None
@@ -174,6 +175,7 @@ class NativeSender:
         self._pointers = (ctypes.c_char_p * len(self._requests))(*self._requests)
         self._lengths = (ctypes.c_int64 * len(self._requests))(*(len(raw) for raw in self._requests))
         self._out = np.zeros(TAKE_AT_ONCE, RECORD)
+        self._out_at = self._out.ctypes.data
         self._sent = ctypes.c_double()
         self._state = ctypes.c_int()
         self._slot: int | None = None
@@ -188,6 +190,8 @@ class NativeSender:
         status 0, as LoopSender's does."""
         self._record = record
         _waiting.add(self._wake)
+        ticker = gevent.get_hub().loop.timer(self.record_every_s, self.record_every_s)
+        ticker.start(self._wake.set)  # one timer for the connection's life: no timeout object per wait
         try:
             while True:
                 if self._slot is None:
@@ -195,7 +199,7 @@ class NativeSender:
                     self.collect()
                     if self._slot is None:
                         continue
-                self._wake.wait(self.record_every_s)
+                self._wake.wait()
                 self._wake.clear()
                 flying = self._take()
                 if self._state.value != RUNNING:
@@ -205,6 +209,8 @@ class NativeSender:
                     self.finished.append(Finished(flying, time.time(), 0, False, 0, "timeout"))
                 self._hand_on(self._flying_now())
         finally:
+            ticker.stop()
+            ticker.close()
             _waiting.discard(self._wake)
             flying = self._take()
             self._drop()
@@ -231,16 +237,12 @@ class NativeSender:
         if self._slot is None:
             return None
         while True:
-            n = self.lib.ll_take(self.driver, self._slot, self._out.ctypes.data, TAKE_AT_ONCE, self._sent, self._state)
+            n = self.lib.ll_take(self.driver, self._slot, self._out_at, TAKE_AT_ONCE, self._sent, self._state)
             if n:
-                rows = self._out[:n]
-                if rows["error"].any() or rows["status"].min() == 0:
-                    self.finished.extend(
-                        Finished(s, d, st, bool(ra), rc, error_name(e) if e else "")
-                        for s, d, st, ra, rc, e, _ in rows.tolist()
-                    )
-                else:
-                    self.finished.extend(Finished(s, d, st, ra != 0, rc) for s, d, st, ra, rc, _, _ in rows.tolist())
+                self.finished += [
+                    _new_tuple(Finished, (s, d, st, ra != 0, rc, error_name(e) if e else ""))
+                    for s, d, st, ra, rc, e, _ in self._out[:n].tolist()
+                ]
             if n < TAKE_AT_ONCE:
                 return self._flying_now()
 
