@@ -13,8 +13,9 @@ LATLAB_CLOSED_LOOP=greenlet (the users sending from their greenlets, as before t
 also another version of latlab's code (a folder holding its `latlab` package, put first on PYTHONPATH). Prints each
 tool's requests/s, its own CPU (% of one core: wrk's and the bare sender's from their process times, latlab's the
 busiest generator process as the results record it) and CPU per request, each latlab's rate over wrk's per round,
-and per tool the median and range over the rounds (this machine's rate drifts between rounds far more than the
-tools differ: only runs side by side compare). wrk is Debian's `wrk` (apt-get install wrk)."""
+and per tool the median and range over the rounds and the ratio's mean with its 95% interval (this machine's rate
+drifts between rounds far more than the tools differ: only runs side by side compare). wrk is Debian's `wrk`
+(apt-get install wrk)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import psutil
 import requests
+import scipy.stats
 
 from harness import batching, export_zoo, loadtest, serving, write_config
 
@@ -119,6 +121,16 @@ def latlab_rate_of(tool: str, other: str, url: str, users: int, seconds: float, 
             os.environ["PYTHONPATH"] = saved
 
 
+def _mean_interval(values: list[float]) -> str:
+    """The mean and its 95% confidence interval (Student's t over the rounds): what a bar such as "within 5% of
+    wrk" is read against, where single rounds drift by tens of percent."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return f"mean {mean:.3f}"
+    half = scipy.stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
+    return f"mean {mean:.3f} (95% interval {mean - half:.3f}-{mean + half:.3f})"
+
+
 def _spread(values: list[float], spec: str) -> str:
     return f"{format(statistics.median(values), spec)} ({format(min(values), spec)}-{format(max(values), spec)})"
 
@@ -189,7 +201,8 @@ def main(argv: list[str] | None = None) -> None:
         cost = [row[tool]["cpu_percent"] / 100 / row[tool]["rps"] * 1e6 for row in rows]
         line = f"  {tool:15s} CPU per request {_spread(cost, '.0f')} µs"
         if tool != "wrk":
-            line += f", {tool} / wrk {_spread([row['ratios'][tool] for row in rows], '.3f')}"
+            ratios = [row["ratios"][tool] for row in rows]
+            line += f", {tool} / wrk {_spread(ratios, '.3f')}, {_mean_interval(ratios)}"
         print(line)
     (work / "closed_vs_wrk.json").write_text(json.dumps(rows, indent=1))
     print(f"written: {work / 'closed_vs_wrk.json'}")
