@@ -29,6 +29,9 @@ from latlab.loadtest.raw_http import Finished
 from latlab.loadtest.loop_sender import RECORD_EVERY_S, Record
 
 SOURCE = Path(__file__).with_name("closed_loop.c")
+CLOSED_LOOP_ENV = "LATLAB_CLOSED_LOOP"
+"""Which sender drives a closed-loop user's connection: 'native' (the default where it builds), 'python' (the
+event loop's callbacks: loop_sender.py) or 'greenlet' (the user's greenlet, as Locust's task would)."""
 CACHE_ENV = "LATLAB_CACHE"
 """Where built native code is kept (default: $XDG_CACHE_HOME/latlab, else ~/.cache/latlab)."""
 RECORD = np.dtype(
@@ -117,6 +120,16 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
     lib.ll_drop.restype = ctypes.c_int64
     lib.ll_free.argtypes = [ctypes.c_void_p]
     return lib, ""
+
+
+def closed_sender(lean: bool, sizes_vary: bool) -> str:
+    """The sender a closed-loop user runs ("native", "python" or "greenlet"), as users.ClosedLoopUser chooses it:
+    the native one unless asked otherwise, where it builds and the user's requests are a fixed cycle (sizes drawn
+    per request are the Python sender's); the greenlet where the lean client cannot reach the host."""
+    how = os.environ.get(CLOSED_LOOP_ENV, "native")
+    if not lean or how == "greenlet":
+        return "greenlet"
+    return "native" if how == "native" and not sizes_vary and library()[0] is not None else "python"
 
 
 def driver(lib: ctypes.CDLL) -> int:

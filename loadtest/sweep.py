@@ -13,12 +13,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
+from urllib.parse import urlsplit
 
 import gevent
 import requests
 from prometheus_client import CollectorRegistry
 
 from latlab.common import machine
+from latlab.loadtest import native_loop
 from latlab.loadtest.driver import LoadDriver
 from latlab.loadtest.calibrate import calibrate
 from latlab.loadtest.overload import run_overload
@@ -92,6 +94,7 @@ def run_sweep(
             "seq_len_max": payload.seq_len_max,
             **({"inputs": payload.inputs} if payload.inputs else {}),
             **({"sizes": payload.sizes} if payload.sizes else {}),
+            **({"closed_sender": _closed_sender(plan)} if schedule.mode == "closed" else {}),
         },
         slo_p99_s=plan.slo.p99_s,
         fleet=read_targets(plan.provenance.fleet).as_dict() if plan.provenance.fleet else None,
@@ -120,6 +123,12 @@ def run_sweep(
     if metrics_port:
         gevent.sleep(2.5)  # let Prometheus scrape the last step before the exporter goes away
     return run
+
+
+def _closed_sender(plan) -> str:
+    """Which sender the closed loop's users run here (native_loop.closed_sender), for the results."""
+    lean = plan.workload.payload.client == "lean" and urlsplit(plan.workload.host).scheme == "http"
+    return native_loop.closed_sender(lean, plan.workload.payload.size_spec.varies)
 
 
 def _run_deployment(

@@ -50,9 +50,6 @@ with the server, a punctual send must not cost the server its CPU."""
 SIZED_BUDGET_BYTES = 4 * BODY_BUDGET_BYTES
 """Bodies of sizes drawn per request kept per user: a text deployment's sizes end at its max_length, so all are
 kept; past this (long tensors of many sizes) the kept ones are dropped and built again as they come."""
-CLOSED_LOOP_ENV = "LATLAB_CLOSED_LOOP"
-"""Which sender drives a closed-loop user's connection: 'native' (the default where it builds: native_loop.py),
-'python' (the event loop's callbacks: loop_sender.py) or 'greenlet' (the user's greenlet, as Locust's task would)."""
 OPEN_LOOP_ENV = "LATLAB_OPEN_LOOP"
 """'greenlet': open-loop users send each request from a greenlet of its own, not from the sender's wake-up."""
 BODY_ORDER_LENGTH = 4096
@@ -451,14 +448,17 @@ class ClosedLoopUser(_InferenceUser):
 
     @task
     def request(self) -> None:
-        how = os.environ.get(CLOSED_LOOP_ENV, "native")
-        if self.lean is None or how == "greenlet":
+        how = native_loop.closed_sender(self.lean is not None, self.sizes is not None)
+        if how == "greenlet":
             self._send(time.time(), next(self.sizes) if self.sizes is not None else 0)
             return
-        lib = native_loop.library()[0] if how == "native" and self.sizes is None else None
-        if lib is not None:
+        if how == "native":
             sender = native_loop.NativeSender(
-                lib, self.lean.address, self._drawn_bodies(), self.network_timeout, self.connection_timeout
+                native_loop.library()[0],
+                self.lean.address,
+                self._drawn_bodies(),
+                self.network_timeout,
+                self.connection_timeout,
             )
         else:
             next_raw = self._next_raw if self.sizes is not None else self._body_order()

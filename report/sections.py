@@ -25,6 +25,14 @@ def esc(value: object) -> str:
     return html.escape(str(value))
 
 
+CLOSED_SENDERS = {
+    "native": "native (one C thread drives every connection, as wrk does)",
+    "python": "Python (the event loop's callbacks)",
+    "greenlet": "Python (a greenlet per user, Locust's own way)",
+}
+"""What drove a closed loop's connections (loadtest/native_loop.py), as the environment's details say it."""
+
+
 def environment_section(runs: list[Run], bench_docs: list[dict]) -> str:
     """Where every number came from: each run's load generator and server, each bench's machine."""
     rows = []
@@ -38,6 +46,8 @@ def environment_section(runs: list[Run], bench_docs: list[dict]) -> str:
         details += "".join(f" | server: {server}" for server in servers) or " | server: environment not recorded"
         if run.generator_floor:
             details += f" | {floor_line(run.generator_floor)}"
+        if (run.payload or {}).get("closed_sender"):
+            details += f" | closed-loop sender: {CLOSED_SENDERS.get(run.payload['closed_sender'], 'unknown')}"
         row = _machine_row(f"run {run.run_id}", run.reference, run.machine or {}, details)
         if row not in rows:  # a lab run writes one results file per model, all from the same machines
             rows.append(row)

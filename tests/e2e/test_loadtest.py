@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,8 @@ def test_open_loop_shows_a_stall_that_closed_loop_hides(tmp_path):
     assert closed_step.max_s >= 0.3 * stall_s, "the closed-loop user did hit a stall"
     assert closed_step.p99_s < open_step.p99_s / 5, (closed_step.p99_s, open_step.p99_s)
     assert closed_step.users == 1 and closed.mode == "closed"
+    # the native closed loop (loadtest/native_loop.py) drives the user's connection wherever cc can build it
+    assert closed.payload["closed_sender"] == ("native" if shutil.which("cc") else "python")
 
 
 def test_slo_search_finds_a_known_capacity(tmp_path):

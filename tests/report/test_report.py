@@ -507,3 +507,16 @@ def test_with_reference_shows_the_committed_h100_seed_bench_cpu_and_gpu_side_by_
     assert f"<td>{cuda['median_s'] * 1e3:.3f}</td><td>{last['median_s'] / cuda['median_s']:.2f}x</td>" in page
     for name in ("batch_size", "d_model", "n_layers", "fixed_params"):
         assert f"<p>{name}</p><table>" in page
+
+
+def test_the_environment_says_which_sender_drove_a_closed_loop() -> None:
+    from latlab.report.sections import environment_section
+
+    machine = {"cpu": "SYNTHETIC 2-core CPU", "cores": 2}
+    native = Run(run_id="closed", machine=machine, mode="closed", payload={"closed_sender": "native"})
+    python = Run(run_id="closed-py", machine=machine, mode="closed", payload={"closed_sender": "python"})
+    opened = Run(run_id="open", machine=machine, mode="open", payload={"client": "lean"})
+    text = environment_section([native, python, opened], [])
+    assert "closed-loop sender: native (one C thread drives every connection, as wrk does)" in text
+    assert "closed-loop sender: Python (the event loop&#x27;s callbacks)" in text
+    assert text.count("closed-loop sender") == 2  # an open loop's run says nothing of it
