@@ -72,7 +72,10 @@ def library() -> tuple[ctypes.CDLL | None, str]:
     global _built
     with _lock:
         if _built is None:
-            _built = _build()
+            try:
+                _built = _build()
+            except OSError as exc:  # the cache folder cannot be written, the source cannot be read
+                _built = None, f"{type(exc).__name__}: {exc}"
             if _built[0] is None:
                 logging.getLogger(__name__).warning(
                     "the native closed loop is not built (%s): the Python loop sender runs", _built[1]
@@ -144,6 +147,7 @@ def driver(lib: ctypes.CDLL) -> int:
         if _watcher is None:
             notify = lib.ll_notify_fd(_driver)
             _watcher = gevent.get_hub().loop.io(notify, 1)
+            _watcher.ref = False  # it alone never keeps the event loop running
             _watcher.start(_stopped, notify)
         return _driver
 

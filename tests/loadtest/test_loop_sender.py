@@ -151,3 +151,30 @@ def test_finished_requests_wait_for_their_batch_unless_collected(server: StubSer
     handed = len(batches)
     sender.collect()
     assert len(batches) == handed  # after the end there is nothing to hand on
+
+
+def test_without_a_place_to_build_it_the_native_sender_says_why(tmp_path, monkeypatch) -> None:
+    """A cache folder that cannot be written (here, a file in its place) leaves the native closed loop unbuilt with
+    the reason; the users then run the Python sender (native_loop.closed_sender)."""
+    blocked = tmp_path / "cache"
+    blocked.write_text("a file, not a folder")
+    monkeypatch.setenv(native_loop.CACHE_ENV, str(blocked / "inside"))
+    monkeypatch.setattr(native_loop, "_built", None)
+    lib, why = native_loop.library()
+    assert lib is None and why, why
+    assert native_loop.closed_sender(lean=True, sizes_vary=False) == "python"
+    assert native_loop.closed_sender(lean=False, sizes_vary=False) == "greenlet"
+
+
+def test_the_native_sender_is_built_once_per_source_version_into_the_cache(tmp_path, monkeypatch) -> None:
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler on this machine: the closed loop runs on the Python sender (native_loop.py)")
+    monkeypatch.setenv(native_loop.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(native_loop, "_built", None)
+    lib, why = native_loop.library()
+    assert lib is not None, why
+    (built,) = tmp_path.glob("closed_loop-*.so")  # named by the source's hash; nothing else left behind
+    assert list(tmp_path.iterdir()) == [built]
+    stamp = built.stat().st_mtime_ns
+    monkeypatch.setattr(native_loop, "_built", None)
+    assert native_loop.library()[0] is not None and built.stat().st_mtime_ns == stamp  # loaded, not built again
