@@ -19,7 +19,7 @@ from latlab.loadtest.loop_sender import LoopSender
 from latlab.loadtest.raw_http import RawConnection
 
 HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\nserver: granian\r\n"
-HEAD += b"date: Fri, 27 Nov 2026 16:00:00 GMT\r\n\r\n"
+HEAD += b"date: Thu, 01 Jan 1970 00:00:00 GMT\r\n\r\n"
 
 
 class _Socket:

@@ -49,7 +49,8 @@ RECORD = np.dtype(
 ERROR_NAMES = {-1: "HttpError", -2: "HttpError"}
 """closed_loop.c's own error codes (an answer that is not HTTP; a connection closed before its answer ended), named
 as the Python senders name them; other codes are errno values, named as Python's OSError subclass for them."""
-RUNNING, CLOSED, FAILED = 0, 1, 2
+RUNNING = 0
+"""closed_loop.c's state of a connection still watched (the others: closed by the server, failed)."""
 TAKE_AT_ONCE = 4096
 
 _new_tuple = tuple.__new__  # a Finished without NamedTuple's Python-level __new__, as loop_sender.py makes them
