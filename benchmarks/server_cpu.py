@@ -218,7 +218,7 @@ def served_rates(folder: Path, model: Path, versions: dict, rounds: int) -> dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--other", default=None, help="PYTHONPATH of the other version (the baseline)")
-    parser.add_argument("--interfaces", nargs="+", choices=("wsgi", "rsgi"), default=["wsgi"])
+    parser.add_argument("--interfaces", nargs="+", choices=("wsgi", "rsgi", "native"), default=["wsgi"])
     parser.add_argument("--models-dir", type=Path, default=None)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=3.0)

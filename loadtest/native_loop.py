@@ -11,12 +11,8 @@ runs on the Python loop sender. `NativeSender` has LoopSender's interface: `run(
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import shutil
-import subprocess
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -25,6 +21,7 @@ import gevent
 import numpy as np
 from gevent.event import Event
 
+from latlab.common.native_build import build
 from latlab.loadtest.raw_http import Finished
 from latlab.loadtest.loop_sender import RECORD_EVERY_S, Record
 
@@ -32,8 +29,6 @@ SOURCE = Path(__file__).with_name("closed_loop.c")
 CLOSED_LOOP_ENV = "LATLAB_CLOSED_LOOP"
 """Which sender drives a closed-loop user's connection: 'native' (the default where it builds), 'python' (the
 event loop's callbacks: loop_sender.py) or 'greenlet' (the user's greenlet, as Locust's task would)."""
-CACHE_ENV = "LATLAB_CACHE"
-"""Where built native code is kept (default: $XDG_CACHE_HOME/latlab, else ~/.cache/latlab)."""
 RECORD = np.dtype(
     [
         ("sent", "f8"),
@@ -62,12 +57,6 @@ _waiting: set[Event] = set()
 _watcher = None
 
 
-def cache_folder() -> Path:
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "latlab"
-
-
 def library() -> tuple[ctypes.CDLL | None, str]:
     """The built closed loop, and "" ; or None and why it could not be built (once per process)."""
     global _built
@@ -85,27 +74,9 @@ def library() -> tuple[ctypes.CDLL | None, str]:
 
 
 def _build() -> tuple[ctypes.CDLL | None, str]:
-    source = SOURCE.read_bytes()
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    target = cache_folder() / f"closed_loop-{hashlib.sha256(source).hexdigest()[:16]}.so"
-    if not target.exists():
-        if compiler is None:
-            return None, "no C compiler (cc) on this machine"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as work:
-            built = Path(work) / target.name
-            args = [compiler, "-O2", "-shared", "-fPIC", "-pthread", "-o", str(built), str(SOURCE)]
-            try:
-                done = subprocess.run(args, capture_output=True, text=True, timeout=120)
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                return None, f"{compiler} failed: {exc}"
-            if done.returncode != 0:
-                return None, f"{compiler} failed: {done.stderr.strip()[-300:]}"
-            os.replace(built, target)  # atomic: processes building at once each load a whole file
-    try:
-        lib = ctypes.CDLL(str(target))
-    except OSError as exc:
-        return None, f"cannot load {target}: {exc}"
+    lib, why = build(SOURCE)
+    if lib is None:
+        return None, why
     lib.ll_new.restype = ctypes.c_void_p
     lib.ll_add.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 2
     lib.ll_add.restype = ctypes.c_int

@@ -28,7 +28,7 @@ the suite runs every test of the real server with several front ends."""
 INTERFACE_ENV = "LATLAB_INTERFACE"
 """Overrides [server] interface (a container's setting): how the suite runs every test of the real
 server under the RSGI interface."""
-INTERFACES = ("wsgi", "rsgi")
+INTERFACES = ("wsgi", "rsgi", "native")
 MAX_FRONTENDS = 64
 """Front-end processes a server may run (the [server] frontends bound): each owns one row of the admission counts
 the processes share (server/processes/shared.py)."""
@@ -112,8 +112,10 @@ class ServerConfig:
     """How Granian hands requests to one process (frontends = 1). "wsgi": a thread per request; an infer request's
     thread waits on its batch. "rsgi": Granian's asynchronous interface: infer requests wait as coroutines on one
     event loop and a batch's answers reach it with one wake-up (server/http/rsgi.py); the other routes run on the
-    loop (bodiless GETs) or a few threads, and `threads` does not apply. With frontends >= 2 the front ends run WSGI
-    whatever this says (logged at start). docs/performance.md measures both."""
+    loop (bodiless GETs) or a few threads, and `threads` does not apply. "native": no Granian: one native thread owns
+    the connections and one Python thread takes every request that arrived in one call; a batch's worker writes its
+    answers itself (server/http/native.py; needs a C compiler on first start). With frontends >= 2 the front ends run
+    WSGI whatever this says (logged at start). docs/performance.md measures them."""
     threads: int = 0
     """Request threads (of each front end). 0: one for every infer request the deployments admit (max_queue_size
     + instances x max_batch_size each) plus SPARE_THREADS (4). Set by hand, it must exceed those requests."""

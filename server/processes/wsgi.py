@@ -7,6 +7,7 @@ import ipaddress
 import logging
 import os
 import shutil
+import signal
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -132,6 +133,9 @@ def serve(
             config.frontends,
             ", ".join(f"the {key} engine process {s.process.pid}" for key, s in zip(engines, supervisors)),
         )
+    if interface == "native":
+        serve_native(address, port)
+        return
     try:
         Granian(
             "latlab.server.processes.wsgi:app_from_env",
@@ -154,6 +158,37 @@ def serve(
     finally:
         if supervisors:  # after the front ends drained: the engines answer what they still wait on
             stop_engines(supervisors, run_dir)
+
+
+def serve_native(address: str, port: int) -> None:
+    """One process under the native interface (server/http/native.py) until SIGINT/SIGTERM: the app as Granian's
+    worker would build it (app_from_env), its dispatcher on this thread; stopping answers what it holds first."""
+    from latlab.server.http.native import NativeServer, listening_socket
+
+    try:
+        sock = listening_socket(address, port)
+    except OSError as exc:
+        log.error("cannot listen on %s:%d: %s", address, port, exc.strerror)
+        raise SystemExit(2) from None
+    app = app_from_env()
+    try:
+        server = NativeServer(app, sock)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        app.extensions["latlab"].close()
+        raise SystemExit(2) from None
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: server.stop())
+    log.info("serving on http://%s:%d (native interface)", address, port)
+    try:
+        server.serve_forever()
+    finally:
+        server.close()
+        sock.close()
+        observer = app.extensions.get("latlab.observer")
+        if observer is not None:
+            observer.close()
+        app.extensions["latlab"].close()
 
 
 def served_interface(config: ServerConfig, separate_engine: bool = False) -> str:

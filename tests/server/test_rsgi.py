@@ -149,7 +149,7 @@ def test_a_batch_wakes_the_loop_once() -> None:
 
 def test_the_interface_setting_is_checked_overridden_and_wsgi_for_front_ends(tmp_path: Path, tiny_model: Path) -> None:
     deployments = [{"name": "tiny", "model_path": str(tiny_model)}]
-    with pytest.raises(ConfigError, match=r"interface must be one of \('wsgi', 'rsgi'\), got 'asgi'"):
+    with pytest.raises(ConfigError, match=r"interface must be one of \('wsgi', 'rsgi', 'native'\), got 'asgi'"):
         parse_config({"server": {"interface": "asgi"}, "deployments": deployments})
     path = save_config({"server": {"frontends": 2}, "deployments": deployments}, tmp_path / "server.toml")
     assert served_config(path).interface == "wsgi"
