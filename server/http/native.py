@@ -206,7 +206,7 @@ class NativeServer:
             except Exception as exc:  # noqa: BLE001 - every error becomes a response
                 if not isinstance(exc, (ServingError, HTTPException)):
                     log.exception("unexpected error while reading a request")
-                self._reply(token, *error_answer(exc), close=True)
+                self._reply(token, *error_answer(exc), close=bool(flags & (CLOSE | BAD)))
         for batcher, calls, arguments in groups.values():
             if count == 1 and len(calls) == 1 and calls[0].deployment.config.batcher.instances == 1:
                 self._submitted(batcher, calls, [_outcome(batcher.submit, *arguments[0], run_here=True)])

@@ -68,6 +68,7 @@ typedef struct {
     size_t out_length, out_sent, out_capacity;
     int close_after;      /* close once the answer is out */
     size_t drained;
+    size_t skip;          /* bytes of a refused body still to drop before the next request */
     int watching_out;
     char peer[64];
     uint32_t field[2 * F_COUNT];
@@ -324,10 +325,20 @@ static void answer_now(nh_server *s, int slot, const char *text) {
     flush(s, slot);
 }
 
+/* Drop what has arrived of a refused body, keeping the connection; 1: more of it is still to come. */
+static int skip_refused(connection *c) {
+    size_t dropped = c->skip < c->in_length ? c->skip : c->in_length;
+    memmove(c->in, c->in + dropped, c->in_length - dropped);
+    c->in_length -= dropped;
+    c->skip -= dropped;
+    return c->skip > 0;
+}
+
 /* Frame what the connection holds: a request handed to Python once whole. Called with the lock held. */
 static void parse(nh_server *s, int slot) {
     connection *c = &s->connections[slot];
     if (c->state != READING) return;
+    if (c->skip && skip_refused(c)) return;
     if (c->head_length == 0) {
         /* tolerate the blank lines some clients send between requests (RFC 9112 2.2) */
         size_t skip = 0;
@@ -359,9 +370,13 @@ static void parse(nh_server *s, int slot) {
             ready(s, slot);
             return;
         }
-        if (c->declared > s->max_body) { /* refused on its head: Python answers 413, the rest is drained */
-            c->flags |= FLAG_TOO_LARGE | FLAG_CLOSE;
-            c->keep_alive = 0;
+        if (c->declared > s->max_body) { /* refused on its head: Python answers 413 and the body is dropped as it
+                                             comes, the connection kept; past DRAIN_LIMIT it is closed */
+            c->flags |= FLAG_TOO_LARGE;
+            if (c->declared > DRAIN_LIMIT) {
+                c->flags |= FLAG_CLOSE;
+                c->keep_alive = 0;
+            }
             ready(s, slot);
             return;
         }
@@ -424,10 +439,12 @@ static void receive(nh_server *s, int slot) {
             close_connection(s, slot);
             return;
         }
-        ssize_t n = recv(c->fd, c->in + c->in_length, c->in_capacity - c->in_length, 0);
+        size_t room = c->in_capacity - c->in_length;
+        ssize_t n = recv(c->fd, c->in + c->in_length, room, 0);
         if (n > 0) {
             c->in_length += (size_t)n;
-            if ((size_t)n < c->in_capacity - c->in_length + (size_t)n) break; /* the socket is empty */
+            if (c->skip && c->state == READING) skip_refused(c);
+            if ((size_t)n < room) break; /* the socket is empty */
             continue;
         }
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
@@ -463,6 +480,7 @@ static void accept_all(nh_server *s) {
         c->state = READING;
         c->in_length = c->out_length = c->out_sent = c->head_length = c->body_length = 0;
         c->peer_closed = c->close_after = c->watching_out = c->queued = 0;
+        c->skip = 0;
         c->peer[0] = 0;
         if (address.ss_family == AF_INET)
             inet_ntop(AF_INET, &((struct sockaddr_in *)&address)->sin_addr, c->peer, sizeof c->peer);
@@ -598,15 +616,22 @@ int nh_reply(nh_server *s, uint64_t token, const char *data, int64_t length, int
         return -1;
     }
     /* the request's bytes leave the buffer: what follows them is the next request */
-    size_t used = c->head_length;
-    if (!(c->flags & (FLAG_TOO_LARGE | FLAG_BAD))) used = c->declared >= 0 ? c->head_length + (size_t)c->declared : c->chunk_at;
-    if (c->flags & (FLAG_TOO_LARGE | FLAG_BAD)) used = c->in_length; /* the rest is drained, not parsed */
+    size_t used;
+    if (c->flags & FLAG_BAD || (c->flags & FLAG_TOO_LARGE && c->declared < 0)) {
+        used = c->in_length; /* closed after the answer: the rest is drained, not parsed */
+    } else if (c->flags & FLAG_TOO_LARGE) {
+        used = c->head_length;
+        c->skip = (size_t)c->declared;
+    } else {
+        used = c->declared >= 0 ? c->head_length + (size_t)c->declared : c->chunk_at;
+    }
     if (used > c->in_length) used = c->in_length;
     memmove(c->in, c->in + used, c->in_length - used);
     c->in_length -= used;
     c->head_length = 0;
     c->state = READING;
-    if (close || !c->keep_alive || c->peer_closed || c->flags & (FLAG_TOO_LARGE | FLAG_BAD)) c->close_after = 1;
+    if (c->skip) skip_refused(c);
+    if (close || !c->keep_alive || c->peer_closed || c->flags & (FLAG_CLOSE | FLAG_BAD)) c->close_after = 1;
     if (grow(&c->out, &c->out_capacity, c->out_length + (size_t)length) < 0) {
         close_connection(s, slot);
         pthread_mutex_unlock(&s->lock);

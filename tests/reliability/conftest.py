@@ -64,21 +64,29 @@ class Server:
     process: subprocess.Popen
     log: Path
     session: requests.Session = field(default_factory=requests.Session)
+    in_process: bool = False
+    """Serving in `latlab serve`'s own process, with no worker under it (the native interface): seen at start."""
 
     def worker(self) -> psutil.Process:
-        """The process holding the models: Granian's one worker, or the engine of a server with several front
-        ends (LATLAB_FRONTENDS=2 runs these tests so)."""
+        """The process holding the models: Granian's one worker, the engine of a server with several front
+        ends (LATLAB_FRONTENDS=2 runs these tests so), or the server itself under the native interface."""
         children = psutil.Process(self.process.pid).children()
         engines = [c for c in children if "latlab.server.processes.engine" in " ".join(c.cmdline())]
         if engines:
             return engines[0]
+        if self.in_process:
+            return psutil.Process(self.process.pid)
         (child,) = children
         return child
 
     def alive(self) -> bool:
         """The server and every process under it run."""
-        children = psutil.Process(self.process.pid).children() if self.process.poll() is None else []
-        return bool(children) and all(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
+        if self.process.poll() is not None:
+            return False
+        children = psutil.Process(self.process.pid).children()
+        if not children:
+            return self.in_process
+        return all(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children)
 
     def infer(self, body: bytes, model: str = "tiny", headers: dict | None = None) -> requests.Response:
         return self.session.post(
@@ -110,7 +118,7 @@ def running_server(
     url = f"http://127.0.0.1:{port}"
     try:
         wait_live(url, process, log)
-        yield Server(url, process, log)
+        yield Server(url, process, log, in_process=not psutil.Process(process.pid).children())
     finally:
         procs.stop(process)
 

@@ -9,6 +9,7 @@ from typing import Iterator
 
 import numpy as np
 import orjson
+import psutil
 import pytest
 import requests
 
@@ -46,7 +47,7 @@ max_length = 32
     url = f"http://127.0.0.1:{port}"
     try:
         wait_live(url, process, log)
-        yield Server(url, process, log)
+        yield Server(url, process, log, in_process=not psutil.Process(process.pid).children())
     finally:
         procs.stop(process)
 
