@@ -136,8 +136,8 @@ class NativeServer:
         self._address = ctypes.addressof(ctypes.c_char.from_buffer(self._buffer))
         self.waiting: dict[int, Waiting] = {}
         """Infer requests with a batcher, by token: whoever pops one (its answer, or its time limit) answers it."""
-        self._limits: dict[int, deque[tuple[float, int]]] = {}
-        """Per batcher, (time past which its caller gives up, token) in arrival order: one wait limit per batcher."""
+        self._limits: dict[int, deque[tuple[float, Waiting]]] = {}
+        """Per batcher, (time past which its caller gives up, the call) in arrival order: one wait limit per batcher."""
         self._routes = ThreadPoolExecutor(SPARE_THREADS, thread_name_prefix="latlab-routes")
         self._dates = Dates()
         self.stopping = threading.Event()
@@ -265,7 +265,7 @@ class NativeServer:
                 continue
             call.slot = outcome
             waiting[call.token] = call
-            limits.append((limit, call.token))
+            limits.append((limit, call))
             outcome.when_done(lambda slot, c=call: self._answered(c, slot))
 
     def _answered(self, call: Waiting, slot: Slot) -> None:
@@ -302,9 +302,9 @@ class NativeServer:
         now = time.monotonic()
         for key, limits in list(self._limits.items()):
             while limits and limits[0][0] <= now:
-                _limit, token = limits.popleft()
-                call = self.waiting.pop(token, None)
-                if call is not None:
+                call = limits.popleft()[1]
+                # a connection's next request has the same token: only this call, if still waiting, is given up
+                if self.waiting.get(call.token) is call and self.waiting.pop(call.token, None) is call:
                     call.slot.cancel()
                     self._finish(call, None, call.deployment.batcher.gave_up())
             if not limits:

@@ -198,7 +198,11 @@ def overload(tmp_path_factory) -> dict:
             timeout=170,
         )
         sampler.stop()
-        alive = server.poll() is None and worker.is_running() and worker in psutil.Process(server.pid).children(True)
+        alive = (
+            server.poll() is None
+            and worker.is_running()
+            and (worker.pid == server.pid or worker in psutil.Process(server.pid).children(True))
+        )
         server_side = server_side_refusals(requests.get(f"{host}/metrics", timeout=10).text)
     finally:
         if sampler:

@@ -4,6 +4,7 @@ port, driven by real HTTP clients and by raw sockets where the framing itself is
 from __future__ import annotations
 
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
@@ -13,6 +14,7 @@ import orjson
 import pytest
 import requests
 
+from latlab.server.batching.batcher import WAIT_MARGIN_S
 from latlab.server.config import FRONTENDS_ENV
 from latlab.server.protocol import HEADER_LENGTH
 
@@ -237,3 +239,24 @@ def test_a_full_queue_refuses_with_retry_after_and_the_waiting_are_answered(held
 def test_a_request_past_its_timeout_gets_504(held: Server) -> None:
     response = held.infer(tiny_body(np.ones((1, 4), np.float32), parameters={"timeout": 1000}))
     assert_error(response, 504, "expired")
+
+
+def test_a_connections_later_requests_outlive_its_first_requests_wait_limit(tmp_path: Path, tiny_model: Path) -> None:
+    """Requests on one kept-alive connection share its token; the caller's wait limit of the first, passing while a
+    later one waits, must give up only on the first (it was answered long before), never answer the later with 504."""
+    batcher = {"max_batch_size": 8, "max_queue_delay_ms": 20, "timeout_ms": 50}
+    deployment = {"name": "tiny", "model_path": str(tiny_model), "batcher": batcher}
+    limit_s = batcher["timeout_ms"] / 1000 + WAIT_MARGIN_S
+    x = np.ones((1, 4), np.float32)
+    with running_server(tmp_path, [deployment], interface="native") as server:
+        statuses = []
+        started = time.monotonic()
+        while time.monotonic() - started < 1.5 * limit_s:  # past the first request's limit, requests still arrive
+            statuses.append(server.infer(tiny_body(x)).status_code)
+        assert len(statuses) > 10 and set(statuses) == {200}
+        assert (
+            server.metric(
+                "latlab_server_requests_total", deployment="tiny", model="tiny", provider="cpu", outcome="timeout"
+            )
+            == 0
+        )
