@@ -87,7 +87,7 @@ def library() -> tuple[ctypes.CDLL | None, str]:
 class Waiting:
     """An infer request handed to its batcher: what its answer needs."""
 
-    __slots__ = ("token", "name", "deployment", "request", "account", "close", "slot")
+    __slots__ = ("token", "name", "deployment", "request", "account", "close", "slot", "serial")
 
     def __init__(
         self, token: int, name: str, deployment: Deployment, request: InferRequest, account: Accounted, close: bool
@@ -99,6 +99,7 @@ class Waiting:
         self.account = account
         self.close = close
         self.slot: Slot | None = None
+        self.serial = 0
 
 
 class Dates:
@@ -136,8 +137,11 @@ class NativeServer:
         self._address = ctypes.addressof(ctypes.c_char.from_buffer(self._buffer))
         self.waiting: dict[int, Waiting] = {}
         """Infer requests with a batcher, by token: whoever pops one (its answer, or its time limit) answers it."""
-        self._limits: dict[int, deque[tuple[float, Waiting]]] = {}
-        """Per batcher, (time past which its caller gives up, the call) in arrival order: one wait limit per batcher."""
+        self._limits: dict[int, deque[tuple[float, int, int]]] = {}
+        """Per batcher, (time past which its caller gives up, token, serial) in arrival order: one wait limit per
+        batcher. Numbers, not the calls: an answered call (its request, its outputs) is freed at once, not kept
+        until its limit passes."""
+        self._serial = 0
         self._routes = ThreadPoolExecutor(SPARE_THREADS, thread_name_prefix="latlab-routes")
         self._dates = Dates()
         self.stopping = threading.Event()
@@ -264,8 +268,10 @@ class NativeServer:
                 self._finish(call, None, outcome)
                 continue
             call.slot = outcome
+            self._serial += 1
+            call.serial = self._serial
             waiting[call.token] = call
-            limits.append((limit, call))
+            limits.append((limit, call.token, call.serial))
             outcome.when_done(lambda slot, c=call: self._answered(c, slot))
 
     def _answered(self, call: Waiting, slot: Slot) -> None:
@@ -302,9 +308,10 @@ class NativeServer:
         now = time.monotonic()
         for key, limits in list(self._limits.items()):
             while limits and limits[0][0] <= now:
-                call = limits.popleft()[1]
+                _limit, token, serial = limits.popleft()
                 # a connection's next request has the same token: only this call, if still waiting, is given up
-                if self.waiting.get(call.token) is call and self.waiting.pop(call.token, None) is call:
+                call = self.waiting.get(token)
+                if call is not None and call.serial == serial and self.waiting.pop(token, None) is call:
                     call.slot.cancel()
                     self._finish(call, None, call.deployment.batcher.gave_up())
             if not limits:
