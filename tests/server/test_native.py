@@ -21,10 +21,6 @@ from latlab.server.protocol import HEADER_LENGTH
 from tests.conftest import build_tiny_model
 from tests.reliability.conftest import Server, assert_error, output_of, running_server, tiny_body, tiny_y
 
-HOLD_MS = 1500
-"""How long a lone request waits for its batch to fill in the held server: far longer than a request takes to
-arrive, so the requests sent while it waits find it still queued."""
-
 
 @pytest.fixture(scope="module", autouse=True)
 def one_process() -> Iterator[None]:
@@ -42,15 +38,6 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     model = build_tiny_model(folder / "tiny" / "model.onnx")
     deployment = {"name": "tiny", "model_path": str(model), "batcher": {"max_batch_size": 8}}
     with running_server(folder, [deployment], interface="native", max_body_bytes=4 << 20) as server:
-        yield server
-
-
-@pytest.fixture
-def held(tmp_path: Path, tiny_model: Path):
-    """A server whose batches wait HOLD_MS to fill, with room for 2 queued requests."""
-    batcher = {"max_batch_size": 8, "max_queue_delay_ms": HOLD_MS, "max_queue_size": 2}
-    deployment = {"name": "tiny", "model_path": str(tiny_model), "batcher": batcher}
-    with running_server(tmp_path, [deployment], interface="native") as server:
         yield server
 
 
@@ -219,26 +206,6 @@ def test_concurrent_connections_each_get_their_own_answer(served: Server) -> Non
     with ThreadPoolExecutor(12) as pool:
         results = [check for checks in pool.map(client, range(12)) for check in checks]
     assert len(results) == 180 and all(results)
-
-
-def test_a_full_queue_refuses_with_retry_after_and_the_waiting_are_answered(held: Server) -> None:
-    x = np.ones((1, 4), np.float32)
-    labels = {"deployment": "tiny", "model": "tiny", "provider": "cpu"}
-    with ThreadPoolExecutor(2) as pool:
-        waiting = [pool.submit(requests.post, f"{held.url}/v2/models/tiny/infer", data=tiny_body(x), timeout=15)]
-        waiting.append(pool.submit(requests.post, f"{held.url}/v2/models/tiny/infer", data=tiny_body(x), timeout=15))
-        while held.metric("latlab_batcher_queue_depth", **labels) < 2:
-            assert not any(w.done() for w in waiting), "a request was answered before its batch's delay"
-        refused = held.infer(tiny_body(x))
-        assert_error(refused, 503, "queue is full")
-        assert refused.headers["Retry-After"] == "1"
-        assert [w.result().status_code for w in waiting] == [200, 200]
-    assert held.metric("latlab_batcher_rejections_total", **labels, reason="queue_full") >= 1
-
-
-def test_a_request_past_its_timeout_gets_504(held: Server) -> None:
-    response = held.infer(tiny_body(np.ones((1, 4), np.float32), parameters={"timeout": 1000}))
-    assert_error(response, 504, "expired")
 
 
 def test_a_connections_later_requests_outlive_its_first_requests_wait_limit(tmp_path: Path, tiny_model: Path) -> None:

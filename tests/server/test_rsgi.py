@@ -41,12 +41,13 @@ def served(tmp_path: Path, tiny_model: Path):
         yield server
 
 
-@pytest.fixture
-def held(tmp_path: Path, tiny_model: Path):
-    """A server whose batches wait HOLD_MS to fill, with room for 2 queued requests."""
+@pytest.fixture(params=["rsgi", "native"])
+def held(request: pytest.FixtureRequest, tmp_path: Path, tiny_model: Path):
+    """A server whose batches wait HOLD_MS to fill, with room for 2 queued requests, under each interface that has
+    no thread per request (tests/server/test_native.py tests the native one's own framing)."""
     batcher = {"max_batch_size": 8, "max_queue_delay_ms": HOLD_MS, "max_queue_size": 2}
     deployment = {"name": "tiny", "model_path": str(tiny_model), "batcher": batcher}
-    with running_server(tmp_path, [deployment], interface="rsgi") as server:
+    with running_server(tmp_path, [deployment], interface=request.param) as server:
         yield server
 
 
