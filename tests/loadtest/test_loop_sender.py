@@ -12,6 +12,7 @@ import gevent
 import pytest
 
 from latlab.common import procs
+from latlab.common.native_build import CACHE_ENV
 from latlab.loadtest import native_loop
 from latlab.loadtest.lean_http import HttpError
 from latlab.loadtest.loop_sender import LoopSender
@@ -158,7 +159,7 @@ def test_without_a_place_to_build_it_the_native_sender_says_why(tmp_path, monkey
     the reason; the users then run the Python sender (native_loop.closed_sender)."""
     blocked = tmp_path / "cache"
     blocked.write_text("a file, not a folder")
-    monkeypatch.setenv(native_loop.CACHE_ENV, str(blocked / "inside"))
+    monkeypatch.setenv(CACHE_ENV, str(blocked / "inside"))
     monkeypatch.setattr(native_loop, "_built", None)
     lib, why = native_loop.library()
     assert lib is None and why, why
@@ -169,7 +170,7 @@ def test_without_a_place_to_build_it_the_native_sender_says_why(tmp_path, monkey
 def test_the_native_sender_is_built_once_per_source_version_into_the_cache(tmp_path, monkeypatch) -> None:
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler on this machine: the closed loop runs on the Python sender (native_loop.py)")
-    monkeypatch.setenv(native_loop.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(native_loop, "_built", None)
     lib, why = native_loop.library()
     assert lib is not None, why

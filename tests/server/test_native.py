@@ -3,7 +3,9 @@ port, driven by real HTTP clients and by raw sockets where the framing itself is
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,12 +16,23 @@ import orjson
 import pytest
 import requests
 
+from latlab.common import procs
+from latlab.common.native_build import CACHE_ENV
 from latlab.server.batching.batcher import WAIT_MARGIN_S
 from latlab.server.config import FRONTENDS_ENV
 from latlab.server.protocol import HEADER_LENGTH
 
 from tests.conftest import build_tiny_model
-from tests.reliability.conftest import Server, assert_error, output_of, running_server, tiny_body, tiny_y
+from tests.reliability.conftest import (
+    CLI,
+    Server,
+    write_config,
+    assert_error,
+    output_of,
+    running_server,
+    tiny_body,
+    tiny_y,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -227,3 +240,25 @@ def test_a_connections_later_requests_outlive_its_first_requests_wait_limit(tmp_
             )
             == 0
         )
+
+
+def test_without_a_place_to_build_its_native_part_the_server_says_why_and_stops(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    blocked = tmp_path / "cache"
+    blocked.write_text("a file, not a folder")  # latlab's cache folder cannot be made: nothing can be built
+    config = write_config(
+        tmp_path / "server.toml",
+        [{"name": "tiny", "model_path": str(tiny_model)}],
+        port=procs.free_port(),
+        interface="native",
+    )
+    done = subprocess.run(
+        [*CLI, "serve", "--config", str(config)],
+        env={**os.environ, CACHE_ENV: str(blocked / "inside")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert 'interface = "native" needs its native part built' in done.stderr + done.stdout
