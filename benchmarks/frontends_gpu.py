@@ -8,14 +8,15 @@ each p99 bound, one front-end count after another in one run, on this machine.
 
 One deployment, minilm-<provider>-batch (max_batch_size 32, max_queue_delay_ms 3), fed token ids of --seq-len
 tokens. Per front-end count N, in order: 1 is today's one-process server (frontends = 1, no engine process); N >= 2
-is N front ends (Granian workers) feeding one separate engine process, where ORT and the GPU live. Each layout gets
+is N front ends (Granian workers) feeding one separate engine process, where ORT and the GPU live; "native" is
+one process under the native interface ([server] interface = "native": no thread per request). Each layout gets
 its own server, and `latlab loadtest --slos` sweeps --rates (then on x1.5 a step up to --max-rate) and brackets the
 highest rate that meets each p99 bound to 20%. Recorded per count: each bound's bracket (highest rate met, lowest
 broken), the steps, whether the load generator was the bottleneck at any step, and the server processes' CPU
 seconds per request answered (all, front ends, engine). --out is rewritten after every count, so a run stopped
 midway keeps what it measured; the end prints each count's rate over the one-process rate. With --provider cuda the
 script refuses to start where CUDA does not load (ORT would fall back to the CPU silently). --quick is a short CPU
-rehearsal of the same code: front ends 1,2, rates 20,50,100, 1 s steps, fewer bracket steps; its figures measure
+rehearsal of the same code: layouts 1,native,2, rates 20,50,100, 1 s steps, fewer bracket steps; its figures measure
 nothing about a GPU."""
 
 from __future__ import annotations
@@ -67,20 +68,27 @@ def machine(provider: str, cuda: str | None) -> dict:
     }
 
 
-def write_config(path: Path, port: int, name: str, model: Path, provider: str) -> Path:
+def write_config(path: Path, port: int, name: str, model: Path, provider: str, interface: str = "wsgi") -> Path:
     """The one deployment on `provider` (harness.write_config names none and pins the CPU's threads)."""
     deployment = {"name": name, "model_path": model, "provider": provider, "batcher": BATCHER}
     if provider == "cpu":
         deployment["cpu"] = {"intra_op_threads": 1, "allow_spinning": False}
-    return save_config({"server": {"port": port, "max_body_bytes": 67108864}, "deployments": [deployment]}, path)
+    server = {"port": port, "max_body_bytes": 67108864, "interface": interface}
+    return save_config({"server": server, "deployments": [deployment]}, path)
+
+
+def layout(label: str) -> tuple[int, str]:
+    """A --frontends entry as (front ends, interface): a count serves WSGI; "native" is one native process."""
+    return (1, "native") if label == "native" else (int(label), "wsgi")
 
 
 @contextlib.contextmanager
-def serving(folder: Path, frontends: int, name: str, model: Path, provider: str) -> Iterator[tuple[str, int]]:
+def serving(folder: Path, label: str, name: str, model: Path, provider: str) -> Iterator[tuple[str, int]]:
     """frontends.layout_serving with our config: the server ready, (its URL, its pid); stopped on leaving."""
+    frontends, interface = layout(label)
     port = procs.free_port()
-    config = write_config(folder / f"fe{frontends}.toml", port, name, model, provider)
-    log = folder / f"fe{frontends}.log"
+    config = write_config(folder / f"fe{label}.toml", port, name, model, provider, interface)
+    log = folder / f"fe{label}.log"
     process = start(config, log, frontends, frontends > 1)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -103,11 +111,12 @@ def slo_label(bracket: dict) -> str:
     return f"{bracket['slo_p99_s'] * 1e3:g}ms"
 
 
-def measure(folder: Path, frontends: int, name: str, model: Path, args: argparse.Namespace) -> dict:
-    """One front-end count: its server, one loadtest with SLO brackets, the server's CPU per request answered."""
-    with serving(folder, frontends, name, model, args.provider) as (url, pid):
+def measure(folder: Path, label: str, name: str, model: Path, args: argparse.Namespace) -> dict:
+    """One layout: its server, one loadtest with SLO brackets, the server's CPU per request answered."""
+    frontends, interface = layout(label)
+    with serving(folder, label, name, model, args.provider) as (url, pid):
         cpu_before, count_before = server_cpu(pid), mean_request_s(url, name)[1]
-        (curve,) = loadtest(url, [name], folder / f"fe{frontends}-loadtest", *loadtest_options(args))
+        (curve,) = loadtest(url, [name], folder / f"fe{label}-loadtest", *loadtest_options(args))
         cpu_after, answered = server_cpu(pid), mean_request_s(url, name)[1] - count_before
     steps = [
         {
@@ -121,7 +130,9 @@ def measure(folder: Path, frontends: int, name: str, model: Path, args: argparse
         for s in curve.steps
     ]
     return {
+        "layout": label,
         "frontends": frontends,
+        "interface": interface,
         "engine_process": frontends > 1,
         "brackets": {slo_label(b): b for b in curve.slo_brackets},
         "steps": steps,
@@ -143,6 +154,8 @@ def bracket_text(label: str, bracket: dict) -> str:
 def describe(row: dict) -> str:
     count = row["frontends"]
     who = "1 front end (one process)" if count == 1 else f"{count} front ends + engine"
+    if row.get("layout") == "native":
+        who = "one process, native interface"
     if "error" in row:
         return f"{who}: failed: {row['error'].splitlines()[0]} (logs in the work folder)"
     parts = [bracket_text(label, bracket) for label, bracket in row["brackets"].items()]
@@ -152,13 +165,13 @@ def describe(row: dict) -> str:
 
 
 def ratios(rows: list[dict]) -> dict[str, dict[str, float | None]]:
-    """Each count's rate met over the one-process rate, per bound (None where either is missing)."""
-    base = next((r for r in rows if r["frontends"] == 1 and "error" not in r), None)
+    """Each layout's rate met over the one-process WSGI rate, per bound (None where either is missing)."""
+    base = next((r for r in rows if r.get("layout", str(r["frontends"])) == "1" and "error" not in r), None)
     if base is None:
         return {}
     found: dict[str, dict[str, float | None]] = {}
     for row in (r for r in rows if "error" not in r):
-        found[str(row["frontends"])] = {
+        found[row.get("layout", str(row["frontends"]))] = {
             label: (b["met_rps"] / base["brackets"][label]["met_rps"])
             if b["met_rps"] and (base["brackets"].get(label) or {}).get("met_rps")
             else None
@@ -177,7 +190,9 @@ def save(out: Path, record: dict) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--provider", choices=("cpu", "cuda"), default="cuda")
-    parser.add_argument("--frontends", help="front-end counts, in order (default 1,2,4,8; --quick 1,2)")
+    parser.add_argument(
+        "--frontends", help="layouts in order: counts, or native (default 1,native,2,4,8; --quick 1,native,2)"
+    )
     parser.add_argument("--slos", default="25ms,50ms", help="p99 bounds to bracket")
     parser.add_argument("--rates", help="starting rates (default 500,1000,2000,4000; --quick 20,50,100)")
     parser.add_argument(
@@ -189,13 +204,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=Path("runs/frontends-gpu.json"))
     parser.add_argument("--quick", action="store_true", help="CPU rehearsal: short, few steps")
     args = parser.parse_args(argv)
-    defaults = ("1,2", "20,50,100", 400.0, 1.0) if args.quick else ("1,2,4,8", "500,1000,2000,4000", 20000.0, 2.0)
+    defaults = (
+        ("1,native,2", "20,50,100", 400.0, 1.0)
+        if args.quick
+        else ("1,native,2,4,8", "500,1000,2000,4000", 20000.0, 2.0)
+    )
     for key, value in zip(("frontends", "rates", "max_rate", "step_seconds"), defaults):
         if getattr(args, key) is None:
             setattr(args, key, value)
-    args.counts = [int(v) for v in args.frontends.split(",") if v.strip()]
-    if not args.counts or min(args.counts) < 1:
-        parser.error(f"--frontends: positive counts, e.g. 1,2,4,8; got {args.frontends!r}")
+    args.counts = [v.strip() for v in args.frontends.split(",") if v.strip()]
+    if not args.counts or not all(v == "native" or (v.isdigit() and int(v) >= 1) for v in args.counts):
+        parser.error(f"--frontends: positive counts or native, e.g. 1,native,2,4,8; got {args.frontends!r}")
     return args
 
 
@@ -225,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             row = measure(folder, count, name, model, args)
         except Exception as exc:  # a layout that fails (e.g. does not start) is recorded; the next one still runs
-            row = {"frontends": count, "error": str(exc).strip() or repr(exc)}
+            row = {"layout": count, "frontends": layout(count)[0], "error": str(exc).strip() or repr(exc)}
         row["seconds"] = time.monotonic() - started
         record["results"].append(row)
         record["ratios"] = ratios(record["results"])
@@ -244,7 +263,8 @@ def print_ratios(found: dict[str, dict[str, float | None]]) -> None:
         print("no one-process rate to compare with")
     for count, by_slo in found.items():
         shown = ", ".join(f"p99<={label} {'-' if r is None else f'{r:.2f}x'}" for label, r in by_slo.items())
-        print(f"{count} front end{'s' if count != '1' else ''} over one process: {shown}")
+        who = "one native process" if count == "native" else f"{count} front end{'s' if count != '1' else ''}"
+        print(f"{who} over one WSGI process: {shown}")
 
 
 if __name__ == "__main__":

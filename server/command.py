@@ -6,6 +6,7 @@ Only the standard library at import: the CLI imports this module whatever comman
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -28,12 +29,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="override [server] frontends: HTTP processes feeding one engine process (default 1: "
         "one process does everything)",
     )
+    parser.add_argument(
+        "--interface",
+        help='override [server] interface, as LATLAB_INTERFACE does: "wsgi" (default), "native" (one process, no '
+        'thread per request: about half the CPU a request) or "rsgi"',
+    )
 
 
 def serve_from_args(args: argparse.Namespace) -> None:
     """Serve what the options of add_arguments ask for, in the foreground until SIGINT/SIGTERM."""
+    from latlab.server.config import INTERFACE_ENV
     from latlab.server.processes.wsgi import serve  # Flask, Granian and ONNX Runtime: only where a server runs
 
+    if getattr(args, "interface", None):
+        os.environ[INTERFACE_ENV] = args.interface  # every process of the server reads it (served_config)
     serve(args.config, args.host, args.port, args.metrics_port, args.frontends)
 
 

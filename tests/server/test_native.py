@@ -13,6 +13,7 @@ from typing import Iterator
 
 import numpy as np
 import orjson
+import psutil
 import pytest
 import requests
 
@@ -26,6 +27,7 @@ from tests.conftest import build_tiny_model
 from tests.reliability.conftest import (
     CLI,
     Server,
+    wait_live,
     write_config,
     assert_error,
     output_of,
@@ -262,3 +264,17 @@ def test_without_a_place_to_build_its_native_part_the_server_says_why_and_stops(
     )
     assert done.returncode == 2
     assert 'interface = "native" needs its native part built' in done.stderr + done.stdout
+
+
+def test_the_serve_command_chooses_the_interface(tmp_path: Path, tiny_model: Path) -> None:
+    port = procs.free_port()
+    config = write_config(tmp_path / "server.toml", [{"name": "tiny", "model_path": str(tiny_model)}], port=port)
+    log = tmp_path / "server.log"
+    process = procs.start([*CLI, "serve", "--config", str(config), "--interface", "native"], log_path=log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_live(url, process, log)
+        assert requests.get(f"{url}/v2/models/tiny/config", timeout=10).json()["interface"] == "native"
+        assert not psutil.Process(process.pid).children()  # served in its own process: no Granian worker
+    finally:
+        procs.stop(process)
