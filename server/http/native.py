@@ -46,10 +46,10 @@ POLL_MS = 100
 DRAIN_LIMIT_S = 30.0
 """Longest a stopping server waits for the requests it holds to be answered."""
 FIRST_TAKE_BYTES = 1 << 20
-RECORD = struct.Struct("<QIIQII16I")
-"""native_http.c's nh_record: token, flags, head, body and peer lengths, the record's length, then the offset and
-length in the head of the method, path, query, Content-Type, Authorization, Inference-Header-Content-Length,
-Content-Length and Transfer-Encoding."""
+RECORD = struct.Struct("<QIIQIId16I")
+"""native_http.c's nh_record: token, flags, head, body and peer lengths, the record's length, when the request was
+read whole (time.perf_counter's clock), then the offset and length in the head of the method, path, query,
+Content-Type, Authorization, Inference-Header-Content-Length, Content-Length and Transfer-Encoding."""
 TOO_LARGE, CHUNKED, CLOSE, BAD = 1, 2, 4, 8
 _FIELDS = 8
 _lock = threading.Lock()
@@ -189,7 +189,7 @@ class NativeServer:
         groups: dict[int, tuple] = {}
         count = 0
         while offset < end:
-            token, flags, head_length, body_length, peer_length, length, *fields = unpack(taken, offset)
+            token, flags, head_length, body_length, peer_length, length, arrived, *fields = unpack(taken, offset)
             start = offset + RECORD.size
             head = taken[start : start + head_length]
             body = bytes(taken[start + head_length + peer_length : start + head_length + peer_length + body_length])
@@ -204,7 +204,7 @@ class NativeServer:
                 path = (unquote_to_bytes(raw_path) if b"%" in raw_path else raw_path).decode("latin-1")
                 match = INFER_PATH.fullmatch(path) if method == "POST" else None
                 if match is not None:
-                    self._infer(token, flags, head, fields, body, match.groups(), groups)
+                    self._infer(token, flags, head, fields, body, match.groups(), groups, arrived)
                 else:
                     self._route(token, flags, bytes(head), body, peer, method, path, _field(head, fields, 2))
             except Exception as exc:  # noqa: BLE001 - every error becomes a response
@@ -218,10 +218,21 @@ class NativeServer:
                 self._submitted(batcher, calls, batcher.submit_many(arguments))
 
     def _infer(
-        self, token: int, flags: int, head: memoryview, fields: list[int], body: bytes, names: tuple, groups: dict
+        self,
+        token: int,
+        flags: int,
+        head: memoryview,
+        fields: list[int],
+        body: bytes,
+        names: tuple,
+        groups: dict,
+        arrived: float,
     ) -> None:
-        """Check and decode one infer request; add it to its deployment's share of `groups`, or answer its error."""
-        started = time.perf_counter()
+        """Check and decode one infer request; add it to its deployment's share of `groups`, or answer its error.
+        Its time in the server counts from when the native thread had read it whole (`arrived`): a request that
+        waited for this thread (busy with a lone request's model run, or with the requests before it) waited in
+        the server."""
+        started = arrived
         config = self.config
         close = bool(flags & CLOSE)
         name, version = (None if s is None else s.encode("latin1").decode(errors="replace") for s in names)

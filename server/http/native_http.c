@@ -45,6 +45,7 @@ typedef struct {
     uint64_t body_length;
     uint32_t peer_length;
     uint32_t record_length; /* this record's bytes, padded to 8 */
+    double arrived;         /* when it was read whole, on CLOCK_MONOTONIC (Python's time.perf_counter) */
     uint32_t field[2 * F_COUNT];
 } nh_record;
 
@@ -74,6 +75,7 @@ typedef struct {
     uint32_t field[2 * F_COUNT];
     int queued;           /* in the ready list */
     int next_ready;
+    double arrived;
 } connection;
 
 typedef struct {
@@ -159,6 +161,9 @@ static void flush(nh_server *s, int slot) {
 
 static void ready(nh_server *s, int slot) {
     connection *c = &s->connections[slot];
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    c->arrived = (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
     c->state = WITH_PYTHON;
     c->queued = 1;
     c->next_ready = -1;
@@ -591,6 +596,7 @@ int64_t nh_take(nh_server *s, char *buffer, int64_t capacity, int timeout_ms) {
         record->body_length = body_length;
         record->peer_length = (uint32_t)peer_length;
         record->record_length = (uint32_t)length;
+        record->arrived = c->arrived;
         memcpy(record->field, c->field, sizeof c->field);
         char *at = (char *)(record + 1);
         memcpy(at, c->in, c->head_length);
