@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--interface",
         help='override [server] interface, as LATLAB_INTERFACE does: "wsgi" (default), "native" (one process, no '
-        'thread per request: about half the CPU a request) or "rsgi"',
+        'thread per request) or "rsgi"',
     )
 
 

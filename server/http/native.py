@@ -30,7 +30,7 @@ from werkzeug.exceptions import HTTPException
 from latlab.common.native_build import build
 from latlab.server.batching.batch_queue import Slot
 from latlab.server.config import SPARE_THREADS
-from latlab.server.errors import BadRequest, ConfigError, ModelNotReady, PayloadTooLarge, ServingError
+from latlab.server.errors import BadRequest, ConfigError, PayloadTooLarge, ServingError
 from latlab.server.http.app import ServerState
 from latlab.server.http.bridge import call_wsgi
 from latlab.server.http.fastpath import INFER_PATH, Accounted, check_infer_headers, error_answer, ok_answer, status_line
@@ -78,7 +78,7 @@ def library() -> tuple[ctypes.CDLL | None, str]:
                     ctypes.c_int64,
                     ctypes.c_int,
                 ]
-                for name in ("nh_wake", "nh_stop_accepting", "nh_free", "nh_open"):
+                for name in ("nh_wake", "nh_stop_accepting", "nh_free"):
                     getattr(lib, name).argtypes = [ctypes.c_void_p]
             _built = lib, why
         return _built
@@ -193,7 +193,6 @@ class NativeServer:
             start = offset + RECORD.size
             head = taken[start : start + head_length]
             body = bytes(taken[start + head_length + peer_length : start + head_length + peer_length + body_length])
-            peer = bytes(taken[start + head_length : start + head_length + peer_length]).decode("latin-1")
             offset += length
             count += 1
             try:
@@ -206,6 +205,7 @@ class NativeServer:
                 if match is not None:
                     self._infer(token, flags, head, fields, body, match.groups(), groups, arrived)
                 else:
+                    peer = bytes(taken[start + head_length : start + head_length + peer_length]).decode("latin-1")
                     self._route(token, flags, bytes(head), body, peer, method, path, _field(head, fields, 2))
             except Exception as exc:  # noqa: BLE001 - every error becomes a response
                 if not isinstance(exc, (ServingError, HTTPException)):
@@ -429,7 +429,7 @@ def _field(head: memoryview, fields: list[int], index: int, default: str | None 
 def _outcome(submit: Any, *arguments: Any, **options: Any) -> Slot | BaseException:
     try:
         return submit(*arguments, **options)
-    except (ServingError, ModelNotReady) as exc:
+    except ServingError as exc:
         return exc
 
 

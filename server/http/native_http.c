@@ -672,13 +672,6 @@ void nh_stop_accepting(nh_server *s) {
     pthread_mutex_unlock(&s->lock);
 }
 
-int nh_open(nh_server *s) {
-    pthread_mutex_lock(&s->lock);
-    int open = s->open;
-    pthread_mutex_unlock(&s->lock);
-    return open;
-}
-
 /* Stop the native thread and close every connection. */
 void nh_free(nh_server *s) {
     pthread_mutex_lock(&s->lock);
