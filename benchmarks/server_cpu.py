@@ -11,8 +11,8 @@ a fixed JSON body) as the load: the cheapest client there is, so the CPU measure
 --seconds alternate between the versions for --rounds rounds, so a neighbour's load lands on both. Per burst:
 requests answered per second, and the CPU time of the server's processes (all; the engine; the front ends)
 divided by the requests answered; then the medians, and the median of each round's ratio now / before.
---interfaces runs this checkout once per [server] interface named (one process only: front ends serve WSGI), each
-beside the others ("now-wsgi", "now-rsgi"); without --other the first of them is the baseline.
+--interfaces runs this checkout once per [server] interface named (with front ends, RSGI is left out: they serve
+WSGI or native), each beside the others ("now-wsgi", "now-native"); without --other the first is the baseline.
 --served-rate N then measures, N rounds, ffn-batch's served rate at p99 <= 25 ms behind each version with one process
 (`latlab loadtest --slos 25ms` bracketing it to 10%, as benchmarks/frontends.py does): one version at a time, since
 each load test saturates the machine, the order reversed every round.
@@ -181,9 +181,9 @@ def summary(frontends: int, got: dict[str, list[dict]]) -> None:
 
 def versions_for(frontends: int, other: str | None, interfaces: list[str]) -> dict[str, tuple[str | None, str]]:
     """The versions to run side by side: the other code (WSGI), then this checkout under each interface (front ends
-    serve WSGI only, so with several of them once)."""
+    serve WSGI or native: RSGI is left out with several of them)."""
     versions: dict[str, tuple[str | None, str]] = {"before": (other, "wsgi")} if other else {}
-    for interface in interfaces if frontends == 1 else ["wsgi"]:
+    for interface in interfaces if frontends == 1 else [i for i in interfaces if i != "rsgi"] or ["wsgi"]:
         versions["now" if len(interfaces) == 1 else f"now-{interface}"] = (None, interface)
     return versions
 

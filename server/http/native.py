@@ -21,10 +21,9 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from email.utils import formatdate
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import unquote_to_bytes
 
-from flask import Flask
 from werkzeug.exceptions import HTTPException
 
 from latlab.common.native_build import build
@@ -87,7 +86,7 @@ def library() -> tuple[ctypes.CDLL | None, str]:
 class Waiting:
     """An infer request handed to its batcher: what its answer needs."""
 
-    __slots__ = ("token", "name", "deployment", "request", "account", "close", "slot", "serial")
+    __slots__ = ("token", "name", "deployment", "request", "account", "close", "slot", "serial", "header")
 
     def __init__(
         self, token: int, name: str, deployment: Deployment, request: InferRequest, account: Accounted, close: bool
@@ -100,6 +99,8 @@ class Waiting:
         self.close = close
         self.slot: Slot | None = None
         self.serial = 0
+        self.header: dict | None = None
+        """Its call's header, where an engine process computes it (server/processes/native_frontend.py)."""
 
 
 class Dates:
@@ -117,16 +118,17 @@ class Dates:
 
 
 class NativeServer:
-    """`app`'s routes served on `sock` (listening): infer by the dispatcher thread and the batchers' workers, the
-    rest by the Flask app (bodiless GETs on the dispatcher, /metrics and bodies on SPARE_THREADS threads)."""
+    """`state`'s deployments served on `sock` (listening): infer by the dispatcher thread and the batchers'
+    workers, the rest by the WSGI app `routes` (the Flask app: bodiless GETs on the dispatcher, /metrics and
+    bodies on SPARE_THREADS threads)."""
 
-    def __init__(self, app: Flask, sock: socket.socket) -> None:
+    def __init__(self, state: ServerState, routes: Callable, sock: socket.socket) -> None:
         lib, why = library()
         if lib is None:
             raise ConfigError(f'[server] interface = "native" needs its native part built: {why}')
         self.lib = lib
-        self.flask = app
-        self.state: ServerState = app.extensions["latlab"]
+        self.routes = routes
+        self.state = state
         self.config = self.state.config
         self.sock = sock
         self.server_address = sock.getsockname()[:2]
@@ -211,6 +213,11 @@ class NativeServer:
                 if not isinstance(exc, (ServingError, HTTPException)):
                     log.exception("unexpected error while reading a request")
                 self._reply(token, *error_answer(exc), close=bool(flags & (CLOSE | BAD)))
+        if groups:
+            self._send(groups, count)
+
+    def _send(self, groups: dict, count: int) -> None:
+        """The infer requests of one take (`count` requests in all), to their batchers."""
         for batcher, calls, arguments in groups.values():
             if count == 1 and len(calls) == 1 and calls[0].deployment.config.batcher.instances == 1:
                 self._submitted(batcher, calls, [_outcome(batcher.submit, *arguments[0], run_here=True)])
@@ -253,37 +260,47 @@ class NativeServer:
             )
             account.admit()
             request = decode_request(body, binary_length)
-            deployment.check_outputs(request.outputs)
-            inputs = tokenized(deployment.text, deployment.metrics, request)
-            arguments = deployment.queued(inputs, request.outputs, request.parameters, request.finite)
+            self._queue(Waiting(token, name, deployment, request, account, close), groups)
         except BaseException as exc:
             account.__exit__(type(exc), exc, None)
             raise
+
+    def _queue(self, call: Waiting, groups: dict) -> None:
+        """Add a decoded request to its batcher's share of `groups` (raises its error)."""
+        deployment, request = call.deployment, call.request
+        deployment.check_outputs(request.outputs)
+        inputs = tokenized(deployment.text, deployment.metrics, request)
+        arguments = deployment.queued(inputs, request.outputs, request.parameters, request.finite)
         batcher = deployment.batcher
         share = groups.get(id(batcher))
         if share is None:
             share = groups[id(batcher)] = (batcher, [], [])
-        share[1].append(Waiting(token, name, deployment, request, account, close))
+        share[1].append(call)
         share[2].append(arguments)
 
     def _submitted(self, batcher: Any, calls: list[Waiting], outcomes: list) -> None:
         """Hold each submitted call until its slot is answered (or its caller's time limit passes); answer a
         refused one with its error."""
-        limits = self._limits.get(id(batcher))
-        if limits is None:
-            limits = self._limits[id(batcher)] = deque()
-        limit = time.monotonic() + batcher.wait_limit_s
-        waiting = self.waiting
         for call, outcome in zip(calls, outcomes):
             if isinstance(outcome, BaseException):
                 self._finish(call, None, outcome)
                 continue
             call.slot = outcome
+            self._hold(id(batcher), batcher.wait_limit_s, (call,))
+            outcome.when_done(lambda slot, c=call: self._answered(c, slot))
+
+    def _hold(self, key: int, wait_s: float, calls: Any) -> None:
+        """Hold `calls` until answered or until `wait_s` passed (one wait limit per `key`)."""
+        limits = self._limits.get(key)
+        if limits is None:
+            limits = self._limits[key] = deque()
+        limit = time.monotonic() + wait_s
+        waiting = self.waiting
+        for call in calls:
             self._serial += 1
             call.serial = self._serial
             waiting[call.token] = call
             limits.append((limit, call.token, call.serial))
-            outcome.when_done(lambda slot, c=call: self._answered(c, slot))
 
     def _answered(self, call: Waiting, slot: Slot) -> None:
         """On the thread that answered the slot (a batcher worker, or this one): the answer goes out from here."""
@@ -323,10 +340,14 @@ class NativeServer:
                 # a connection's next request has the same token: only this call, if still waiting, is given up
                 call = self.waiting.get(token)
                 if call is not None and call.serial == serial and self.waiting.pop(token, None) is call:
-                    call.slot.cancel()
-                    self._finish(call, None, call.deployment.batcher.gave_up())
+                    self._give_up(call)
             if not limits:
                 del self._limits[key]
+
+    def _give_up(self, call: Waiting) -> None:
+        """Answer a call whose caller's time limit passed (504)."""
+        call.slot.cancel()
+        self._finish(call, None, call.deployment.batcher.gave_up())
 
     # the other routes
 
@@ -339,14 +360,18 @@ class NativeServer:
                 f"body is over this server's limit of {self.config.max_body_bytes} bytes (max_body_bytes)"
             )
         environ = self._environ(head, body, peer, method, path, query)
-        if not body and method in ("GET", "HEAD") and path != "/metrics":
+        if self._inline(method, path, body):
             self._answer_route(token, environ, close)  # microseconds: less than a hand-over to a thread
         else:
             self._routes.submit(self._answer_route, token, environ, close)
 
+    def _inline(self, method: str, path: str, body: bytes) -> bool:
+        """Whether a route is answered on the dispatcher: the bodiless GETs but /metrics, all from memory here."""
+        return not body and method in ("GET", "HEAD") and path != "/metrics"
+
     def _answer_route(self, token: int, environ: dict, close: bool) -> None:
         try:
-            status, headers, body = call_wsgi(self.flask.wsgi_app, environ)
+            status, headers, body = call_wsgi(self.routes, environ)
         except Exception as exc:  # noqa: BLE001 - a route's failure is its answer
             log.exception("unexpected error in %s", environ.get("PATH_INFO"))
             status, headers, body = error_answer(exc)
@@ -433,12 +458,15 @@ def _outcome(submit: Any, *arguments: Any, **options: Any) -> Slot | BaseExcepti
         return exc
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on host:port (IPv6 where the host is), address reuse on."""
+def listening_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A listening TCP socket on host:port (IPv6 where the host is), address reuse on; `reuse_port`: one of
+    several on the port, each given its share of new connections by the kernel."""
     infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, kind, proto, _name, address = infos[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind(address)
     sock.listen(1024)
     sock.setblocking(False)

@@ -12,6 +12,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import zmq
 
@@ -35,18 +36,33 @@ NOBLOCK, POLLIN, EVENTS = int(zmq.NOBLOCK), int(zmq.POLLIN), int(zmq.EVENTS)
 """As plain ints: combining pyzmq's enum flags costs more than the call they qualify."""
 
 
+Answered = Callable[[dict, list, "BaseException | None"], None]
+"""What an asynchronous call is answered with: (header, data frames, None), or ({}, [], the error)."""
+
+
 class Call:
-    """One call waiting for its answer: `done` is held until the hop thread puts the answer in."""
+    """One call waiting for its answer: `done` is held until the hop thread puts the answer in; or, for an
+    asynchronous call (`answered`), the hop thread calls `answered` with it, on its own thread."""
 
-    __slots__ = ("header", "key", "arrays", "hold_s", "done", "sent", "answer", "frames")
+    __slots__ = ("header", "key", "arrays", "hold_s", "done", "sent", "answer", "frames", "answered", "generation")
 
-    def __init__(self, header: dict, key: str, arrays: dict | None, hold_s: float) -> None:
+    def __init__(
+        self,
+        header: dict,
+        key: str,
+        arrays: dict | None,
+        hold_s: float,
+        answered: Answered | None = None,
+        generation: int = 0,
+    ) -> None:
         self.header, self.key, self.arrays, self.hold_s = header, key, arrays, hold_s
-        self.done = threading.Lock()
-        self.done.acquire()
+        self.answered, self.generation = answered, generation
         self.sent = False
         self.answer: dict = {}
         self.frames: list = []
+        if answered is None:
+            self.done = threading.Lock()
+            self.done.acquire()
 
 
 class EngineClient:
@@ -78,6 +94,9 @@ class EngineClient:
         self._coming = 0
         self._ready: int | None = None
         """The engine generation that answered this client's hello."""
+        self._asked: int | None = None
+        """The engine generation the latest asynchronous calls went to: when another is up, the hop thread fails
+        those still waiting."""
         self._closing = False
         self._rx_id = f"{os.getpid()}-{engine}-{os.urandom(4).hex()}".encode()
         self._tx = self._socket()
@@ -136,6 +155,36 @@ class EngineClient:
             return None
         self._sending, self._holding = True, False
         return True
+
+    def send_many(self, calls: list[tuple[dict, dict | None, Answered]]) -> None:
+        """Send calls (header, arrays, answered) without waiting: each `answered` is called on the hop thread with
+        its answer, or with ModelNotReady when the engine that held it stops. Raises ModelNotReady (none sent)
+        when no engine runs or it has not answered this client's hello yet (a restart, for milliseconds). The
+        caller keeps its own time limit (`forget` a call it gave up on)."""
+        generation = self.status.up()
+        if generation is None:
+            raise ModelNotReady("the server's engine is not running (starting or restarting); retry shortly")
+        if self._ready != generation:
+            os.eventfd_write(self._wake, 1)
+            raise ModelNotReady("the server's engine is not reachable (restarting); retry shortly")
+        if self._asked is None:  # else: the hop thread has yet to fail the calls an earlier engine held
+            self._asked = generation
+        queued = []
+        for header, arrays, answered in calls:
+            call = Call(header, "inputs", arrays, 0.0, answered, generation)
+            header["id"] = next(self._ids)
+            self._waiting[header["id"]] = call
+            queued.append(call)
+        with self._lock:
+            self._queue.extend(queued)
+            turn = self._turn(0.0)
+        if turn:
+            self._send_queued()
+
+    def forget(self, request_id: int) -> bool:
+        """Stop waiting for an asynchronous call (its caller's time limit passed): True when it was still
+        waited on, so that its `answered` is never called."""
+        return self._waiting.pop(request_id, None) is not None
 
     def expect(self) -> None:
         """A request was admitted for this engine: its call is coming (from this thread or task's context)."""
@@ -230,6 +279,8 @@ class EngineClient:
                         )
                     except zmq.Again:
                         pass
+                if self._asked is not None and generation != self._asked:
+                    self._fail_asked(generation)
                 timeout = self._send_due()
                 if generation is not None and generation != self._ready:
                     timeout = RETRY_MS
@@ -277,14 +328,37 @@ class EngineClient:
             frames = message[1:]
             for answer in unpack(message[0])["group"]:
                 call = waiting.pop(answer.get("id"), None)
-                if call is not None:
+                if call is None:
+                    if "generation" in answer:  # the hello's answer
+                        self._ready = answer["generation"]
+                elif call.answered is not None:
+                    _deliver(call.answered, answer, frames, None)
+                else:
                     call.answer, call.frames = answer, frames
                     call.done.release()
-                elif "generation" in answer:  # the hello's answer
-                    self._ready = answer["generation"]
             if not sock.get(EVENTS) & POLLIN:
                 return
             message = recv_frames(sock, NOBLOCK)
+
+    def _fail_asked(self, generation: int | None) -> None:
+        """The engine the asynchronous calls went to stopped (or another one is up): each still waiting is
+        answered ModelNotReady, never left waiting for model runs that will not happen."""
+        self._asked = generation
+        for request_id, call in list(self._waiting.items()):
+            if call.answered is None or call.generation == generation:
+                continue
+            if self._waiting.pop(request_id, None) is not None:
+                _deliver(
+                    call.answered,
+                    {},
+                    [],
+                    ModelNotReady(
+                        "the server's engine stopped while it held this request, which was not computed or not "
+                        "answered; retry"
+                        if call.sent
+                        else "the server's engine is not reachable (restarting); retry shortly"
+                    ),
+                )
 
     def close(self) -> None:
         self._closing = True
@@ -292,6 +366,13 @@ class EngineClient:
         self._thread.join(5)
         self.context.destroy(0)
         os.close(self._wake)
+
+
+def _deliver(answered: Answered, answer: dict, frames: list, error: BaseException | None) -> None:
+    try:
+        answered(answer, frames, error)
+    except Exception:  # noqa: BLE001 - one caller's failure must not stop the hop thread
+        log.exception("an asynchronous call's answer could not be delivered")
 
 
 class Announcing:

@@ -54,6 +54,7 @@ class RemoteDeployment:
         admission: SharedAdmission,
         inputs: dict[str, str],
         bounded: bool,
+        announce: bool = True,
     ) -> None:
         self.config = config
         self.client = client
@@ -65,7 +66,9 @@ class RemoteDeployment:
             lambda: self.metrics.rejected("queue_full"),
             bound_detail(config.batcher),
         )
-        self.admission = Announcing(counted, client)
+        # a front end of request threads tells its client what is coming (a group waits for it); the native
+        # dispatcher sends each take's requests together and needs no telling
+        self.admission = Announcing(counted, client) if announce else counted
         self.text = text_front_end(config, {name: np.dtype(dtype) for name, dtype in inputs.items()})
         self._wait_s = config.batcher.timeout_ms / 1000 + TIMEOUT_MARGIN_S
         # a request waits for companions at most a share of what its batch may wait for them anyway
@@ -80,6 +83,11 @@ class RemoteDeployment:
         queue; the engine's own check, at submit, refuses (503) what passes the door of a fuller queue."""
 
     def infer(self, request: InferRequest) -> dict[str, np.ndarray]:
+        header, inputs = self.call(request)
+        return outputs_of(*self.client.call(header, inputs, self._wait_s, self._hold_s))
+
+    def call(self, request: InferRequest) -> tuple[dict, dict[str, np.ndarray]]:
+        """The engine call that computes `request`: its header and its (tokenized) inputs."""
         inputs = tokenized(self.text, self.metrics, request)
         header = {
             "kind": "infer",
@@ -88,13 +96,22 @@ class RemoteDeployment:
             "parameters": request.parameters,
             "finite": finite(inputs, request.finite),
         }
-        answer, frames = self.client.call(header, inputs, self._wait_s, self._hold_s)
-        if "error" in answer:
-            raise_error(answer)
-        return tensors_from(answer["outputs"], frames)
+        return header, inputs
+
+    @property
+    def wait_s(self) -> float:
+        """How long a front end waits for the engine's answer."""
+        return self._wait_s
 
     def close(self) -> None:
         pass
+
+
+def outputs_of(answer: dict, frames: list) -> dict[str, np.ndarray]:
+    """An infer call's outputs from the engine's answer; raises the error it carries."""
+    if "error" in answer:
+        raise_error(answer)
+    return tensors_from(answer["outputs"], frames)
 
 
 def finite(inputs: dict[str, np.ndarray], known: set[str]) -> list[str]:
@@ -135,7 +152,7 @@ class Engines:
 class FrontState(ServerState):
     """ServerState's part the infer route reads (config, get), over RemoteDeployments."""
 
-    def __init__(self, config: ServerConfig, run_dir: Path) -> None:  # noqa: D107 - no ServerState.__init__: no models here
+    def __init__(self, config: ServerConfig, run_dir: Path, announce: bool = True) -> None:  # noqa: D107 - no models here
         self.config = config
         self.engines = Engines(config, run_dir)
         self.admission = SharedAdmission(run_dir, len(config.deployments))
@@ -157,6 +174,7 @@ class FrontState(ServerState):
                 self.admission,
                 inputs[d.name],
                 config.admission,
+                announce,
             )
             for index, d in enumerate(config.deployments)
             if d.name in inputs

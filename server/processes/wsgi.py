@@ -133,10 +133,15 @@ def serve(
             config.frontends,
             ", ".join(f"the {key} engine process {s.process.pid}" for key, s in zip(engines, supervisors)),
         )
-    if interface == "native":
+    if interface == "native" and not supervisors:
         serve_native(address, port)
         return
     try:
+        if interface == "native":
+            from latlab.server.processes.native_frontend import serve_native_frontends
+
+            serve_native_frontends(address, port, config.frontends)
+            return
         Granian(
             "latlab.server.processes.wsgi:app_from_env",
             factory=True,
@@ -172,7 +177,7 @@ def serve_native(address: str, port: int) -> None:
         raise SystemExit(2) from None
     app = app_from_env()
     try:
-        server = NativeServer(app, sock)
+        server = NativeServer(app.extensions["latlab"], app.wsgi_app, sock)
     except ConfigError as exc:
         log.error("%s", exc)
         app.extensions["latlab"].close()
@@ -192,10 +197,10 @@ def serve_native(address: str, port: int) -> None:
 
 
 def served_interface(config: ServerConfig, separate_engine: bool = False) -> str:
-    """The interface Granian serves with: [server] interface in one process; WSGI for front ends (said in the log),
-    which forward to an engine and have no batcher to wait on."""
-    if config.interface != "wsgi" and (config.frontends > 1 or separate_engine):
-        log.info('interface "%s" applies to one process (frontends = 1): the front ends serve WSGI', config.interface)
+    """The interface served: [server] interface in one process; native or WSGI for front ends, which forward to
+    an engine (RSGI's front ends would serve WSGI, said in the log: it only pays where a batcher is waited on)."""
+    if config.interface == "rsgi" and (config.frontends > 1 or separate_engine):
+        log.info('interface "rsgi" applies to one process (frontends = 1): the front ends serve WSGI')
         return "wsgi"
     return config.interface
 
@@ -215,6 +220,11 @@ def admission_summary(config: ServerConfig) -> str:
             "wait unseen in Granian's queue)"
         )
     bounds = ", ".join(f"{d.name} {admitted_bound(d.batcher)}" for d in config.deployments)
+    if config.interface == "native":
+        return (
+            f"infer requests admitted at once: {bounds} (max_queue_size + instances x max_batch_size; one more is "
+            "refused with 503 + Retry-After); no thread waits on a request (native interface)"
+        )
     return (
         f"infer requests admitted at once: {bounds} (max_queue_size + instances x max_batch_size; one more is "
         f"refused with 503 + Retry-After); {config.threads} request threads, most of them waiting on a batch "

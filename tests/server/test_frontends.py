@@ -18,6 +18,7 @@ import psutil
 import pytest
 import requests
 
+from latlab.server.config import INTERFACE_ENV
 from tests.conftest import build_tiny_model
 from tests.reliability.conftest import Server, output_of, running_server, tiny_body, tiny_y
 from tests.reliability.test_overload import build_slow_model
@@ -26,8 +27,18 @@ from tests.text_models import TOKENIZER, WIDTH, token_model
 FRONTENDS = 2
 
 
+@pytest.fixture(scope="module", params=["wsgi", "native"], autouse=True)
+def interface(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Every test of this module against front ends of each interface: Granian's WSGI workers, and the native
+    interface's processes (server/processes/native_frontend.py), whose calls to the engine wait on no thread."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(INTERFACE_ENV, request.param)
+        yield request.param
+
+
 def processes(server: Server) -> tuple[list[psutil.Process], psutil.Process | None]:
-    """(front ends, engine) of a running server: Granian's workers and the engine process under the supervisor."""
+    """(front ends, engine) of a running server: its front-end processes (Granian's workers, or the native
+    interface's) and the engine process under the supervisor."""
     children = psutil.Process(server.process.pid).children()
     engine = [c for c in children if "latlab.server.processes.engine" in " ".join(c.cmdline())]
     return [c for c in children if c not in engine], (engine[0] if engine else None)
@@ -63,7 +74,7 @@ def sample(text: str, name: str, **labels: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def shared(tmp_path_factory: pytest.TempPathFactory, interface: str) -> Iterator[Server]:
     folder = tmp_path_factory.mktemp("frontends")
     deployments = [
         {"name": "tiny", "model_path": str(build_tiny_model(folder / "tiny.onnx")), "batcher": {"max_batch_size": 8}},
@@ -78,10 +89,12 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         yield server
 
 
-def test_two_front_ends_and_one_engine_run(shared):
+def test_two_front_ends_and_one_engine_run(shared, interface):
     front_ends, engine = processes(shared)
     assert len(front_ends) == FRONTENDS and engine is not None
     assert "2 front-end processes feed the cpu engine process" in shared.log.read_text()
+    native = ["latlab.server.processes.native_frontend" in " ".join(p.cmdline()) for p in front_ends]
+    assert native == [interface == "native"] * FRONTENDS
 
 
 def test_json_and_binary_infer_with_the_stock_triton_client(shared):

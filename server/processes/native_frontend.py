@@ -1,0 +1,175 @@
+"""Front ends under the native interface ([server] interface = "native" with frontends = N): N processes, each the
+one-process native server (server/http/native.py) with the engine process in place of its batchers. A front end's
+dispatcher decodes every infer request of a take and sends them to the engine together, without waiting (one
+message per take and engine); the client's hop thread, which receives the engine's grouped answers, encodes each
+and writes it to its connection. No thread waits on a request, as in one native process.
+
+Each front end listens on a socket of its own bound to the server's port (SO_REUSEPORT: the kernel spreads new
+connections over them); this module's parent process holds every socket, so that the front end that replaces one
+that died takes over the connections its socket had queued."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from latlab.server.config import served_config
+from latlab.server.errors import ConfigError, RequestTimeout, ServingError
+from latlab.server.http.native import DRAIN_LIMIT_S, NativeServer, Waiting, library, listening_socket
+from latlab.server.metrics import use_multiprocess_values
+from latlab.server.processes.frontend import FrontState, Forward, outputs_of
+from latlab.server.processes.shared import LOG_FORMAT, metrics_folder
+from latlab.server.processes.wsgi import CONFIG_ENV, RUN_DIR_ENV
+
+log = logging.getLogger("latlab.server.processes.native_frontend")
+RESPAWN_S = 0.5
+"""How soon a front end that died is replaced (as Granian's front ends are)."""
+LOOK_S = 0.1
+"""How often the parent looks whether its front ends still run."""
+STOP_MARGIN_S = 10.0
+"""Past a front end's own drain limit, how long the parent waits for it to exit before it kills it."""
+
+
+class NativeFrontEnd(NativeServer):
+    """The native server over a front end's RemoteDeployments: a take's infer calls go to their engine's client
+    together (`send_many`); each answer is written by the client's hop thread; the other routes are forwarded
+    (Forward) on the route threads, liveness alone answered on the dispatcher."""
+
+    def _queue(self, call: Waiting, groups: dict) -> None:
+        deployment = call.deployment
+        call.header, inputs = deployment.call(call.request)
+        client = deployment.client
+        share = groups.get(id(client))
+        if share is None:
+            share = groups[id(client)] = (client, [], [])
+        share[1].append(call)
+        share[2].append(
+            (call.header, inputs, lambda answer, frames, error, c=call: self._reached(c, answer, frames, error))
+        )
+
+    def _send(self, groups: dict, count: int) -> None:
+        for client, calls, items in groups.values():
+            for call in calls:  # held before they leave: an answer may come back before send_many returns
+                self._hold(id(call.deployment), call.deployment.wait_s, (call,))
+            try:
+                client.send_many(items)
+            except ServingError as exc:
+                for call in calls:
+                    if self.waiting.pop(call.token, None) is call:
+                        self._finish(call, None, exc)
+
+    def _reached(self, call: Waiting, answer: dict, frames: list, error: BaseException | None) -> None:
+        """On the hop thread: the engine's answer to `call` (or why none will come) goes out from here."""
+        if self.waiting.pop(call.token, None) is not call:
+            return  # its caller's time limit passed first: answered already
+        try:
+            if error is not None:
+                raise error
+            outputs = outputs_of(answer, frames)
+        except Exception as exc:  # noqa: BLE001 - the request's error is its answer
+            self._finish(call, None, exc)
+            return
+        self._finish(call, outputs, None)
+
+    def _give_up(self, call: Waiting) -> None:
+        call.deployment.client.forget(call.header["id"])
+        self._finish(call, None, RequestTimeout(f"no answer from the engine within {call.deployment.wait_s:.3f} s"))
+
+    def _inline(self, method: str, path: str, body: bytes) -> bool:
+        """Liveness alone: every other route asks an engine, which must not hold the dispatcher."""
+        return not body and method in ("GET", "HEAD") and path == "/v2/health/live"
+
+
+def main() -> None:
+    """A front-end process: `python -m latlab.server.processes.native_frontend FD` (FD: its listening socket)."""
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    try:
+        config = served_config(os.environ[CONFIG_ENV])
+        run_dir = Path(os.environ[RUN_DIR_ENV])
+        use_multiprocess_values(metrics_folder(run_dir))
+        state = FrontState(config, run_dir, announce=False)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        raise SystemExit(2) from None
+    try:
+        server = NativeFrontEnd(state, Forward(state.engines), sock)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        state.close()
+        raise SystemExit(2) from None
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: server.stop())
+    try:
+        server.serve_forever()
+    finally:
+        server.close()
+        sock.close()
+        state.close()
+
+
+def serve_native_frontends(address: str, port: int, count: int) -> None:
+    """Run `count` native front-end processes on address:port until SIGINT/SIGTERM, replacing any that dies; on
+    the signal each drains what it holds, then this returns (the caller stops the engines after them)."""
+    lib, why = library()
+    if lib is None:
+        log.error('[server] interface = "native" needs its native part built: %s', why)
+        raise SystemExit(2)
+    try:
+        sockets = port_sockets(address, port, count)
+    except OSError as exc:
+        log.error("cannot listen on %s:%d: %s", address, port, exc.strerror)
+        raise SystemExit(2) from None
+    stopping = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopping.set())
+    children = [_spawn(sock) for sock in sockets]
+    log.info("serving on http://%s:%d (native interface, %d front-end processes)", address, port, count)
+    try:
+        while not stopping.wait(LOOK_S):
+            for index, child in enumerate(children):
+                if child.poll() is not None and not stopping.wait(RESPAWN_S):
+                    log.warning("front end %d exited (code %s): replaced", child.pid, child.returncode)
+                    children[index] = _spawn(sockets[index])
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in children:
+            try:
+                child.wait(DRAIN_LIMIT_S + STOP_MARGIN_S)
+            except subprocess.TimeoutExpired:
+                log.error("front end %d did not stop: killed", child.pid)
+                child.kill()
+                child.wait()
+        for sock in sockets:
+            sock.close()
+
+
+def port_sockets(address: str, port: int, count: int) -> list[socket.socket]:
+    """`count` listening sockets on one port (the first chooses it when `port` is 0), SO_REUSEPORT on each."""
+    first = listening_socket(address, port, reuse_port=True)
+    port = first.getsockname()[1]
+    sockets = [first]
+    try:
+        sockets += [listening_socket(address, port, reuse_port=True) for _ in range(count - 1)]
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def _spawn(sock: socket.socket) -> subprocess.Popen:
+    fd = sock.fileno()
+    return subprocess.Popen([sys.executable, "-m", "latlab.server.processes.native_frontend", str(fd)], pass_fds=(fd,))
+
+
+if __name__ == "__main__":
+    main()
