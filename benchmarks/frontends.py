@@ -179,7 +179,10 @@ def cpu_split(folder: Path, model: Path, layout: str, rate: float) -> dict:
         }
 
 
-def engine_alone(folder: Path, model: Path, seconds: float = 8.0, threads: int = 16) -> dict:
+def engine_alone(folder: Path, model: Path, seconds: float = 8.0, threads: int = 16, window: int = 0) -> dict:
+    """The engine fed by `threads` threads each waiting on its call; or, with `window`, by one thread keeping up to
+    `window` calls in flight without waiting (`send_many`, as a native front end sends), which is how an engine
+    behind several native front ends is fed."""
     import signal
     import threading
 
@@ -223,6 +226,31 @@ def engine_alone(folder: Path, model: Path, seconds: float = 8.0, threads: int =
                 )
                 answered[index] += 1
 
+        def send_async(index: int, until: float) -> None:
+            lock, room, inflight = threading.Lock(), threading.Event(), [0]
+
+            def reached(answer: dict, frames: list, error: BaseException | None) -> None:
+                with lock:
+                    inflight[0] -= 1
+                    answered[index] += error is None and "error" not in answer
+                room.set()
+
+            while time.monotonic() < until:
+                with lock:
+                    free = min(window - inflight[0], 64)
+                    inflight[0] += max(free, 0)
+                if free <= 0:
+                    room.wait(0.01)
+                    room.clear()
+                    continue
+                header = {"kind": "infer", "model": "mlp-batch", "outputs": None, "parameters": {}, "finite": []}
+                client.send_many([(dict(header), {"x": x}, reached) for _ in range(free)])
+            while inflight[0] > 0 and time.monotonic() < until + 5:
+                time.sleep(0.01)
+
+        if window:
+            threads, answered, send = 1, [0], send_async
+            client.call({"kind": "describe"})  # the engine answered this client's hello: it can take calls
         before, client_before = psutil.Process(engine.pid).cpu_times(), time.process_time()
         until = time.monotonic() + seconds
         workers = [threading.Thread(target=send, args=(i, until)) for i in range(threads)]
@@ -256,7 +284,21 @@ def main() -> None:
     parser.add_argument("--skip-hop", action="store_true")
     parser.add_argument("--split-rate", type=float, default=1000.0)
     parser.add_argument("--only-split", action="store_true", help="measure the CPU split alone")
+    parser.add_argument(
+        "--engine-window", type=int, default=0, help="part 3 only: the engine fed N calls in flight without waiting"
+    )
     args = parser.parse_args()
+    if args.engine_window:
+        folder = Path(tempfile.mkdtemp(prefix="latlab-frontends-"))
+        mlp = export_zoo(args.models_dir or folder / "models", "mlp")
+        for window in (0, args.engine_window):
+            alone = engine_alone(folder, mlp, window=window)
+            fed = f"{window} calls in flight, one thread, no waiting" if window else "16 client threads, each waiting"
+            print(
+                f"engine alone, fed by {fed}: {alone['rps']:.0f} req/s, {alone['cpu_us']:.0f} us CPU per request, "
+                f"{alone['cores']:.2f} cores (the client's side: {alone['client_us']:.0f} us per request)"
+            )
+        return
     folder = Path(tempfile.mkdtemp(prefix="latlab-frontends-"))
     models_dir = args.models_dir or folder / "models"
     mlp = export_zoo(models_dir, "mlp")
