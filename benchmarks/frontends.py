@@ -179,10 +179,13 @@ def cpu_split(folder: Path, model: Path, layout: str, rate: float) -> dict:
         }
 
 
-def engine_alone(folder: Path, model: Path, seconds: float = 8.0, threads: int = 16, window: int = 0) -> dict:
+def engine_alone(
+    folder: Path, model: Path, seconds: float = 8.0, threads: int = 16, window: int = 0, tokens: int = 0
+) -> dict:
     """The engine fed by `threads` threads each waiting on its call; or, with `window`, by one thread keeping up to
     `window` calls in flight without waiting (`send_many`, as a native front end sends), which is how an engine
-    behind several native front ends is fed."""
+    behind several native front ends is fed. `tokens`: `model` takes minilm's inputs of that many token ids
+    (token_sized_model) instead of mlp's."""
     import signal
     import threading
 
@@ -216,13 +219,17 @@ def engine_alone(folder: Path, model: Path, seconds: float = 8.0, threads: int =
             assert engine.poll() is None, "the engine did not start"
             time.sleep(0.05)
         client = EngineClient(run_dir, status)
-        x = np.random.default_rng(0).standard_normal((1, 4)).astype(np.float32)
+        if tokens:
+            ids = np.random.default_rng(0).integers(0, 30000, (1, tokens), dtype=np.int64)
+            inputs = {"input_ids": ids, "attention_mask": np.ones((1, tokens), np.int64)}
+        else:
+            inputs = {"x": np.random.default_rng(0).standard_normal((1, 4)).astype(np.float32)}
         answered = [0] * threads
 
         def send(index: int, until: float) -> None:
             while time.monotonic() < until:
                 client.call(
-                    {"kind": "infer", "model": "mlp-batch", "outputs": None, "parameters": {}, "finite": []}, {"x": x}
+                    {"kind": "infer", "model": "mlp-batch", "outputs": None, "parameters": {}, "finite": []}, inputs
                 )
                 answered[index] += 1
 
@@ -244,7 +251,7 @@ def engine_alone(folder: Path, model: Path, seconds: float = 8.0, threads: int =
                     room.clear()
                     continue
                 header = {"kind": "infer", "model": "mlp-batch", "outputs": None, "parameters": {}, "finite": []}
-                client.send_many([(dict(header), {"x": x}, reached) for _ in range(free)])
+                client.send_many([(dict(header), inputs, reached) for _ in range(free)])
             while inflight[0] > 0 and time.monotonic() < until + 5:
                 time.sleep(0.01)
 
@@ -275,6 +282,36 @@ def engine_alone(folder: Path, model: Path, seconds: float = 8.0, threads: int =
         status.close()
 
 
+def token_sized_model(path: Path, width: int = 384) -> Path:
+    """A model with minilm's inputs and output sizes and almost no work: input_ids and attention_mask [n, seq]
+    int64 in, [n, width] float out (each row the mean id, broadcast), so that the engine's own cost per request
+    with minilm-sized tensors is what a run measures, not the model's."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [
+        helper.make_node("Add", ["input_ids", "attention_mask"], ["summed"]),
+        helper.make_node("Cast", ["summed"], ["as_float"], to=TensorProto.FLOAT),
+        helper.make_node("ReduceMean", ["as_float", "axes"], ["mean"], keepdims=1),
+        helper.make_node("Mul", ["mean", "ones"], ["embedding"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "token_sized",
+        [
+            helper.make_tensor_value_info(n, TensorProto.INT64, ["batch", "seq"])
+            for n in ("input_ids", "attention_mask")
+        ],
+        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["batch", width])],
+        initializer=[
+            numpy_helper.from_array(np.array([1], np.int64), "axes"),
+            numpy_helper.from_array(np.ones((1, width), np.float32), "ones"),
+        ],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9), str(path))
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models-dir", type=Path, default=None)
@@ -291,13 +328,15 @@ def main() -> None:
     if args.engine_window:
         folder = Path(tempfile.mkdtemp(prefix="latlab-frontends-"))
         mlp = export_zoo(args.models_dir or folder / "models", "mlp")
-        for window in (0, args.engine_window):
-            alone = engine_alone(folder, mlp, window=window)
-            fed = f"{window} calls in flight, one thread, no waiting" if window else "16 client threads, each waiting"
-            print(
-                f"engine alone, fed by {fed}: {alone['rps']:.0f} req/s, {alone['cpu_us']:.0f} us CPU per request, "
-                f"{alone['cores']:.2f} cores (the client's side: {alone['client_us']:.0f} us per request)"
-            )
+        sized = token_sized_model(folder / "token-sized.onnx")
+        for name, model, tokens in (("mlp", mlp, 0), ("minilm-sized (128 token ids)", sized, 128)):
+            for window in (0, args.engine_window):
+                alone = engine_alone(folder, model, window=window, tokens=tokens)
+                fed = f"{window} calls in flight, one thread, no waiting" if window else "16 threads, each waiting"
+                print(
+                    f"engine alone, {name}, fed by {fed}: {alone['rps']:.0f} req/s, {alone['cpu_us']:.0f} us CPU "
+                    f"per request, {alone['cores']:.2f} cores (the client's side: {alone['client_us']:.0f} us)"
+                )
         return
     folder = Path(tempfile.mkdtemp(prefix="latlab-frontends-"))
     models_dir = args.models_dir or folder / "models"

@@ -16,6 +16,8 @@ WSGI or native), each beside the others ("now-wsgi", "now-native"); without --ot
 --served-rate N then measures, N rounds, ffn-batch's served rate at p99 <= 25 ms behind each version with one process
 (`latlab loadtest --slos 25ms` bracketing it to 10%, as benchmarks/frontends.py does): one version at a time, since
 each load test saturates the machine, the order reversed every round.
+--tokens N serves minilm-sized requests instead (N token ids and their mask as JSON, to a model of almost no work:
+benchmarks/frontends.py's token_sized_model), so that the CPU measured is the server's per request of that size.
 --profile writes py-spy raw profiles (collapsed stacks, `--gil`: only the thread running Python) of every process
 of this checkout's server during its first burst.
 """
@@ -31,8 +33,10 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import orjson
 import psutil
 
+from frontends import token_sized_model
 from harness import batching, export_zoo, json_infer_body, loadtest, serve_version
 
 from latlab.common import procs
@@ -215,6 +219,16 @@ def served_rates(folder: Path, model: Path, versions: dict, rounds: int) -> dict
     return found
 
 
+def token_body(tokens: int) -> bytes:
+    """A minilm-sized infer request: `tokens` token ids and their attention mask, INT64 as JSON."""
+    ids = np.random.default_rng(0).integers(0, 30000, tokens).tolist()
+    inputs = [
+        {"name": "input_ids", "shape": [1, tokens], "datatype": "INT64", "data": ids},
+        {"name": "attention_mask", "shape": [1, tokens], "datatype": "INT64", "data": [1] * tokens},
+    ]
+    return orjson.dumps({"inputs": inputs})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--other", default=None, help="PYTHONPATH of the other version (the baseline)")
@@ -225,12 +239,22 @@ def main() -> None:
     parser.add_argument("--frontends", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--profile", type=Path, default=None, help="py-spy raw profiles of this checkout's server")
     parser.add_argument("--served-rate", type=int, default=0, metavar="ROUNDS", help="ffn-batch's rate at p99 <= 25 ms")
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        default=0,
+        help="minilm-sized requests (N token ids and a mask, JSON) to a model of no work",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
-        model = export_zoo(args.models_dir or folder / "models", "mlp")
         body = folder / "body.json"
-        body.write_bytes(json_infer_body(np.ones((1, 4), dtype=np.float32)))
+        if args.tokens:
+            model = token_sized_model(folder / "token-sized.onnx")
+            body.write_bytes(token_body(args.tokens))
+        else:
+            model = export_zoo(args.models_dir or folder / "models", "mlp")
+            body.write_bytes(json_infer_body(np.ones((1, 4), dtype=np.float32)))
         script = folder / "post.lua"
         script.write_text(WRK_SCRIPT.format(body=body))
         results = {
