@@ -1,7 +1,7 @@
 """How many front-end processes the served minilm needs to keep up with a GPU: the rate each layout serves under
 each p99 bound, one front-end count after another in one run, on this machine.
 
-    .venv/bin/python benchmarks/frontends_gpu.py [--provider cuda] [--frontends 1,2,4,8] [--slos 25ms,50ms]
+    .venv/bin/python benchmarks/frontends_gpu.py [--provider cuda] [--frontends 1,native,2,2n,4n,8n] [--slos 25ms,50ms]
                                                  [--rates 500,1000,2000,4000] [--max-rate 20000] [--step-seconds 2]
                                                  [--models-dir models/bench] [--out runs/frontends-gpu.json]
     .venv/bin/python benchmarks/frontends_gpu.py --provider cpu --quick --out /tmp/fe-gpu.json   # CPU rehearsal
@@ -9,14 +9,15 @@ each p99 bound, one front-end count after another in one run, on this machine.
 One deployment, minilm-<provider>-batch (max_batch_size 32, max_queue_delay_ms 3), fed token ids of --seq-len
 tokens. Per front-end count N, in order: 1 is today's one-process server (frontends = 1, no engine process); N >= 2
 is N front ends (Granian workers) feeding one separate engine process, where ORT and the GPU live; "native" is
-one process under the native interface ([server] interface = "native": no thread per request). Each layout gets
+one process under the native interface ([server] interface = "native": no thread per request), and "Nn" N native
+front-end processes feeding the engine (the same interface with frontends = N). Each layout gets
 its own server, and `latlab loadtest --slos` sweeps --rates (then on x1.5 a step up to --max-rate) and brackets the
 highest rate that meets each p99 bound to 20%. Recorded per count: each bound's bracket (highest rate met, lowest
 broken), the steps, whether the load generator was the bottleneck at any step, and the server processes' CPU
 seconds per request answered (all, front ends, engine). --out is rewritten after every count, so a run stopped
 midway keeps what it measured; the end prints each count's rate over the one-process rate. With --provider cuda the
 script refuses to start where CUDA does not load (ORT would fall back to the CPU silently). --quick is a short CPU
-rehearsal of the same code: layouts 1,native,2, rates 20,50,100, 1 s steps, fewer bracket steps; its figures measure
+rehearsal of the same code: layouts 1,native,2n, rates 20,50,100, 1 s steps, fewer bracket steps; its figures measure
 nothing about a GPU."""
 
 from __future__ import annotations
@@ -78,8 +79,18 @@ def write_config(path: Path, port: int, name: str, model: Path, provider: str, i
 
 
 def layout(label: str) -> tuple[int, str]:
-    """A --frontends entry as (front ends, interface): a count serves WSGI; "native" is one native process."""
-    return (1, "native") if label == "native" else (int(label), "wsgi")
+    """A --frontends entry as (front ends, interface): a count serves WSGI ("2": Granian's workers); "native" is
+    one native process; a count and n ("4n") that many native front-end processes feeding the engine."""
+    if label == "native":
+        return 1, "native"
+    if label.endswith("n"):
+        return int(label[:-1]), "native"
+    return int(label), "wsgi"
+
+
+def valid_layout(label: str) -> bool:
+    count = label[:-1] if label.endswith("n") and label != "native" else label
+    return label == "native" or (count.isdigit() and int(count) >= 1)
 
 
 @contextlib.contextmanager
@@ -156,6 +167,8 @@ def describe(row: dict) -> str:
     who = "1 front end (one process)" if count == 1 else f"{count} front ends + engine"
     if row.get("layout") == "native":
         who = "one process, native interface"
+    elif row.get("interface") == "native" or str(row.get("layout", "")).endswith("n"):
+        who = f"{count} native front ends + engine"
     if "error" in row:
         return f"{who}: failed: {row['error'].splitlines()[0]} (logs in the work folder)"
     parts = [bracket_text(label, bracket) for label, bracket in row["brackets"].items()]
@@ -191,7 +204,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--provider", choices=("cpu", "cuda"), default="cuda")
     parser.add_argument(
-        "--frontends", help="layouts in order: counts, or native (default 1,native,2,4,8; --quick 1,native,2)"
+        "--frontends",
+        help="layouts in order: counts (WSGI), native (one process), or counts with n (native front ends: 2n); "
+        "default 1,native,2,2n,4n,8n; --quick 1,native,2n",
     )
     parser.add_argument("--slos", default="25ms,50ms", help="p99 bounds to bracket")
     parser.add_argument("--rates", help="starting rates (default 500,1000,2000,4000; --quick 20,50,100)")
@@ -205,16 +220,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="CPU rehearsal: short, few steps")
     args = parser.parse_args(argv)
     defaults = (
-        ("1,native,2", "20,50,100", 400.0, 1.0)
+        ("1,native,2n", "20,50,100", 400.0, 1.0)
         if args.quick
-        else ("1,native,2,4,8", "500,1000,2000,4000", 20000.0, 2.0)
+        else ("1,native,2,2n,4n,8n", "500,1000,2000,4000", 20000.0, 2.0)
     )
     for key, value in zip(("frontends", "rates", "max_rate", "step_seconds"), defaults):
         if getattr(args, key) is None:
             setattr(args, key, value)
     args.counts = [v.strip() for v in args.frontends.split(",") if v.strip()]
-    if not args.counts or not all(v == "native" or (v.isdigit() and int(v) >= 1) for v in args.counts):
-        parser.error(f"--frontends: positive counts or native, e.g. 1,native,2,4,8; got {args.frontends!r}")
+    if not args.counts or not all(valid_layout(v) for v in args.counts):
+        parser.error(
+            f"--frontends: counts, native or counts of native front ends, e.g. 1,native,2,4n; got {args.frontends!r}"
+        )
     return args
 
 
@@ -263,7 +280,11 @@ def print_ratios(found: dict[str, dict[str, float | None]]) -> None:
         print("no one-process rate to compare with")
     for count, by_slo in found.items():
         shown = ", ".join(f"p99<={label} {'-' if r is None else f'{r:.2f}x'}" for label, r in by_slo.items())
-        who = "one native process" if count == "native" else f"{count} front end{'s' if count != '1' else ''}"
+        who = f"{count} front end{'s' if count != '1' else ''}"
+        if count == "native":
+            who = "one native process"
+        elif count.endswith("n"):
+            who = f"{count[:-1]} native front ends"
         print(f"{who} over one WSGI process: {shown}")
 
 

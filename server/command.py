@@ -31,8 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--interface",
-        help='override [server] interface, as LATLAB_INTERFACE does: "wsgi" (default), "native" (one process, no '
-        'thread per request) or "rsgi"',
+        help='override [server] interface, as LATLAB_INTERFACE does: "wsgi" (default), "native" (no thread per '
+        'request, in one process or in each front end) or "rsgi"',
     )
 
 
