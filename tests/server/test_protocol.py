@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import orjson
 import pytest
@@ -700,3 +702,26 @@ def test_malformed_json_bytes_name_the_problem(data: object, shape: list[int], m
     with pytest.raises(BadRequest) as caught:
         decode_request(json_body({"name": "a", "shape": shape, "datatype": "BYTES", "data": data}))
     assert message in str(caught.value)
+
+
+INTEGER_TYPES = ["INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"]
+
+
+@pytest.mark.parametrize("datatype", INTEGER_TYPES)
+def test_a_flat_integer_list_decodes_as_the_nested_one(datatype: str) -> None:
+    """Flat JSON integers take struct's fast path, nested ones numpy's: the same values and dtype, and the same
+    refusals (a value past the type's range, a float, a string, a boolean among integers is the general path's)."""
+    info = np.iinfo(DATATYPES[datatype])
+    values = [int(info.min), 0, 1, int(info.max)]
+
+    def decoded(data: list, shape: list[int]) -> np.ndarray:  # json: orjson writes no integer past 64 bits
+        body = json.dumps({"inputs": [{"name": "a", "shape": shape, "datatype": datatype, "data": data}]})
+        return decode_request(body.encode()).inputs["a"]
+
+    flat, nested = decoded(values, [4]), decoded([values], [1, 4])
+    assert flat.dtype == nested.dtype == DATATYPES[datatype] and flat.tolist() == nested.tolist()[0] == values
+    for bad in ([int(info.max) + 1, 0], [int(info.min) - 1, 0], [1.5, 0], [1.0, 0], ["1", 0], [None, 0]):
+        for data, shape in ((bad, [2]), ([bad], [1, 2])):
+            with pytest.raises(BadRequest, match=f"input 'a': data is not a valid {datatype} array"):
+                decoded(data, shape)
+    assert decoded([True, 2], [2]).tolist() == decoded([[True, 2]], [1, 2]).tolist()[0]
