@@ -77,6 +77,8 @@ def library() -> tuple[ctypes.CDLL | None, str]:
                     ctypes.c_int64,
                     ctypes.c_int,
                 ]
+                lib.nh_notify.restype = ctypes.c_int
+                lib.nh_notify.argtypes = [ctypes.c_void_p]
                 for name in ("nh_wake", "nh_stop_accepting", "nh_free"):
                     getattr(lib, name).argtypes = [ctypes.c_void_p]
             _built = lib, why
@@ -147,29 +149,39 @@ class NativeServer:
         self._routes = ThreadPoolExecutor(SPARE_THREADS, thread_name_prefix="latlab-routes")
         self._dates = Dates()
         self.stopping = threading.Event()
+        self._drain_until: float | None = None
 
     # the dispatcher
 
     def serve_forever(self) -> None:
         """Take and dispatch requests until stop(); then answer what is held (up to DRAIN_LIMIT_S) and return."""
-        lib, handle = self.lib, self.handle
-        drain_until = None
         while True:
-            taken = lib.nh_take(handle, self._address, len(self._buffer), POLL_MS)
-            if taken < 0:  # one request larger than the buffer
-                self._buffer = bytearray(-taken * 2)
-                self._address = ctypes.addressof(ctypes.c_char.from_buffer(self._buffer))
-                continue
-            if taken:
-                self._dispatch(memoryview(self._buffer)[:taken])
-            if self._limits:
-                self._expire()
-            if self.stopping.is_set():
-                if drain_until is None:
-                    lib.nh_stop_accepting(handle)
-                    drain_until = time.monotonic() + DRAIN_LIMIT_S
-                if not self.waiting or time.monotonic() > drain_until:
-                    return
+            self._take(POLL_MS)
+            if self._pass_over():
+                return
+
+    def _take(self, timeout_ms: int) -> int:
+        """Take what arrived (waiting up to `timeout_ms` for a request) and dispatch it; the bytes taken."""
+        taken = self.lib.nh_take(self.handle, self._address, len(self._buffer), timeout_ms)
+        while taken < 0:  # one request larger than the buffer
+            self._buffer = bytearray(-taken * 2)
+            self._address = ctypes.addressof(ctypes.c_char.from_buffer(self._buffer))
+            taken = self.lib.nh_take(self.handle, self._address, len(self._buffer), 0)
+        if taken:
+            self._dispatch(memoryview(self._buffer)[:taken])
+        return taken
+
+    def _pass_over(self) -> bool:
+        """The end of a pass: expired calls answered; True once stopping and what is held is answered (or the
+        drain's limit passed)."""
+        if self._limits:
+            self._expire()
+        if not self.stopping.is_set():
+            return False
+        if self._drain_until is None:
+            self.lib.nh_stop_accepting(self.handle)
+            self._drain_until = time.monotonic() + DRAIN_LIMIT_S
+        return not self.waiting or time.monotonic() > self._drain_until
 
     def stop(self) -> None:
         self.stopping.set()

@@ -80,6 +80,7 @@ typedef struct {
 
 typedef struct {
     int epoll, wake, listen_fd, listening;
+    int notify;           /* an eventfd written when the queue of requests stops being empty (nh_notify); -1: none */
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t arrived;
@@ -172,6 +173,8 @@ static void ready(nh_server *s, int slot) {
     s->ready_tail = slot;
     s->ready_count++;
     pthread_cond_signal(&s->arrived);
+    uint64_t one = 1;
+    if (s->ready_count == 1 && s->notify >= 0 && write(s->notify, &one, sizeof one) < 0) { /* one is pending */ }
 }
 
 static int field_is(const char *name, size_t length, const char *wanted) {
@@ -542,6 +545,7 @@ nh_server *nh_new(int listen_fd, int64_t max_body, int slots) {
     s->resume = calloc((size_t)slots, sizeof(int));
     s->epoll = epoll_create1(EPOLL_CLOEXEC);
     s->wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    s->notify = -1;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->arrived, NULL);
     struct epoll_event event = {.events = EPOLLIN, .data.u64 = UINT64_MAX - 1};
@@ -655,12 +659,29 @@ int nh_reply(nh_server *s, uint64_t token, const char *data, int64_t length, int
     return 0;
 }
 
-/* Make a waiting nh_take return now. */
+/* Make a waiting nh_take return now (and a caller polling nh_notify's descriptor look). */
 void nh_wake(nh_server *s) {
     pthread_mutex_lock(&s->lock);
     s->woken = 1;
     pthread_cond_signal(&s->arrived);
+    uint64_t one = 1;
+    if (s->notify >= 0 && write(s->notify, &one, sizeof one) < 0) { /* one is pending */ }
     pthread_mutex_unlock(&s->lock);
+}
+
+/* An eventfd, readable whenever requests wait to be taken (written when the queue stops being empty, and by
+   nh_wake): for a caller that polls it beside other descriptors and takes with a timeout of 0. Created on the
+   first call; -1 where it cannot be. */
+int nh_notify(nh_server *s) {
+    pthread_mutex_lock(&s->lock);
+    if (s->notify < 0) {
+        s->notify = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        uint64_t one = 1;
+        if (s->notify >= 0 && s->ready_count > 0 && write(s->notify, &one, sizeof one) < 0) { /* pending */ }
+    }
+    int fd = s->notify;
+    pthread_mutex_unlock(&s->lock);
+    return fd;
 }
 
 /* Stop accepting connections (the listening socket stays the caller's). */
@@ -689,6 +710,7 @@ void nh_free(nh_server *s) {
     }
     close(s->epoll);
     close(s->wake);
+    if (s->notify >= 0) close(s->notify);
     pthread_cond_destroy(&s->arrived);
     pthread_mutex_destroy(&s->lock);
     free(s->connections);

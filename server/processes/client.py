@@ -99,6 +99,9 @@ class EngineClient:
         those still waiting."""
         self._closing = False
         self._rx_id = f"{os.getpid()}-{engine}-{os.urandom(4).hex()}".encode()
+        self._rx: zmq.Socket | None = None
+        """The socket answers arrive on: the hop thread's, or the adopting thread's (`adopt`)."""
+        self._adopted = False
         self._tx = self._socket()
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._thread = threading.Thread(target=self._hop, name=f"latlab-hop-{engine}", daemon=True)
@@ -264,38 +267,60 @@ class EngineClient:
         return call.answer, call.frames
 
     def _hop(self) -> None:
-        """Read answers on `rx`; say hello to each new engine; send what a hold or a refused send left queued."""
-        rx = self._socket(self._rx_id)
+        """Read answers on `rx`; say hello to each new engine; send what a hold or a refused send left queued
+        (until closed, or until another thread adopts this work: `adopt`)."""
+        self._rx = self._socket(self._rx_id)
         poller = zmq.Poller()
-        poller.register(rx, POLLIN)
-        poller.register(self._wake, POLLIN)
+        self.register(poller)
         try:
-            while not self._closing:
-                generation = self.status.up()
-                if generation is not None and generation != self._ready:
-                    try:  # answered once the engine knows this socket: then answers can reach it
-                        send_frames(
-                            rx, [pack({"group": [{"kind": "hello", "id": 0, "generation": generation}]})], NOBLOCK
-                        )
-                    except zmq.Again:
-                        pass
-                if self._asked is not None and generation != self._asked:
-                    self._fail_asked(generation)
-                timeout = self._send_due()
-                if generation is not None and generation != self._ready:
-                    timeout = RETRY_MS
-                events = dict(poller.poll(timeout))
-                if self._wake in events:
-                    try:
-                        os.eventfd_read(self._wake)
-                    except BlockingIOError:
-                        pass
-                if rx in events:
-                    self._receive(rx)
+            while not self._closing and not self._adopted:
+                self.after_poll(dict(poller.poll(self.before_poll())))
         except zmq.ContextTerminated:
             pass
         finally:
-            rx.close(0)
+            if not self._adopted:
+                self._rx.close(0)
+
+    def adopt(self) -> None:
+        """From now on the calling thread does the hop thread's work (which then ends): it polls what `register`
+        adds beside its own descriptors, calling `before_poll` before each poll and `after_poll` after it, so that
+        a native front end's one thread takes requests and reads answers in one wait (one wake-up for both, no
+        interpreter lock handed between two threads)."""
+        self._adopted = True
+        os.eventfd_write(self._wake, 1)
+        self._thread.join()
+
+    def register(self, poller: zmq.Poller) -> None:
+        poller.register(self._rx, POLLIN)
+        poller.register(self._wake, POLLIN)
+
+    def before_poll(self) -> float:
+        """Say hello to a new engine, fail what a stopped one held, send what is due; how long the poll may wait
+        (ms)."""
+        generation = self.status.up()
+        if generation is not None and generation != self._ready:
+            try:  # answered once the engine knows this socket: then answers can reach it
+                send_frames(
+                    self._rx, [pack({"group": [{"kind": "hello", "id": 0, "generation": generation}]})], NOBLOCK
+                )
+            except zmq.Again:
+                pass
+        if self._asked is not None and generation != self._asked:
+            self._fail_asked(generation)
+        timeout = self._send_due()
+        if generation is not None and generation != self._ready:
+            timeout = RETRY_MS
+        return timeout
+
+    def after_poll(self, events: dict) -> None:
+        """What the poll found for this client: a wake-up (consumed), answers (each handed to its call)."""
+        if self._wake in events:
+            try:
+                os.eventfd_read(self._wake)
+            except BlockingIOError:
+                pass
+        if self._rx in events:
+            self._receive(self._rx)
 
     def _send_due(self) -> float:
         """Send what a hold or a refused send kept queued once it is due; returns how long to wait (ms) until the
@@ -364,6 +389,8 @@ class EngineClient:
         self._closing = True
         os.eventfd_write(self._wake, 1)
         self._thread.join(5)
+        if self._adopted and self._rx is not None:
+            self._rx.close(0)
         self.context.destroy(0)
         os.close(self._wake)
 

@@ -1,8 +1,9 @@
 """Front ends under the native interface ([server] interface = "native" with frontends = N): N processes, each the
 one-process native server (server/http/native.py) with the engine process in place of its batchers. A front end's
 dispatcher decodes every infer request of a take and sends them to the engine together, without waiting (one
-message per take and engine); the client's hop thread, which receives the engine's grouped answers, encodes each
-and writes it to its connection. No thread waits on a request, as in one native process.
+message per take and engine); the same thread reads the engine's grouped answers (it adopts the client's hop
+thread's work) and encodes and writes each to its connection. No thread waits on a request, as in one native
+process, and one Python thread does a request's work on this side of the hop.
 
 Each front end listens on a socket of its own bound to the server's port (SO_REUSEPORT: the kernel spreads new
 connections over them); this module's parent process holds every socket, so that the front end that replaces one
@@ -19,9 +20,11 @@ import sys
 import threading
 from pathlib import Path
 
+import zmq
+
 from latlab.server.config import served_config
 from latlab.server.errors import ConfigError, RequestTimeout, ServingError
-from latlab.server.http.native import DRAIN_LIMIT_S, NativeServer, Waiting, library, listening_socket
+from latlab.server.http.native import DRAIN_LIMIT_S, POLL_MS, NativeServer, Waiting, library, listening_socket
 from latlab.server.metrics import use_multiprocess_values
 from latlab.server.processes.frontend import FrontState, Forward, outputs_of
 from latlab.server.processes.shared import LOG_FORMAT, metrics_folder
@@ -38,8 +41,37 @@ STOP_MARGIN_S = 10.0
 
 class NativeFrontEnd(NativeServer):
     """The native server over a front end's RemoteDeployments: a take's infer calls go to their engine's client
-    together (`send_many`); each answer is written by the client's hop thread; the other routes are forwarded
+    together (`send_many`); each answer is written by the same thread (serve_forever); the other routes are forwarded
     (Forward) on the route threads, liveness alone answered on the dispatcher."""
+
+    def serve_forever(self) -> None:
+        """One thread takes requests and reads the engines' answers: it adopts each client's hop thread and waits
+        on the native side's arrivals and every client's sockets at once, taking every request queued when told
+        of one and handing every answer waiting on a socket to its call, until stop() and the drain."""
+        clients = self.state.engines.clients
+        for client in clients:
+            client.adopt()
+        arrivals = self.lib.nh_notify(self.handle)
+        if arrivals < 0:
+            raise OSError("the native HTTP side gave no arrival descriptor")
+        poller = zmq.Poller()
+        poller.register(arrivals, zmq.POLLIN)
+        for client in clients:
+            client.register(poller)
+        while True:
+            timeout = min([POLL_MS, *(client.before_poll() for client in clients)])
+            events = dict(poller.poll(timeout))
+            if arrivals in events:
+                try:
+                    os.eventfd_read(arrivals)
+                except BlockingIOError:
+                    pass
+                while self._take(0):  # until the queue is empty: a take stops where its buffer is full
+                    pass
+            for client in clients:
+                client.after_poll(events)
+            if self._pass_over():
+                return
 
     def _queue(self, call: Waiting, groups: dict) -> None:
         deployment = call.deployment
@@ -65,7 +97,8 @@ class NativeFrontEnd(NativeServer):
                         self._finish(call, None, exc)
 
     def _reached(self, call: Waiting, answer: dict, frames: list, error: BaseException | None) -> None:
-        """On the hop thread: the engine's answer to `call` (or why none will come) goes out from here."""
+        """On the thread that reads the answers: the engine's answer to `call` (or why none will come) goes out
+        from here."""
         if self.waiting.pop(call.token, None) is not call:
             return  # its caller's time limit passed first: answered already
         try:
