@@ -41,8 +41,8 @@ Answered = Callable[[dict, list, "BaseException | None"], None]
 
 
 class Call:
-    """One call waiting for its answer: `done` is held until the hop thread puts the answer in; or, for an
-    asynchronous call (`answered`), the hop thread calls `answered` with it, on its own thread."""
+    """One call waiting for its answer: `done` is held until the hop thread (or the thread that adopted its work)
+    puts the answer in; or, for an asynchronous call (`answered`), that thread calls `answered` with it."""
 
     __slots__ = ("header", "key", "arrays", "hold_s", "done", "sent", "answer", "frames", "answered", "generation")
 
@@ -160,8 +160,9 @@ class EngineClient:
         return True
 
     def send_many(self, calls: list[tuple[dict, dict | None, Answered]]) -> None:
-        """Send calls (header, arrays, answered) without waiting: each `answered` is called on the hop thread with
-        its answer, or with ModelNotReady when the engine that held it stops. Raises ModelNotReady (none sent)
+        """Send calls (header, arrays, answered) without waiting: each `answered` is called on the thread that reads
+        the answers (the hop thread, or the one that adopted its work) with its answer, or with ModelNotReady when
+        the engine that held it stops. Raises ModelNotReady (none sent)
         when no engine runs or it has not answered this client's hello yet (a restart, for milliseconds). The
         caller keeps its own time limit (`forget` a call it gave up on)."""
         generation = self.status.up()
