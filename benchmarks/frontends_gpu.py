@@ -1,7 +1,7 @@
 """How many front-end processes the served minilm needs to keep up with a GPU: the rate each layout serves under
 each p99 bound, one front-end count after another in one run, on this machine.
 
-    .venv/bin/python benchmarks/frontends_gpu.py [--provider cuda] [--frontends 1,native,2,2n,4n,8n] [--slos 25ms,50ms]
+    .venv/bin/python benchmarks/frontends_gpu.py [--provider cuda] [--frontends 1,native,2n,4n,8n] [--slos 25ms,50ms]
                                                  [--rates 500,1000,2000,4000] [--max-rate 20000] [--step-seconds 2]
                                                  [--models-dir models/bench] [--out runs/frontends-gpu.json]
     .venv/bin/python benchmarks/frontends_gpu.py --provider cpu --quick --out /tmp/fe-gpu.json   # CPU rehearsal
@@ -206,7 +206,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--frontends",
         help="layouts in order: counts (WSGI), native (one process), or counts with n (native front ends: 2n); "
-        "default 1,native,2,2n,4n,8n; --quick 1,native,2n",
+        "default 1,native,2n,4n,8n; --quick 1,native,2n",
     )
     parser.add_argument("--slos", default="25ms,50ms", help="p99 bounds to bracket")
     parser.add_argument("--rates", help="starting rates (default 500,1000,2000,4000; --quick 20,50,100)")
@@ -222,7 +222,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     defaults = (
         ("1,native,2n", "20,50,100", 400.0, 1.0)
         if args.quick
-        else ("1,native,2,2n,4n,8n", "500,1000,2000,4000", 20000.0, 2.0)
+        else ("1,native,2n,4n,8n", "500,1000,2000,4000", 20000.0, 2.0)
     )
     for key, value in zip(("frontends", "rates", "max_rate", "step_seconds"), defaults):
         if getattr(args, key) is None:

@@ -89,7 +89,7 @@ SPECS = (
     LegSpec(
         3,
         "frontends",
-        "one process (WSGI, then the native interface), then 2 WSGI front ends and 2, 4, 8 native front ends before "
+        "one process (WSGI, then the native interface), then 2, 4, 8 native front ends before "
         "minilm-cuda-batch: the served rate at p99 <= 25 and 50 ms each (benchmarks/frontends_gpu.py)",
         ((Step("cuda", 30), Step("frontends", 420)),),
         ("frontends-gpu.json",),
