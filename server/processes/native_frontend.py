@@ -27,8 +27,7 @@ from latlab.server.errors import ConfigError, RequestTimeout, ServingError
 from latlab.server.http.native import DRAIN_LIMIT_S, POLL_MS, NativeServer, Waiting, library, listening_socket
 from latlab.server.metrics import use_multiprocess_values
 from latlab.server.processes.frontend import FrontState, Forward, outputs_of
-from latlab.server.processes.shared import LOG_FORMAT, metrics_folder
-from latlab.server.processes.wsgi import CONFIG_ENV, RUN_DIR_ENV
+from latlab.server.processes.shared import CONFIG_ENV, LOG_FORMAT, RUN_DIR_ENV, metrics_folder
 
 log = logging.getLogger("latlab.server.processes.native_frontend")
 RESPAWN_S = 0.5

@@ -25,6 +25,10 @@ ADMISSION_FILE = "admission.counts"
 METRICS_FOLDER = "metrics"
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 """Every process of a server logs its lines so: the one process, the front ends and the engines."""
+CONFIG_ENV = "LATLAB_CONFIG"
+"""The config file every process of a server reads (set by serve(), server/processes/wsgi.py)."""
+RUN_DIR_ENV = "LATLAB_RUN_DIR"
+"""The run folder of a multi-front-end server (server/processes/supervisor.py): set, the worker is a front end."""
 
 
 def endpoint(run_dir: str | Path, engine: int = 0) -> str:

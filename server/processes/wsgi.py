@@ -20,13 +20,10 @@ from latlab.server.http.app import create_app
 from latlab.server.http.observer import Observer, observer_port
 from latlab.server.http.rsgi import RsgiApp
 from latlab.server.processes.frontend import create_frontend_app
-from latlab.server.processes.shared import LOG_FORMAT
+from latlab.server.processes.shared import CONFIG_ENV, LOG_FORMAT, RUN_DIR_ENV
 from latlab.server.processes.supervisor import EngineFailed, Supervisor, run_folder
 from latlab.server.runtime.preflight import check_deployments
 
-CONFIG_ENV = "LATLAB_CONFIG"
-RUN_DIR_ENV = "LATLAB_RUN_DIR"
-"""The run folder of a multi-front-end server (server/processes/supervisor.py): set, the worker is a front end."""
 OBSERVER_ENV = "LATLAB_OBSERVER_ADDRESS"
 """host:port of the observer listener, chosen by serve() for the worker process it starts."""
 FRONTEND_RESPAWN_S = 0.5

@@ -94,6 +94,8 @@ class StubModel:
         """Each infer request's size along the dynamic axis (a dynamic stub), as the server read it."""
         self.arrived: list[float] = []
         """When each infer request reached the server (time.time()): the arrivals as the server saw them."""
+        self.service_s: list[float] = []
+        """Each infer request's time in serve() as it really passed (a sleep overshoots on a busy machine)."""
         self.triton = {"requests": 0, "request_us": 0, "input_us": 0, "infer_us": 0, "output_us": 0}
         """What a Triton serving this model would have counted (standard_only stub with Triton metrics)."""
 
@@ -175,6 +177,7 @@ def _app(model: StubModel, standard_only: bool = False, triton_metrics_path: str
             read = time.perf_counter()
             model.serve()
             served = time.perf_counter()
+            model.service_s.append(served - read)
             body = {
                 "model_name": "m",
                 "outputs": [{"name": "y", "datatype": "FP32", "shape": [1, 4], "data": [0, 0, 0, 0]}],
