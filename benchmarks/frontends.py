@@ -2,7 +2,7 @@
 per request, and the rate each layout serves at p99 <= 25 ms.
 
     .venv/bin/python benchmarks/frontends.py [--models-dir DIR] [--requests 2000] [--rounds 3] [--skip-rates]
-                                             [--split-rate 1000]
+                                             [--split-rate 1000] [--engine-window N]
 
 Layouts: "one process" (frontends = 1, today's server), "1 front end + engine" and "2 front ends + engine".
 1. The hop: batch-1 mlp (max_batch_size 1), one client sending requests one after another on a kept-alive
@@ -16,7 +16,9 @@ Layouts: "one process" (frontends = 1, today's server), "1 front end + engine" a
 3. The engine alone, saturated: mlp-batch's engine process fed by 16 threads of this process through the
    front ends' client (no HTTP), 8 s: the rate it answers and its CPU per request, where wake-ups are shared
    by many requests (what an engine behind many front ends sees), and this process's CPU per request (the
-   client's side of the hop without HTTP).
+   client's side of the hop without HTTP). `--engine-window N` runs this part alone, for mlp and for
+   minilm-sized calls (token_sized_model), each fed both so and by one thread keeping N calls in flight without
+   waiting (`send_many`, as native front ends feed it); N within the deployment's admission bound.
 4. Served rate: mlp-batch and ffn-batch (the lab's batcher settings) behind each layout, `latlab loadtest
    --slos 25ms` bracketing the highest rate that meets p99 <= 25 ms to 10%.
 Every deployment runs ORT on one intra-op thread without spinning, as the lab's CPU plan does on 2 cores.

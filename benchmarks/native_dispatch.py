@@ -1,7 +1,7 @@
-"""A native front end's Python per request, in process: its dispatcher's half (records of a take parsed, checked,
-admitted, decoded and sent to the engine as one group) and its hop thread's half (the engine's grouped answer read,
-each call's outputs decoded, encoded and written), each timed over many requests without HTTP or an engine, then
-profiled (cProfile, cumulative time per function) to show which steps cost what.
+"""A native front end's Python per request, in process: taking (records of a take parsed, checked, admitted,
+decoded and sent to the engine as one group) and answering (the engine's grouped answer read, each call's outputs
+decoded, encoded and written), both on the front end's one thread, each timed over many requests without HTTP
+or an engine, then profiled (cProfile, cumulative time per function) to show which steps cost what.
 
     .venv/bin/python benchmarks/native_dispatch.py [--requests 20000] [--take 8] [--tokens 0] [--profile]
 
@@ -125,7 +125,7 @@ def main() -> None:
         for take in chunk:
             server._dispatch(memoryview(take))
 
-    def answer_half(chunk: list) -> None:
+    def answer_half(_chunk: list) -> None:  # the calls the chunk left waiting
         calls = list(server.waiting.values())
         ids = [c.header["id"] for c in calls]
         for start in range(0, len(calls), args.take):
@@ -147,7 +147,7 @@ def main() -> None:
             else:
                 half(chunk)
             spent[half] += time.process_time() - started
-    for half, name in ((dispatch_half, "dispatcher"), (answer_half, "hop thread")):
+    for half, name in ((dispatch_half, "taking"), (answer_half, "answering")):
         print(
             f"{name}: {spent[half] / args.requests * 1e6:.1f} us CPU a request "
             f"({args.requests} in takes of {args.take})"

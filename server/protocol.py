@@ -178,19 +178,8 @@ def shown(value: object, limit: int = 64) -> object:
 _ACCEPTED_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
 
 
-_PACKED = {
-    **{"FP16": "e", "FP32": "f", "FP64": "d"},
-    **{
-        "INT8": "b",
-        "INT16": "h",
-        "INT32": "i",
-        "INT64": "q",
-        "UINT8": "B",
-        "UINT16": "H",
-        "UINT32": "I",
-        "UINT64": "Q",
-    },
-}
+_PACKED = dict(FP16="e", FP32="f", FP64="d", INT8="b", INT16="h", INT32="i", INT64="q")
+_PACKED.update(UINT8="B", UINT16="H", UINT32="I", UINT64="Q")
 """struct's codes for the numeric datatypes: packing a flat list of JSON numbers is a fast path (below)."""
 
 
@@ -199,7 +188,7 @@ def _from_json_data(name: str, data: object, datatype: str, shape: list[int], bo
     value is a number of the datatype's family that the datatype can hold.
 
     Fast path: a flat list for a numeric datatype is packed by `struct` straight into the type's bytes, a
-    fraction of numpy's list conversion and range checks (token ids: a third). `struct` refuses strings, nulls
+    fraction of the work of numpy's list conversion and range checks. `struct` refuses strings, nulls
     and nested lists, floats for an integer type, and raises on a value the type cannot hold (an integer out of
     range; a float where numpy's cast would give infinity); only booleans would pass (as 1 and 0), so it runs
     only when the JSON holds no `true` or `false` at all. Anything it refuses goes down the general path, which

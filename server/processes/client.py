@@ -126,7 +126,7 @@ class EngineClient:
         generation = self.status.up()
         if generation is None:
             self.arrived()
-            raise ModelNotReady("the server's engine is not running (starting or restarting); retry shortly")
+            raise ModelNotReady(NOT_RUNNING)
         if self._ready != generation:
             self._await_hello(generation)
         call = Call(header, "inputs", arrays, hold_s)
@@ -162,15 +162,15 @@ class EngineClient:
     def send_many(self, calls: list[tuple[dict, dict | None, Answered]]) -> None:
         """Send calls (header, arrays, answered) without waiting: each `answered` is called on the thread that reads
         the answers (the hop thread, or the one that adopted its work) with its answer, or with ModelNotReady when
-        the engine that held it stops. Raises ModelNotReady (none sent)
-        when no engine runs or it has not answered this client's hello yet (a restart, for milliseconds). The
-        caller keeps its own time limit (`forget` a call it gave up on)."""
+        the engine that held it stops. Raises ModelNotReady (none sent) when no engine runs or it has not answered
+        this client's hello yet (a restart, for milliseconds). The caller keeps its own time limit (`forget` a call
+        it gave up on)."""
         generation = self.status.up()
         if generation is None:
-            raise ModelNotReady("the server's engine is not running (starting or restarting); retry shortly")
+            raise ModelNotReady(NOT_RUNNING)
         if self._ready != generation:
             os.eventfd_write(self._wake, 1)
-            raise ModelNotReady("the server's engine is not reachable (restarting); retry shortly")
+            raise ModelNotReady(UNREACHABLE)
         if self._asked is None:  # else: the hop thread has yet to fail the calls an earlier engine held
             self._asked = generation
         queued = []
@@ -215,7 +215,7 @@ class EngineClient:
         while self._ready != generation:
             if time.monotonic() > deadline or self.status.up() != generation:
                 self.arrived()
-                raise ModelNotReady("the server's engine is not reachable (restarting); retry shortly")
+                raise ModelNotReady(UNREACHABLE)
             os.eventfd_write(self._wake, 1)
             time.sleep(RETRY_MS / 1000)
 
@@ -249,16 +249,11 @@ class EngineClient:
         while not call.done.acquire(True, POLL_S):
             now = time.monotonic()
             if self.status.up() != generation:
-                failure = ModelNotReady(
-                    "the server's engine stopped while it held this request, which was not computed or not "
-                    "answered; retry"
-                    if call.sent
-                    else "the server's engine is not reachable (restarting); retry shortly"
-                )
+                failure = engine_lost(call.sent)
             elif not call.sent and now - started > CONNECT_WAIT_S:
-                failure = ModelNotReady("the server's engine is not reachable (restarting); retry shortly")
+                failure = ModelNotReady(UNREACHABLE)
             elif now - started > wait_s:
-                failure = RequestTimeout(f"no answer from the engine within {wait_s:.3f} s")
+                failure = no_answer(wait_s)
             else:
                 continue
             if self._waiting.pop(request_id, None) is not None:
@@ -374,17 +369,7 @@ class EngineClient:
             if call.answered is None or call.generation == generation:
                 continue
             if self._waiting.pop(request_id, None) is not None:
-                _deliver(
-                    call.answered,
-                    {},
-                    [],
-                    ModelNotReady(
-                        "the server's engine stopped while it held this request, which was not computed or not "
-                        "answered; retry"
-                        if call.sent
-                        else "the server's engine is not reachable (restarting); retry shortly"
-                    ),
-                )
+                _deliver(call.answered, {}, [], engine_lost(call.sent))
 
     def close(self) -> None:
         self._closing = True
@@ -394,6 +379,24 @@ class EngineClient:
             self._rx.close(0)
         self.context.destroy(0)
         os.close(self._wake)
+
+
+NOT_RUNNING = "the server's engine is not running (starting or restarting); retry shortly"
+UNREACHABLE = "the server's engine is not reachable (restarting); retry shortly"
+
+
+def engine_lost(sent: bool) -> ModelNotReady:
+    """The error of a call whose engine stopped before answering it: held (`sent`) or never reached."""
+    if sent:
+        return ModelNotReady(
+            "the server's engine stopped while it held this request, which was not computed or not answered; retry"
+        )
+    return ModelNotReady(UNREACHABLE)
+
+
+def no_answer(wait_s: float) -> RequestTimeout:
+    """The error of a call its caller stopped waiting for after `wait_s`."""
+    return RequestTimeout(f"no answer from the engine within {wait_s:.3f} s")
 
 
 def _deliver(answered: Answered, answer: dict, frames: list, error: BaseException | None) -> None:

@@ -70,7 +70,8 @@ class RemoteDeployment:
         # dispatcher sends each take's requests together and needs no telling
         self.admission = Announcing(counted, client) if announce else counted
         self.text = text_front_end(config, {name: np.dtype(dtype) for name, dtype in inputs.items()})
-        self._wait_s = config.batcher.timeout_ms / 1000 + TIMEOUT_MARGIN_S
+        self.wait_s = config.batcher.timeout_ms / 1000 + TIMEOUT_MARGIN_S
+        """How long a front end waits for the engine's answer."""
         # a request waits for companions at most a share of what its batch may wait for them anyway
         self._hold_s = min(HOLD_S, config.batcher.max_queue_delay_ms / 1000 / 2)
 
@@ -84,7 +85,7 @@ class RemoteDeployment:
 
     def infer(self, request: InferRequest) -> dict[str, np.ndarray]:
         header, inputs = self.call(request)
-        return outputs_of(*self.client.call(header, inputs, self._wait_s, self._hold_s))
+        return outputs_of(*self.client.call(header, inputs, self.wait_s, self._hold_s))
 
     def call(self, request: InferRequest) -> tuple[dict, dict[str, np.ndarray]]:
         """The engine call that computes `request`: its header and its (tokenized) inputs."""
@@ -97,11 +98,6 @@ class RemoteDeployment:
             "finite": finite(inputs, request.finite),
         }
         return header, inputs
-
-    @property
-    def wait_s(self) -> float:
-        """How long a front end waits for the engine's answer."""
-        return self._wait_s
 
     def close(self) -> None:
         pass

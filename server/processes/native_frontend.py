@@ -23,9 +23,10 @@ from pathlib import Path
 import zmq
 
 from latlab.server.config import served_config
-from latlab.server.errors import ConfigError, RequestTimeout, ServingError
+from latlab.server.errors import ConfigError, ServingError
 from latlab.server.http.native import DRAIN_LIMIT_S, POLL_MS, NativeServer, Waiting, library, listening_socket
 from latlab.server.metrics import use_multiprocess_values
+from latlab.server.processes.client import no_answer
 from latlab.server.processes.frontend import FrontState, Forward, outputs_of
 from latlab.server.processes.shared import CONFIG_ENV, LOG_FORMAT, RUN_DIR_ENV, metrics_folder
 
@@ -111,7 +112,7 @@ class NativeFrontEnd(NativeServer):
 
     def _give_up(self, call: Waiting) -> None:
         call.deployment.client.forget(call.header["id"])
-        self._finish(call, None, RequestTimeout(f"no answer from the engine within {call.deployment.wait_s:.3f} s"))
+        self._finish(call, None, no_answer(call.deployment.wait_s))
 
     def _inline(self, method: str, path: str, body: bytes) -> bool:
         """Liveness alone: every other route asks an engine, which must not hold the dispatcher."""

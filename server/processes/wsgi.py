@@ -217,13 +217,13 @@ def admission_summary(config: ServerConfig) -> str:
             "wait unseen in Granian's queue)"
         )
     bounds = ", ".join(f"{d.name} {admitted_bound(d.batcher)}" for d in config.deployments)
-    if config.interface == "native":
-        return (
-            f"infer requests admitted at once: {bounds} (max_queue_size + instances x max_batch_size; one more is "
-            "refused with 503 + Retry-After); no thread waits on a request (native interface)"
-        )
-    return (
+    door = (
         f"infer requests admitted at once: {bounds} (max_queue_size + instances x max_batch_size; one more is "
-        f"refused with 503 + Retry-After); {config.threads} request threads, most of them waiting on a batch "
+        "refused with 503 + Retry-After)"
+    )
+    if config.interface == "native":
+        return f"{door}; no thread waits on a request (native interface)"
+    return (
+        f"{door}; {config.threads} request threads, most of them waiting on a batch "
         "without using the CPU (Granian may warn about their number: expected)"
     )
