@@ -95,7 +95,8 @@ class StubModel:
         self.arrived: list[float] = []
         """When each infer request reached the server (time.time()): the arrivals as the server saw them."""
         self.service_s: list[float] = []
-        """Each infer request's time in serve() as it really passed (a sleep overshoots on a busy machine)."""
+        """Each infer request's time in the stub as it really passed, from its start to its answer encoded (a sleep
+        overshoots on a busy machine; reading the body and encoding the answer take time too)."""
         self.triton = {"requests": 0, "request_us": 0, "input_us": 0, "infer_us": 0, "output_us": 0}
         """What a Triton serving this model would have counted (standard_only stub with Triton metrics)."""
 
@@ -177,13 +178,13 @@ def _app(model: StubModel, standard_only: bool = False, triton_metrics_path: str
             read = time.perf_counter()
             model.serve()
             served = time.perf_counter()
-            model.service_s.append(served - read)
             body = {
                 "model_name": "m",
                 "outputs": [{"name": "y", "datatype": "FP32", "shape": [1, 4], "data": [0, 0, 0, 0]}],
             }
             response = Response(json.dumps(body), content_type="application/json")
             model.count(began, read, served, time.perf_counter())
+            model.service_s.append(time.perf_counter() - began)
         else:
             response = Response('{"error": "not found"}', status=404, content_type="application/json")
         return response(environ, start_response)

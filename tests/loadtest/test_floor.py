@@ -125,8 +125,9 @@ def test_the_step_details_mark_steps_near_the_floor_and_state_it() -> None:
 def test_the_floor_accounts_for_what_the_generator_adds_to_a_known_service_time(tmp_path) -> None:
     """A stub serving every request in `service` seconds: the generator's reading of it lies between the truth and
     the truth plus the floor it measured before the sweep (twice it, for the noise of two samples). The truth is
-    the stub's own time in serve() as it passed, not the sleep asked for: on a busy machine a sleep overshoots, and
-    that is the server's time, which no floor of the generator's accounts for."""
+    the stub's own time for each request as it passed (from its start to its answer encoded), not the sleep asked
+    for: on a busy machine a sleep overshoots, and that is the server's time, which no floor of the generator's
+    accounts for."""
     model = StubModel(slow_every=1, slow_for=0.02)
     with stub_server(model) as url:
         out = tmp_path / "run"
