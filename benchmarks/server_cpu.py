@@ -13,6 +13,7 @@ requests answered per second, and the CPU time of the server's processes (all; t
 divided by the requests answered; then the medians, and the median of each round's ratio now / before.
 --interfaces runs this checkout once per [server] interface named (with front ends, RSGI is left out: they serve
 WSGI or native), each beside the others ("now-wsgi", "now-native"); without --other the first is the baseline.
+--other-interface: the other version's interface (WSGI unless said).
 --served-rate N then measures, N rounds, ffn-batch's served rate at p99 <= 25 ms behind each version with one process
 (`latlab loadtest --slos 25ms` bracketing it to 10%, as benchmarks/frontends.py does): one version at a time, since
 each load test saturates the machine, the order reversed every round.
@@ -183,10 +184,12 @@ def summary(frontends: int, got: dict[str, list[dict]]) -> None:
             print(f"frontends={frontends} {key:16s} {base} {old:8.0f}  {name} {new:8.0f}  ratio {ratio:.2f}")
 
 
-def versions_for(frontends: int, other: str | None, interfaces: list[str]) -> dict[str, tuple[str | None, str]]:
-    """The versions to run side by side: the other code (WSGI), then this checkout under each interface (front ends
-    serve WSGI or native: RSGI is left out with several of them)."""
-    versions: dict[str, tuple[str | None, str]] = {"before": (other, "wsgi")} if other else {}
+def versions_for(
+    frontends: int, other: str | None, interfaces: list[str], other_interface: str = "wsgi"
+) -> dict[str, tuple[str | None, str]]:
+    """The versions to run side by side: the other code (under `other_interface`), then this checkout under each
+    interface (front ends serve WSGI or native: RSGI is left out with several of them)."""
+    versions: dict[str, tuple[str | None, str]] = {"before": (other, other_interface)} if other else {}
     for interface in interfaces if frontends == 1 else [i for i in interfaces if i != "rsgi"] or ["wsgi"]:
         versions["now" if len(interfaces) == 1 else f"now-{interface}"] = (None, interface)
     return versions
@@ -233,6 +236,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--other", default=None, help="PYTHONPATH of the other version (the baseline)")
     parser.add_argument("--interfaces", nargs="+", choices=("wsgi", "rsgi", "native"), default=["wsgi"])
+    parser.add_argument(
+        "--other-interface", choices=("wsgi", "rsgi", "native"), default="wsgi", help="the other version's interface"
+    )
     parser.add_argument("--models-dir", type=Path, default=None)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=3.0)
@@ -258,13 +264,17 @@ def main() -> None:
         script = folder / "post.lua"
         script.write_text(WRK_SCRIPT.format(body=body))
         results = {
-            n: alternate(folder, model, n, versions_for(n, args.other, args.interfaces), script, args)
+            n: alternate(
+                folder, model, n, versions_for(n, args.other, args.interfaces, args.other_interface), script, args
+            )
             for n in args.frontends
         }
         rates = {}
         if args.served_rate:
             ffn = export_zoo(args.models_dir or folder / "models", "ffn", "--d-model", "128", "--n-layers", "128")
-            rates = served_rates(folder, ffn, versions_for(1, args.other, args.interfaces), args.served_rate)
+            rates = served_rates(
+                folder, ffn, versions_for(1, args.other, args.interfaces, args.other_interface), args.served_rate
+            )
     print("\nmedians over rounds (each version / the first per round, then the median ratio)")
     for frontends, got in results.items():
         if len(got) > 1:

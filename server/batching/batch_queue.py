@@ -114,6 +114,9 @@ class Pending:
     """The request's length on the padded axis (0 without padding); outputs are cut back to it."""
     outputs: tuple[str, ...] | None = None
     """The outputs the request asked for; None: all of them."""
+    requests: int = 1
+    """The clients' requests it stands for: a front end stacks requests of one shape into one (engine.py), queued,
+    run and answered as one, and counted as they were sent (queue bound, depth, arrivals, queue times)."""
 
 
 def batch_to_send(
@@ -172,14 +175,14 @@ class BatchQueue:
     def full(self) -> bool:
         return self.full_for(0)
 
-    def full_for(self, free_instances: int) -> bool:
-        """Whether one more request would leave more than max_queue_size waiting, not counting those that
+    def full_for(self, free_instances: int, arriving: int = 1) -> bool:
+        """Whether `arriving` more requests would leave more than max_queue_size waiting, not counting those that
         complete full batches free instances take at once (one sample per request assumed; larger requests only
         make it stricter). As in Triton, requests an idle instance holds while waiting out its delay for a
         batch to fill do count: max_queue_size bounds them. Without the allowance for full batches the queue
         refused requests the deployment's admission bound (max_queue_size + instances x max_batch_size) had let
         in, when they arrived before a free instance dequeued the first of them."""
-        after = self._count + 1
+        after = self._count + arriving
         taken = min(max(0, free_instances), after // self.settings.max_batch_size) * self.settings.max_batch_size
         return after - taken > self.settings.max_queue_size
 
@@ -201,10 +204,10 @@ class BatchQueue:
 
     def put(self, pending: Pending, free_instances: int = 0) -> None:
         level = self._admissible(pending)
-        if self.full_for(free_instances):
+        if self.full_for(free_instances, pending.requests):
             raise self.full_error()
         self._enqueue(pending, level)
-        self.arrivals.arrived(pending.enqueued_at)
+        self._arrived(pending)
 
     def sends_alone(self, pending: Pending, free_instances: int) -> bool:
         """For a request that finds the queue empty: True when the dispatch rule sends it alone at its arrival
@@ -214,7 +217,7 @@ class BatchQueue:
             raise RuntimeError("sends_alone is for an empty queue")
         level = self._admissible(pending)
         now = pending.enqueued_at
-        self.arrivals.arrived(now)
+        self._arrived(pending)
         if isinstance(self._decide(now, [pending], now, self._delay_s, free_instances), float):
             self._enqueue(pending, level)
             return False
@@ -222,8 +225,12 @@ class BatchQueue:
 
     def _enqueue(self, pending: Pending, level: int) -> None:
         self._levels[level - 1].append(pending)
-        self._count += 1
+        self._count += pending.requests
         self._samples += pending.size
+
+    def _arrived(self, pending: Pending) -> None:
+        for _ in range(pending.requests):  # a stack's requests arrived together
+            self.arrivals.arrived(pending.enqueued_at)
 
     def _admissible(self, pending: Pending) -> int:
         """The request's queue level; BadRequest for a priority out of range or a batch over max_batch_size."""
@@ -305,5 +312,5 @@ class BatchQueue:
                 gone.discard(id(level.popleft()))
             if gone and any(id(p) in gone for p in level):
                 self._levels[i] = deque(p for p in level if id(p) not in gone)
-        self._count -= len(items)
+        self._count -= sum(p.requests for p in items)
         self._samples -= sum(p.size for p in items)

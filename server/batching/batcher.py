@@ -92,6 +92,7 @@ class DynamicBatcher:
         outputs: Sequence[str] | None = None,
         run_here: bool = False,
         wake: bool = True,
+        requests: int = 1,
     ) -> Slot:
         """Queue one request of `size` samples; raises QueueFull/ModelNotReady/BadRequest at once instead of
         waiting. `timeout_s` may only shorten the deployment's timeout; `priority` 1 is the highest level,
@@ -103,8 +104,10 @@ class DynamicBatcher:
         docs/performance.md) is saved.
 
         `wake` False: the workers are not woken for this arrival; the caller calls `wake` soon after (an event loop
-        that queues several requests in one pass wakes a worker once for all of them)."""
-        pending = self._pending(inputs, size, timeout_s, priority, outputs)
+        that queues several requests in one pass wakes a worker once for all of them).
+
+        `requests`: how many clients' requests these inputs stack (Pending.requests), answered together."""
+        pending = self._pending(inputs, size, timeout_s, priority, outputs, requests)
         with self._cond:
             free = self._settings.instances - self._busy
             if not run_here or self._queue or free < 1 or self._closing:
@@ -128,9 +131,10 @@ class DynamicBatcher:
 
     def submit_many(self, requests: Sequence[tuple], wake: bool = True) -> list[Slot | Exception]:
         """Queue a group of requests, each given as `submit`'s first five arguments (inputs, size, timeout_s,
-        priority, outputs), in the order given, under one lock, with one write of the queue-depth gauge (a file
-        write in multiprocess mode) and one worker wake-up for the whole group instead of one of each per request:
-        the engine process submits together what it read from the front ends together.
+        priority, outputs) and optionally the requests they stack, in the order given, under one lock, with one
+        write of the queue-depth gauge (a file write in multiprocess mode) and one worker wake-up for the whole
+        group instead of one of each per request: the engine process submits together what it read from the front
+        ends together.
 
         Returns each request's outcome in the order given: its slot, or the error `submit` would have raised for it
         (QueueFull, BadRequest, ModelNotReady); a request's error is its own, never its group's. Nothing runs on
@@ -208,7 +212,13 @@ class DynamicBatcher:
         return RequestTimeout(f"no result within {self._timeout_s:.3f} s")
 
     def _pending(
-        self, inputs: Tensors, size: int, timeout_s: float | None, priority: int, outputs: Sequence[str] | None
+        self,
+        inputs: Tensors,
+        size: int,
+        timeout_s: float | None,
+        priority: int,
+        outputs: Sequence[str] | None,
+        requests: int = 1,
     ) -> Pending:
         now = self._clock()
         timeout_s = self._timeout_s if timeout_s is None else min(timeout_s, self._timeout_s)
@@ -221,6 +231,7 @@ class DynamicBatcher:
             priority=priority,
             length=request_length(inputs, self._padding),
             outputs=None if outputs is None else tuple(outputs),
+            requests=requests,
         )
 
     def _put(self, pending: Pending, free_instances: int = 0) -> None:
@@ -229,13 +240,16 @@ class DynamicBatcher:
         self._metrics.queue_depth(len(self._queue))
 
     def _queue_one(self, pending: Pending, free_instances: int) -> None:
-        """Queue it, counting a refusal, without touching the depth gauge (the caller holds the lock)."""
+        """Queue it, counting a refusal, without touching the depth gauge (the caller holds the lock). A stack that
+        does not fit whole is refused uncounted: its submitter (the engine) queues its requests one by one, so that
+        those that fit get in and each refused one counts once."""
         if self._closing:
             raise ModelNotReady("deployment is shutting down")
         try:
             self._queue.put(pending, free_instances)
         except QueueFull:
-            self._metrics.rejected("queue_full")
+            if pending.requests == 1:
+                self._metrics.rejected("queue_full")
             raise
 
     def refuse_if_full(self) -> None:
@@ -314,7 +328,8 @@ class DynamicBatcher:
     def _fail(self, pending: Pending, error: Exception) -> None:
         if pending.future.set_running_or_notify_cancel():
             pending.future.set_exception(error)
-        self._metrics.rejected("timeout")
+        for _ in range(pending.requests):
+            self._metrics.rejected("timeout")
 
     def _run(self, batch: list[Pending]) -> float | None:
         """Run one batch and answer its futures; returns the model's run time (None when not run or failed)."""
@@ -335,18 +350,21 @@ class DynamicBatcher:
             error = ComputeError(f"model run failed: {public_message(exc)}")
             for pending in batch:
                 pending.future.set_exception(error)
-            self._metrics.batch_done(
-                sum(sizes), [started - p.enqueued_at for p in batch], self._clock() - started, ok=False
-            )
+            self._metrics.batch_done(sum(sizes), queue_times(batch, started), self._clock() - started, ok=False)
             return None
         compute_s = self._clock() - started
         for pending, part in zip(batch, parts):
             pending.future.set_result(part)
-        self._metrics.batch_done(sum(sizes), [started - p.enqueued_at for p in batch], compute_s, ok=True)
+        self._metrics.batch_done(sum(sizes), queue_times(batch, started), compute_s, ok=True)
         if self._padding:  # what mixing lengths cost: positions computed, never asked for
             lengths = [p.length for p in batch]
             self._metrics.positions_run(sum(sizes) * max(lengths), sum(s * n for s, n in zip(sizes, lengths)))
         return run_s
+
+
+def queue_times(batch: list[Pending], started: float) -> list[float]:
+    """Each request's time in the queue until its batch started (a stack's requests each count)."""
+    return [started - p.enqueued_at for p in batch for _ in range(p.requests)]
 
 
 def requested_outputs(batch: list[Pending]) -> tuple[str, ...] | None:

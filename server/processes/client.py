@@ -12,12 +12,11 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Callable
 
 import zmq
 
 from latlab.server.errors import ModelNotReady, RequestTimeout
-from latlab.server.processes.hop import group_message, pack, recv_frames, send_frames, unpack
+from latlab.server.processes.hop import Answered, group_message, pack, recv_frames, send_frames, unpack, unstacked
 from latlab.server.processes.shared import EngineStatus, endpoint
 
 log = logging.getLogger("latlab.server.processes.client")
@@ -36,15 +35,14 @@ NOBLOCK, POLLIN, EVENTS = int(zmq.NOBLOCK), int(zmq.POLLIN), int(zmq.EVENTS)
 """As plain ints: combining pyzmq's enum flags costs more than the call they qualify."""
 
 
-Answered = Callable[[dict, list, "BaseException | None"], None]
-"""What an asynchronous call is answered with: (header, data frames, None), or ({}, [], the error)."""
-
-
 class Call:
     """One call waiting for its answer: `done` is held until the hop thread (or the thread that adopted its work)
     puts the answer in; or, for an asynchronous call (`answered`), that thread calls `answered` with it."""
 
-    __slots__ = ("header", "key", "arrays", "hold_s", "done", "sent", "answer", "frames", "answered", "generation")
+    __slots__ = (
+        *("header", "key", "arrays", "hold_s", "done", "sent", "answer", "frames", "answered", "generation"),
+        "members",
+    )
 
     def __init__(
         self,
@@ -57,6 +55,8 @@ class Call:
     ) -> None:
         self.header, self.key, self.arrays, self.hold_s = header, key, arrays, hold_s
         self.answered, self.generation = answered, generation
+        self.members: list[Call] | None = None
+        """A stack's calls (hop.stacked): the stack is sent, each of them waited on and answered."""
         self.sent = False
         self.answer: dict = {}
         self.frames: list = []
@@ -159,12 +159,14 @@ class EngineClient:
         self._sending, self._holding = True, False
         return True
 
-    def send_many(self, calls: list[tuple[dict, dict | None, Answered]]) -> None:
+    def send_many(self, calls: list[tuple[dict, dict | None, Answered | list[tuple[dict, Answered]]]]) -> None:
         """Send calls (header, arrays, answered) without waiting: each `answered` is called on the thread that reads
         the answers (the hop thread, or the one that adopted its work) with its answer, or with ModelNotReady when
-        the engine that held it stops. Raises ModelNotReady (none sent) when no engine runs or it has not answered
-        this client's hello yet (a restart, for milliseconds). The caller keeps its own time limit (`forget` a call
-        it gave up on)."""
+        the engine that held it stops. A stack (hop.stacked: its requests' (header, answered) in place of one
+        `answered`) is sent as one call and waited on as its requests, each with an id of its own (its own answer,
+        `forget` and failure). Raises ModelNotReady (none sent) when no engine runs or it has not answered this
+        client's hello yet (a restart, for milliseconds). The caller keeps its own time limit (`forget` a call it
+        gave up on)."""
         generation = self.status.up()
         if generation is None:
             raise ModelNotReady(NOT_RUNNING)
@@ -175,15 +177,24 @@ class EngineClient:
             self._asked = generation
         queued = []
         for header, arrays, answered in calls:
-            call = Call(header, "inputs", arrays, 0.0, answered, generation)
-            header["id"] = next(self._ids)
-            self._waiting[header["id"]] = call
+            if isinstance(answered, list):  # a stack (hop.stacked): one call to send, one per request to wait on
+                call = Call(header, "inputs", arrays, 0.0, _sent_as_stack, generation)
+                call.members = [Call(own, "inputs", None, 0.0, each, generation) for own, each in answered]
+                header["ids"] = [self._wait_on(member) for member in call.members]
+            else:
+                call = Call(header, "inputs", arrays, 0.0, answered, generation)
+                self._wait_on(call)
             queued.append(call)
         with self._lock:
             self._queue.extend(queued)
             turn = self._turn(0.0)
         if turn:
             self._send_queued()
+
+    def _wait_on(self, call: Call) -> int:
+        request_id = call.header["id"] = next(self._ids)
+        self._waiting[request_id] = call
+        return request_id
 
     def forget(self, request_id: int) -> bool:
         """Stop waiting for an asynchronous call (its caller's time limit passed): True when it was still
@@ -225,7 +236,7 @@ class EngineClient:
         go back to the queue for the hop thread to try again."""
         while True:
             with self._lock:
-                calls = [c for c in self._queue if c.header["id"] in self._waiting]
+                calls = [c for c in self._queue if self._waited_on(c)]
                 self._queue.clear()
                 if not calls:
                     self._sending = False
@@ -242,7 +253,15 @@ class EngineClient:
                     return
                 for call in calls[:taken]:
                     call.sent = True
+                    for member in call.members or ():
+                        member.sent = True
                 calls = calls[taken:]
+
+    def _waited_on(self, call: Call) -> bool:
+        """Whether a queued call is still waited on (a stack: any of its requests)."""
+        if call.members is None:
+            return call.header["id"] in self._waiting
+        return any(member.header["id"] in self._waiting for member in call.members)
 
     def _wait(self, call: Call, request_id: int, generation: int, wait_s: float) -> tuple[dict, list]:
         started = time.monotonic()
@@ -348,6 +367,12 @@ class EngineClient:
         while True:
             frames = message[1:]
             for answer in unpack(message[0])["group"]:
+                if "ids" in answer:  # a stack's answer: each of its requests gets its own part
+                    for part in unstacked(answer):
+                        call = waiting.pop(part["id"], None)
+                        if call is not None:
+                            _deliver(call.answered, part, frames, None)
+                    continue
                 call = waiting.pop(answer.get("id"), None)
                 if call is None:
                     if "generation" in answer:  # the hello's answer
@@ -397,6 +422,10 @@ def engine_lost(sent: bool) -> ModelNotReady:
 def no_answer(wait_s: float) -> RequestTimeout:
     """The error of a call its caller stopped waiting for after `wait_s`."""
     return RequestTimeout(f"no answer from the engine within {wait_s:.3f} s")
+
+
+def _sent_as_stack(answer: dict, frames: list, error: BaseException | None) -> None:
+    """A stack's own `answered`: never called, since its requests are waited on and answered each."""
 
 
 def _deliver(answered: Answered, answer: dict, frames: list, error: BaseException | None) -> None:

@@ -31,7 +31,7 @@ from werkzeug.test import Client
 
 from latlab.server.batching.batcher import DynamicBatcher
 from latlab.server.config import engine_groups, served_config
-from latlab.server.errors import ConfigError, ModelNotReady, ServingError
+from latlab.server.errors import ConfigError, ModelNotReady, QueueFull, ServingError
 from latlab.server.http.app import ServerState, create_app
 from latlab.server.http.observer import Observer
 from latlab.server.metrics import multiprocess_registry, use_multiprocess_values
@@ -124,7 +124,7 @@ class Engine:
                 try:
                     kind = header.get("kind")
                     if kind == "infer":
-                        self._infer(identity, header, frames, alone, to_submit)
+                        self._infer(identity, header, tensors_from(header["inputs"], frames), alone, to_submit)
                     elif kind == "http":
                         answers.append((identity, header["id"], self._http(header), None))
                     elif kind == "describe":
@@ -132,22 +132,34 @@ class Engine:
                     elif kind == "hello":  # the front end's answer socket is connected: answers reach it
                         answers.append((identity, header["id"], header, None))
                 except Exception as exc:  # noqa: BLE001 - a request's failure is its own answer, not its group's
-                    answers.append(failed_call(identity, header.get("id", 0), exc))
+                    answers.append(failed_call(identity, address_of(header), exc))
         for batcher, calls, arguments in to_submit.values():
             self._submit(batcher, calls, arguments)
 
-    def _infer(self, identity: bytes, header: dict, frames: list, alone: bool, to_submit: dict[int, tuple]) -> None:
+    def _infer(self, identity: bytes, header: dict, inputs: dict, alone: bool, to_submit: dict[int, tuple]) -> None:
         """Validate an infer call and add it to its deployment's share of `to_submit` (a lone one is submitted at
-        once, to run here when it can)."""
+        once, to run here when it can). A stack (hop.stacked: several requests' inputs concatenated, their rows in
+        "rows") is validated and queued as one request; one the model refuses is taken apart and each of its
+        requests validated alone, so that each gets its own verdict and message."""
         if self.stopping.is_set():
             raise ModelNotReady("the server is shutting down")
         deployment = self.state.get(header["model"], header.get("version"))
         outputs = header.get("outputs")
         deployment.check_outputs(outputs)
-        inputs = tensors_from(header["inputs"], frames)
-        arguments = deployment.queued(inputs, outputs, header.get("parameters") or {}, set(header.get("finite", ())))
-        call = (identity, header["id"], outputs)
-        if alone:
+        rows = header.get("rows")
+        try:
+            arguments = deployment.queued(
+                inputs, outputs, header.get("parameters") or {}, set(header.get("finite", ()))
+            )
+        except ServingError:
+            if rows is None:
+                raise
+            alone_header = {k: v for k, v in header.items() if k not in ("ids", "rows", "inputs")}
+            for request_id, own in zip(header["ids"], split_rows(inputs, rows)):
+                self._member(identity, {**alone_header, "id": request_id}, own, to_submit)
+            return
+        call = (identity, address_of(header), outputs)
+        if alone and rows is None:
             run_here = deployment.config.batcher.instances == 1
             self._hold([(call, deployment.batcher.submit(*arguments, run_here=run_here))])
             return
@@ -156,14 +168,25 @@ class Engine:
         if share is None:
             share = to_submit[id(batcher)] = (batcher, [], [])
         share[1].append(call)
-        share[2].append(arguments)
+        share[2].append(arguments if rows is None else (*arguments, len(rows)))
+
+    def _member(self, identity: bytes, header: dict, inputs: dict, to_submit: dict[int, tuple]) -> None:
+        """One request of a stack taken apart, as a request sent alone: its error is its own answer."""
+        try:
+            self._infer(identity, header, inputs, False, to_submit)
+        except Exception as exc:  # noqa: BLE001 - a request's failure is its own answer
+            self.answers.append(failed_call(identity, header["id"], exc))
 
     def _submit(self, batcher: DynamicBatcher, calls: list[tuple], arguments: list[tuple]) -> None:
         """Queue one deployment's share of what was read, at once; a call its batcher refused is answered with
-        its error."""
+        its error. A stack the queue has no room for whole is queued request by request (those that fit get in)."""
         submitted = []
-        for call, outcome in zip(calls, batcher.submit_many(arguments)):
-            if isinstance(outcome, Exception):
+        for call, given, outcome in zip(calls, arguments, batcher.submit_many(arguments)):
+            if isinstance(outcome, QueueFull) and isinstance(call[1], tuple):
+                identity, (ids, rows), outputs = call
+                own = [(inputs, count, *given[2:5]) for inputs, count in zip(split_rows(given[0], rows), rows)]
+                self._submit(batcher, [(identity, request_id, outputs) for request_id in ids], own)
+            elif isinstance(outcome, Exception):
                 self.answers.append(failed_call(call[0], call[1], outcome))
             else:
                 submitted.append((call, outcome))
@@ -235,23 +258,49 @@ class Engine:
         }
 
 
-def failed_call(identity: bytes, request_id: int, error: Exception) -> tuple:
+def address_of(header: dict) -> int | tuple[list, list]:
+    """Whom a call's answer is for: its request id, or a stack's request ids and rows (hop.stacked)."""
+    if "ids" in header:
+        return header["ids"], header["rows"]
+    return header.get("id", 0)
+
+
+def addressed(address: int | tuple[list, list], header: dict) -> dict:
+    """An answer's header addressed: to one request ("id"), or to a stack's ("ids" and "rows": hop.unstacked)."""
+    if isinstance(address, tuple):
+        header.pop("id", None)
+        header["ids"], header["rows"] = address
+    else:
+        header["id"] = address
+    return header
+
+
+def split_rows(inputs: dict, rows: list[int]) -> list[dict]:
+    """A stack's inputs cut back into its requests' (views, in order)."""
+    parts, start = [], 0
+    for count in rows:
+        parts.append({name: array[start : start + count] for name, array in inputs.items()})
+        start += count
+    return parts
+
+
+def failed_call(identity: bytes, address: int | tuple, error: Exception) -> tuple:
     """An answers-queue entry for a call that failed before it reached a batch: its error is its answer."""
     if not isinstance(error, ServingError):
         log.error("unexpected error in the engine", exc_info=error)
-    return identity, request_id, error_header(request_id, error), None
+    return identity, address, addressed(address, error_header(0, error)), None
 
 
-def answered_call(request_id: int, answer, outputs: list[str] | None) -> tuple[dict, str, dict | None]:
+def answered_call(address: int | tuple, answer, outputs: list[str] | None) -> tuple[dict, str, dict | None]:
     """A call's answer as group_message takes it: a ready header, or a finished slot's outputs (or its error)."""
     if isinstance(answer, dict):
         return answer, "outputs", None
     try:
-        return {"id": request_id}, "outputs", picked(answer.result(0), outputs)
+        return addressed(address, {}), "outputs", picked(answer.result(0), outputs)
     except Exception as exc:  # noqa: BLE001 - the request's error is its answer
         if not isinstance(exc, ServingError):
             log.exception("unexpected error answering a request")
-        return error_header(request_id, exc), "outputs", None
+        return addressed(address, error_header(0, exc)), "outputs", None
 
 
 def main(argv: list[str]) -> int:

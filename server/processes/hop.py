@@ -6,6 +6,7 @@ pickle. docs/design.md says why ZeroMQ frames and not shared memory; docs/perfor
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import msgpack
 import numpy as np
@@ -24,6 +25,8 @@ GROUP_BYTES = 4 << 20
 """A group closes at this many calls, or once its tensors hold this many bytes: messages stay bounded."""
 ALIGN = 8
 _PAD = bytes(ALIGN)
+Answered = Callable[[dict, list, "BaseException | None"], None]
+"""What an asynchronous call is answered with: (header, data frames, None), or ({}, [], the error)."""
 
 
 class Frames:
@@ -103,6 +106,91 @@ def group_message(calls: list[tuple[dict, str, dict | None]], reply: bytes | Non
         headers.append(header)
     group = {"group": headers} if reply is None else {"group": headers, "reply": reply}
     return [pack(group), *frames.frames()], len(headers)
+
+
+def stack_key(header: dict, arrays: dict | None) -> tuple | None:
+    """What infer calls must share to be stacked: the deployment, the outputs asked for, the inputs known finite,
+    and each input's name, dtype and shape past the batch axis; None for a call that is sent alone (one with
+    parameters, such as a priority or a time limit, an input of Python objects or without a batch axis, inputs
+    that disagree on the batch axis: the engine says what is wrong with it, alone)."""
+    if header.get("kind") != "infer" or header.get("parameters") or not arrays:
+        return None
+    outputs = header.get("outputs")
+    key: list = [header["model"], None if outputs is None else tuple(outputs), tuple(header.get("finite") or ())]
+    rows = None
+    for name, array in arrays.items():
+        if array.dtype == object or array.ndim == 0 or rows not in (None, array.shape[0]):
+            return None
+        rows = array.shape[0]
+        key.append((name, array.dtype.str, array.shape[1:]))
+    return tuple(key)
+
+
+def stacked(calls: list[tuple[dict, dict | None, Answered]], max_rows: dict[str, int]) -> list[tuple]:
+    """The infer calls of one send, those of one stack_key joined into stacks: one call whose inputs are its
+    requests' inputs concatenated on the batch axis (at most `max_rows[model]` rows: a batch's bound, so the
+    engine queues the stack as one request), its header's "rows" each request's rows, in place of its `answered`
+    the list of its requests' (header, answered). The engine queues, runs and answers a stack as one request and
+    the client hands each request its rows of the answer (`unstacked`): the per-request work of the engine's loop
+    and batcher is done once per stack. Other calls pass unchanged, in order; a stack takes the place of its
+    first request."""
+    out: list = []
+    open_stacks: dict[tuple, int] = {}
+    for header, arrays, answered in calls:
+        key = stack_key(header, arrays)
+        rows = next(iter(arrays.values())).shape[0] if key is not None else 0
+        at = open_stacks.get(key) if key is not None else None
+        if at is not None and out[at][3] + rows <= max_rows.get(header["model"], 0):
+            _, parts, members, total, sizes = out[at]
+            parts.append(arrays)
+            members.append((header, answered))
+            sizes.append(rows)
+            out[at][3] = total + rows
+            continue
+        if key is not None and rows < max_rows.get(header["model"], 0):
+            open_stacks[key] = len(out)
+            out.append([header, [arrays], [(header, answered)], rows, [rows]])
+        else:
+            out.append((header, arrays, answered))
+    joined = []
+    for item in out:
+        if isinstance(item, tuple):
+            joined.append(item)
+        elif len(item[1]) == 1:
+            joined.append((item[0], item[1][0], item[2][0][1]))
+        else:
+            header, parts, members, _, sizes = item
+            arrays = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+            joined.append(({**header, "rows": sizes}, arrays, members))
+    return joined
+
+
+def unstacked(answer: dict) -> list[dict]:
+    """The answers to a stack's requests, in order, each as a lone request's: the stack's error, or its own rows
+    of every output, described in place in the same frames (no copy). An output without the stack's rows on its
+    first axis reaches each request whole."""
+    ids, rows = answer["ids"], answer["rows"]
+    if "outputs" not in answer:
+        shared = {k: v for k, v in answer.items() if k not in ("ids", "rows")}
+        return [{**shared, "id": request_id} for request_id in ids]
+    parts: list[dict] = [{"id": request_id, "outputs": []} for request_id in ids]
+    total = sum(rows)
+    for item in answer["outputs"]:
+        name, dtype, shape = item[0], item[1], item[2]
+        if not shape or shape[0] != total:
+            for part in parts:
+                part["outputs"].append(item)
+            continue
+        per_row, start = math.prod(shape[1:]), 0
+        row_bytes = 0 if dtype == "object" else per_row * np.dtype(dtype).itemsize
+        for part, count in zip(parts, rows):
+            if dtype == "object":
+                own = [name, dtype, [count, *shape[1:]], item[3][start * per_row : (start + count) * per_row]]
+            else:
+                own = [name, dtype, [count, *shape[1:]], item[3], item[4] + start * row_bytes]
+            part["outputs"].append(own)
+            start += count
+    return parts
 
 
 SNDMORE = int(zmq.SNDMORE)

@@ -28,6 +28,7 @@ from latlab.server.http.native import DRAIN_LIMIT_S, POLL_MS, NativeServer, Wait
 from latlab.server.metrics import use_multiprocess_values
 from latlab.server.processes.client import no_answer
 from latlab.server.processes.frontend import FrontState, Forward, outputs_of
+from latlab.server.processes.hop import stacked
 from latlab.server.processes.shared import CONFIG_ENV, LOG_FORMAT, RUN_DIR_ENV, metrics_folder
 
 log = logging.getLogger("latlab.server.processes.native_frontend")
@@ -86,11 +87,14 @@ class NativeFrontEnd(NativeServer):
         )
 
     def _send(self, groups: dict, count: int) -> None:
+        """Each engine's calls of the take in one message, those of one deployment and shape stacked (hop.stacked:
+        the engine queues, runs and answers a stack as one request)."""
         for client, calls, items in groups.values():
             for call in calls:  # held before they leave: an answer may come back before send_many returns
                 self._hold(id(call.deployment), call.deployment.wait_s, (call,))
+            rows = {call.deployment.config.name: call.deployment.config.batcher.max_batch_size for call in calls}
             try:
-                client.send_many(items)
+                client.send_many(stacked(items, rows))
             except ServingError as exc:
                 for call in calls:
                     if self.waiting.pop(call.token, None) is call:

@@ -510,3 +510,30 @@ def test_a_group_wakes_a_worker_once_and_arrivals_that_change_nothing_wake_none(
         assert counted_notifies.notified == 1
     finally:
         batcher.close(RESULT_WAIT_S)
+
+
+def test_a_stack_counts_as_the_requests_it_stands_for(batchers) -> None:
+    """A stack (a front end's requests joined, Pending.requests) is one entry of the batch but its requests count
+    one by one: the queue's depth, each request's queue time, the bound (refused whole, uncounted: its submitter
+    queues its requests one by one) and expiry."""
+    metrics, run = MetricsRecorder(), Recorder()
+    batcher = batchers(run, metrics, max_batch_size=4, max_queue_delay_ms=60_000.0, max_queue_size=3)
+    (slot,) = batcher.submit_many([({"x": x(3)}, 3, None, 0, None, 3)])
+    assert metrics.depths[-1] == 3
+    fits = batcher.submit_many([({"x": x(2)}, 2, None, 0, None, 2)])  # 3 + 2 waiting, a batch of 4 taken: 1 left
+    assert not isinstance(fits[0], Exception)
+    over = batcher.submit_many([({"x": x(3)}, 3, None, 0, None, 3)])  # 5 + 3 waiting, 4 taken: 4 > 3
+    assert isinstance(over[0], QueueFull) and metrics.rejections == []
+    batcher.close(RESULT_WAIT_S)
+    np.testing.assert_array_equal(slot.result(RESULT_WAIT_S)["y"], x(3) * 2)
+    assert sum(count for _, count, _ in metrics.batches) == 3 + 2  # a queue time for each request
+    assert metrics.depths[-1] == 0
+
+
+def test_an_expired_stack_counts_each_request_timed_out(batchers) -> None:
+    metrics = MetricsRecorder()
+    batcher = batchers(Recorder(), metrics, max_batch_size=8, max_queue_delay_ms=60_000.0, timeout_ms=1.0)
+    (slot,) = batcher.submit_many([({"x": x(3)}, 3, None, 0, None, 3)])
+    with pytest.raises(RequestTimeout):
+        slot.result(RESULT_WAIT_S)
+    assert metrics.rejections == ["timeout"] * 3
