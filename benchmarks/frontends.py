@@ -17,8 +17,9 @@ Layouts: "one process" (frontends = 1, today's server), "1 front end + engine" a
    front ends' client (no HTTP), 8 s: the rate it answers and its CPU per request, where wake-ups are shared
    by many requests (what an engine behind many front ends sees), and this process's CPU per request (the
    client's side of the hop without HTTP). `--engine-window N` runs this part alone, for mlp and for
-   minilm-sized calls (token_sized_model), each fed both so and by one thread keeping N calls in flight without
-   waiting (`send_many`, as native front ends feed it); N within the deployment's admission bound.
+   minilm-sized calls (token_sized_model), each fed so, by one thread keeping N calls in flight without
+   waiting (`send_many`), and the same with each send's calls stacked (hop.stacked, as native front ends feed
+   it); N within the deployment's admission bound.
 4. Served rate: mlp-batch and ffn-batch (the lab's batcher settings) behind each layout, `latlab loadtest
    --slos 25ms` bracketing the highest rate that meets p99 <= 25 ms to 10%.
 Every deployment runs ORT on one intra-op thread without spinning, as the lab's CPU plan does on 2 cores.
@@ -182,16 +183,24 @@ def cpu_split(folder: Path, model: Path, layout: str, rate: float) -> dict:
 
 
 def engine_alone(
-    folder: Path, model: Path, seconds: float = 8.0, threads: int = 16, window: int = 0, tokens: int = 0
+    folder: Path,
+    model: Path,
+    seconds: float = 8.0,
+    threads: int = 16,
+    window: int = 0,
+    tokens: int = 0,
+    stack: bool = False,
 ) -> dict:
     """The engine fed by `threads` threads each waiting on its call; or, with `window`, by one thread keeping up to
     `window` calls in flight without waiting (`send_many`, as a native front end sends), which is how an engine
-    behind several native front ends is fed. `tokens`: `model` takes minilm's inputs of that many token ids
+    behind several native front ends is fed; `stack`: each send's calls stacked as a native front end stacks a
+    take's (hop.stacked, up to 64 a send). `tokens`: `model` takes minilm's inputs of that many token ids
     (token_sized_model) instead of mlp's."""
     import signal
     import threading
 
     from latlab.server.processes.client import EngineClient
+    from latlab.server.processes.hop import stacked
     from latlab.server.processes.shared import EngineStatus
     from latlab.server.processes.supervisor import run_folder
 
@@ -253,7 +262,8 @@ def engine_alone(
                     room.clear()
                     continue
                 header = {"kind": "infer", "model": "mlp-batch", "outputs": None, "parameters": {}, "finite": []}
-                client.send_many([(dict(header), inputs, reached) for _ in range(free)])
+                calls = [(dict(header), inputs, reached) for _ in range(free)]
+                client.send_many(stacked(calls, {"mlp-batch": 64}) if stack else calls)
             while inflight[0] > 0 and time.monotonic() < until + 5:
                 time.sleep(0.01)
 
@@ -332,9 +342,10 @@ def main() -> None:
         mlp = export_zoo(args.models_dir or folder / "models", "mlp")
         sized = token_sized_model(folder / "token-sized.onnx")
         for name, model, tokens in (("mlp", mlp, 0), ("minilm-sized (128 token ids)", sized, 128)):
-            for window in (0, args.engine_window):
-                alone = engine_alone(folder, model, window=window, tokens=tokens)
+            for window, stack in ((0, False), (args.engine_window, False), (args.engine_window, True)):
+                alone = engine_alone(folder, model, window=window, tokens=tokens, stack=stack)
                 fed = f"{window} calls in flight, one thread, no waiting" if window else "16 threads, each waiting"
+                fed += ", stacked" if stack else ""
                 print(
                     f"engine alone, {name}, fed by {fed}: {alone['rps']:.0f} req/s, {alone['cpu_us']:.0f} us CPU "
                     f"per request, {alone['cores']:.2f} cores (the client's side: {alone['client_us']:.0f} us)"
