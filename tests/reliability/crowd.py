@@ -101,13 +101,13 @@ def follow_the_burst(crowd: Crowd, loadgen: str, burst_rps: float, done: threadi
             crowd.active.clear()
 
 
-def crowd_process(port: int, loadgen: str, burst_rps: float, worker_pid: int, stop, results) -> None:
+def crowd_process(port: int, loadgen: str, burst_rps: float, server_pid: int, stop, results) -> None:
     """The crowd, its trigger and the connection count, in a process of their own: 200 client threads in the
     test's process would slow its probes (the GIL) and the probes would time the client, not the server."""
     crowd, done, peaks = Crowd(port), threading.Event(), []
     for target, args in (
         (follow_the_burst, (crowd, loadgen, burst_rps, done)),
-        (peak_connections, (psutil.Process(worker_pid), port, done, peaks)),
+        (peak_connections, (psutil.Process(server_pid), port, done, peaks)),
     ):
         threading.Thread(target=target, args=args, daemon=True).start()
     stop.wait()
@@ -116,16 +116,18 @@ def crowd_process(port: int, loadgen: str, burst_rps: float, worker_pid: int, st
     results.put({"answers": crowd.answers, "failures": crowd.failures, "peaks": peaks})
 
 
-def peak_connections(worker, port: int, stop: threading.Event, peaks: list[int]) -> None:
-    """The most established connections to the main port, sampled from the worker process."""
+def peak_connections(server, port: int, stop: threading.Event, peaks: list[int]) -> None:
+    """The most established connections to the main port, sampled from every process of the server (the one
+    Granian worker, or each front end: a connection is counted once, whichever processes hold it)."""
     while not stop.wait(0.25):
         try:
-            peaks.append(
-                sum(
-                    1
-                    for c in worker.net_connections("tcp")
+            held = set()
+            for process in [server, *server.children(recursive=True)]:
+                held.update(
+                    (c.laddr, c.raddr)
+                    for c in process.net_connections("tcp")
                     if c.laddr and c.laddr.port == port and c.status == "ESTABLISHED"
                 )
-            )
-        except Exception:  # noqa: BLE001 - a worker gone is asserted elsewhere
+            peaks.append(len(held))
+        except Exception:  # noqa: BLE001 - a server gone is asserted elsewhere
             return

@@ -29,10 +29,11 @@ import pytest
 import requests
 
 from latlab.common import procs
+from latlab.server.config import FRONTENDS_ENV, INTERFACE_ENV
 
 from tests.reliability.conftest import write_config
 from tests.reliability.crowd import BODY, INFER, Probe, crowd_process
-from tests.reliability.test_overload import CLI, build_slow_model, worker_of
+from tests.reliability.test_overload import CLI, build_slow_model
 
 pytestmark = pytest.mark.e2e
 QUEUE_BOUND = 72  # above the old 64 threads; at ~20 ms a run, 1.4 s of backlog when full
@@ -106,7 +107,9 @@ def run_half(folder: Path, model: Path, fixed: bool, capacity: float | None) -> 
     port, metrics_port, loadgen_port = procs.free_port(), procs.free_port(), procs.free_port()
     config = write_half_config(folder / "server.toml", model, port, metrics_port, fixed)
     main, observer = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}"
-    server = procs.start([*CLI, "serve", "--config", str(config)], log_path=folder / "server.log")
+    # the server as it was is one process of request threads, whatever layout the suite's run asks of the fix
+    as_it_was = {} if fixed else {FRONTENDS_ENV: "", INTERFACE_ENV: ""}
+    server = procs.start([*CLI, "serve", "--config", str(config)], log_path=folder / "server.log", env=as_it_was)
     probes = {
         (where, path): Probe(base + path) for where, base in (("main", main), ("observer", observer)) for path in PROBED
     }
@@ -122,7 +125,7 @@ def run_half(folder: Path, model: Path, fixed: bool, capacity: float | None) -> 
                 port,
                 f"http://127.0.0.1:{loadgen_port}/metrics",
                 FACTOR * capacity,
-                worker_of(server).pid,
+                server.pid,
                 stop,
                 results,
             ),
@@ -232,13 +235,18 @@ def mean_compute(metrics_text: str) -> float:
 
 
 def server_threads(log: Path) -> int:
-    """The request threads the server started with, from its own log line (wsgi.admission_summary): none under the
-    native interface."""
-    for line in log.read_text().splitlines():
+    """The request threads the server started with, from its own log lines (wsgi.admission_summary, per process,
+    times the front-end processes where there are several): none under the native interface."""
+    text = log.read_text()
+    processes = 1
+    for line in text.splitlines():
+        if " front-end processes feed " in line:
+            processes = int(line.split(" front-end processes feed ")[0].split()[-1])
+    for line in text.splitlines():
         if "no thread waits on a request" in line:
             return 0
         if " request threads" in line:
-            return int(line.split(" request threads")[0].split()[-1])
+            return processes * int(line.split(" request threads")[0].split()[-1])
     raise AssertionError(f"no request-thread count in {log}")
 
 
