@@ -112,7 +112,9 @@ def stack_key(header: dict, arrays: dict | None) -> tuple | None:
     """What infer calls must share to be stacked: the deployment, the outputs asked for, the inputs known finite,
     and each input's name, dtype and shape past the batch axis; None for a call that is sent alone (one with
     parameters, such as a priority or a time limit, an input of Python objects or without a batch axis, inputs
-    that disagree on the batch axis: the engine says what is wrong with it, alone)."""
+    that disagree on the batch axis: the engine says what is wrong with it, alone; and one with a tensor of
+    OWN_FRAME_BYTES or more, which crosses without a copy in a frame of its own, where stacking would copy it and
+    the engine's work per request is small beside its bytes)."""
     if header.get("kind") != "infer" or header.get("parameters") or not arrays:
         return None
     outputs = header.get("outputs")
@@ -120,6 +122,8 @@ def stack_key(header: dict, arrays: dict | None) -> tuple | None:
     rows = None
     for name, array in arrays.items():
         if array.dtype == object or array.ndim == 0 or rows not in (None, array.shape[0]):
+            return None
+        if array.nbytes >= OWN_FRAME_BYTES:
             return None
         rows = array.shape[0]
         key.append((name, array.dtype.str, array.shape[1:]))

@@ -13,6 +13,7 @@ import zmq
 from latlab.server.errors import ModelNotReady
 from latlab.server.processes.client import EngineClient
 from latlab.server.processes.hop import (
+    OWN_FRAME_BYTES,
     group_message,
     recv_frames,
     send_frames,
@@ -67,6 +68,8 @@ def test_requests_that_cannot_share_a_tensor_are_not_stacked() -> None:
         (infer_call(one), {"x": np.array([b"a"], dtype=object)}, object()),  # Python objects
         (infer_call(one), {"x": np.float32(1.0) * np.ones((), np.float32)}, object()),  # no batch axis
         (infer_call(one), {"x": one, "m": np.ones((2, 4), np.float32)}, object()),  # inputs disagree on rows
+        call(np.ones((1, OWN_FRAME_BYTES // 4), np.float32)),  # large: crosses in its own frame, never copied
+        call(np.ones((1, OWN_FRAME_BYTES // 4), np.float32)),
     ]
     assert stacked(calls, ROWS) == calls
 
