@@ -32,7 +32,15 @@ from latlab.server.config import SPARE_THREADS
 from latlab.server.errors import BadRequest, ConfigError, PayloadTooLarge, ServingError
 from latlab.server.http.app import ServerState
 from latlab.server.http.bridge import call_wsgi
-from latlab.server.http.fastpath import INFER_PATH, Accounted, check_infer_headers, error_answer, ok_answer, status_line
+from latlab.server.http.fastpath import (
+    INFER_PATH,
+    Accounted,
+    Ledger,
+    check_infer_headers,
+    error_answer,
+    ok_answer,
+    status_line,
+)
 from latlab.server.http.guards import check_bearer
 from latlab.server.protocol import InferRequest, decode_request, encode_response
 from latlab.server.runtime.deployment import Deployment, picked, tokenized
@@ -148,6 +156,9 @@ class NativeServer:
         self._serial = 0
         self._routes = ThreadPoolExecutor(SPARE_THREADS, thread_name_prefix="latlab-routes")
         self._dates = Dates()
+        self._ledger: Ledger | None = None
+        """The infer requests' metric writes, gathered and written once a pass (a native front end's); None: each
+        request's written as it enters and leaves (one process: its answers leave on the batchers' threads)."""
         self.stopping = threading.Event()
         self._drain_until: float | None = None
 
@@ -257,7 +268,7 @@ class NativeServer:
         name, version = (None if s is None else s.encode("latin1").decode(errors="replace") for s in names)
         check_bearer(config.auth_token, _field(head, fields, 4, None))
         deployment = self.state.get(name, version)
-        account = Accounted(deployment, started).__enter__()
+        account = Accounted(deployment, started, self._ledger).__enter__()
         try:
             if flags & TOO_LARGE and flags & CHUNKED:
                 raise PayloadTooLarge(

@@ -18,12 +18,14 @@ import socket
 import subprocess
 import sys
 import threading
+from functools import partial
 from pathlib import Path
 
 import zmq
 
 from latlab.server.config import served_config
 from latlab.server.errors import ConfigError, ServingError
+from latlab.server.http.fastpath import Ledger
 from latlab.server.http.native import DRAIN_LIMIT_S, POLL_MS, NativeServer, Waiting, library, listening_socket
 from latlab.server.metrics import use_multiprocess_values
 from latlab.server.processes.client import no_answer
@@ -45,10 +47,17 @@ class NativeFrontEnd(NativeServer):
     together (`send_many`); each answer is written by the same thread (serve_forever); the other routes are forwarded
     (Forward) on the route threads, liveness alone answered on the dispatcher."""
 
+    _dispatcher = 0
+    """The thread that serves: answers it writes wait for the end of its pass's stage (`_flush`)."""
+
     def serve_forever(self) -> None:
         """One thread takes requests and reads the engines' answers: it adopts each client's hop thread and waits
         on the native side's arrivals and every client's sockets at once, taking every request queued when told
-        of one and handing every answer waiting on a socket to its call, until stop() and the drain."""
+        of one and handing every answer waiting on a socket to its call, until stop() and the drain. The
+        requests' metric writes are gathered over each stage of a pass and written once (fastpath.Ledger), before
+        the stage's answers go out (`_flush`)."""
+        self._ledger, self._replies = Ledger(), []
+        self._dispatcher = threading.get_ident()
         clients = self.state.engines.clients
         for client in clients:
             client.adopt()
@@ -69,10 +78,33 @@ class NativeFrontEnd(NativeServer):
                     pass
                 while self._take(0):  # until the queue is empty: a take stops where its buffer is full
                     pass
+                self._flush()
             for client in clients:
                 client.after_poll(events)
-            if self._pass_over():
+            self._flush()
+            over = self._pass_over()
+            self._flush()
+            if over:
                 return
+
+    def _flush(self) -> None:
+        """Write the metrics gathered since the last flush, then the answers held meanwhile."""
+        self._ledger.flush()
+        replies, self._replies = self._replies, []
+        for reply in replies:
+            reply()
+
+    def _reply_ok(self, token: int, body: bytes, close: bool) -> None:
+        if threading.get_ident() == self._dispatcher:  # held for the pass's metric writes (`_flush`)
+            self._replies.append(partial(NativeServer._reply_ok, self, token, body, close))
+        else:
+            super()._reply_ok(token, body, close)
+
+    def _reply(self, token: int, *arguments, **options) -> None:
+        if threading.get_ident() == self._dispatcher:
+            self._replies.append(partial(NativeServer._reply, self, token, *arguments, **options))
+        else:
+            super()._reply(token, *arguments, **options)
 
     def _queue(self, call: Waiting, groups: dict) -> None:
         deployment = call.deployment

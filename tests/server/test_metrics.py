@@ -11,8 +11,11 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram, values
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from latlab.server.errors import QueueFull
+from latlab.server.http import fastpath
 from latlab.server.http.app import create_app
-from latlab.server.metrics import BATCH_BUCKETS, LATENCY_BUCKETS, observe_all
+from latlab.server.http.fastpath import Accounted, Ledger
+from latlab.server.metrics import BATCH_BUCKETS, LATENCY_BUCKETS, ServerMetrics, observe_all
 
 LABELS = {"deployment": "tiny", "model": "tiny", "provider": "cpu"}
 AMOUNTS = [
@@ -95,3 +98,32 @@ def test_batched_requests_are_each_counted_once(tiny_model: Path, make_config) -
     assert registry.get_sample_value("latlab_batcher_batch_size_count", LABELS) == batches
     assert registry.get_sample_value("latlab_batcher_compute_duration_seconds_count", LABELS) == batches
     assert registry.get_sample_value("latlab_server_requests_total", {**LABELS, "outcome": "ok"}) == n
+
+
+class Counted:
+    """What Accounted needs of a deployment: its metrics (no door: these requests are not admitted)."""
+
+    def __init__(self) -> None:
+        self.metrics = ServerMetrics(CollectorRegistry(), process=False).for_deployment(LABELS)
+
+
+def test_a_ledger_writes_what_accounting_each_request_writes(monkeypatch) -> None:
+    """Five requests in, three out (two answered, one refused as the queue full), two still in flight: a Ledger
+    flushed once leaves every series as accounting each request as it goes does, and writes nothing before."""
+    monkeypatch.setattr(fastpath.time, "perf_counter", lambda: 10.0)
+    each, gathered, ledger = Counted(), Counted(), Ledger()
+    starts = [9.9, 9.95, 9.99, 9.999, 9.5]
+    outcomes = [None, QueueFull("full"), None]
+    for deployment, book in ((each, None), (gathered, ledger)):
+        accounts = [Accounted(deployment, started, book).__enter__() for started in starts]
+        for account, error in zip(accounts, outcomes):
+            account.__exit__(None if error is None else type(error), error, None)
+    registry = gathered.metrics._metrics.registry
+    before = samples(registry)
+    assert before == samples(Counted().metrics._metrics.registry)  # as a deployment that served nothing
+    ledger.flush()
+    after = samples(registry)
+    assert after == samples(each.metrics._metrics.registry)
+    assert after[("latlab_server_inflight_requests", tuple(sorted(LABELS.items())))] == 2
+    ledger.flush()  # nothing gathered since: nothing written again
+    assert samples(registry) == after
