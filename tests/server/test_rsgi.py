@@ -30,8 +30,10 @@ arrive, so the requests sent while it waits find it still queued."""
 
 @pytest.fixture(autouse=True)
 def one_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    """RSGI serves one process: the suite's run with LATLAB_FRONTENDS=2 must not make these servers front ends."""
+    """RSGI serves one process: the suite's run with LATLAB_FRONTENDS=2 must not make these servers front ends, nor
+    one with LATLAB_INTERFACE another interface than the tests ask for."""
     monkeypatch.delenv(FRONTENDS_ENV, raising=False)
+    monkeypatch.delenv(INTERFACE_ENV, raising=False)
 
 
 @pytest.fixture
