@@ -400,4 +400,10 @@ def test_each_engine_serves_its_deployments_and_fails_alone(tmp_path):
             limit_s=120,
         )
         assert engines_of(server)["1"].pid != engines["1"].pid and engines_of(server)["0"].pid == engines["0"].pid
-        assert server.infer(tiny_body(x), model="second").status_code == 200
+        # ready is the engine's word; a native front end's client takes calls once the new engine answered its
+        # hello, milliseconds later (503 "retry shortly" meanwhile: EngineClient.send_many)
+        wait_for(
+            lambda: server.infer(tiny_body(x), model="second").status_code == 200,
+            "the second deployment answers again",
+            limit_s=10,
+        )
