@@ -139,34 +139,34 @@ def stacked(calls: list[tuple[dict, dict | None, Answered]], max_rows: dict[str,
     and batcher is done once per stack. Other calls pass unchanged, in order; a stack takes the place of its
     first request."""
     out: list = []
-    open_stacks: dict[tuple, int] = {}
+    open_at: dict[tuple, int] = {}
     for header, arrays, answered in calls:
         key = stack_key(header, arrays)
-        rows = next(iter(arrays.values())).shape[0] if key is not None else 0
-        at = open_stacks.get(key) if key is not None else None
-        if at is not None and out[at][3] + rows <= max_rows.get(header["model"], 0):
-            _, parts, members, total, sizes = out[at]
-            parts.append(arrays)
-            members.append((header, answered))
-            sizes.append(rows)
-            out[at][3] = total + rows
-            continue
-        if key is not None and rows < max_rows.get(header["model"], 0):
-            open_stacks[key] = len(out)
-            out.append([header, [arrays], [(header, answered)], rows, [rows]])
+        limit = max_rows.get(header["model"], 0) if key is not None else 0
+        rows = _rows(arrays) if key is not None else 0
+        at = open_at.get(key)
+        if at is not None and out[at][3] + rows <= limit:
+            out[at][1].append(arrays)
+            out[at][2].append((header, answered))
+            out[at][3] += rows
+        elif rows < limit:
+            open_at[key] = len(out)
+            out.append([header, [arrays], [(header, answered)], rows])
         else:
             out.append((header, arrays, answered))
-    joined = []
-    for item in out:
-        if isinstance(item, tuple):
-            joined.append(item)
-        elif len(item[1]) == 1:
-            joined.append((item[0], item[1][0], item[2][0][1]))
-        else:
-            header, parts, members, _, sizes = item
-            arrays = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
-            joined.append(({**header, "rows": sizes}, arrays, members))
-    return joined
+    return [item if isinstance(item, tuple) else _joined(*item[:3]) for item in out]
+
+
+def _rows(arrays: dict) -> int:
+    return next(iter(arrays.values())).shape[0]
+
+
+def _joined(header: dict, parts: list[dict], members: list[tuple]) -> tuple:
+    """One stack's call; a stack of one request is that request's call, unchanged."""
+    if len(parts) == 1:
+        return header, parts[0], members[0][1]
+    arrays = {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
+    return {**header, "rows": [_rows(part) for part in parts]}, arrays, members
 
 
 def unstacked(answer: dict) -> list[dict]:
