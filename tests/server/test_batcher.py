@@ -516,7 +516,12 @@ def test_a_stack_counts_as_the_requests_it_stands_for(batchers) -> None:
     """A stack (a front end's requests joined, Pending.requests) is one entry of the batch but its requests count
     one by one: the queue's depth, each request's queue time, the bound (refused whole, uncounted: its submitter
     queues its requests one by one) and expiry."""
-    metrics, run = MetricsRecorder(), Recorder()
+    metrics, held = MetricsRecorder(), threading.Event()
+
+    def run(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        held.wait(RESULT_WAIT_S)  # a batch the worker takes stays in flight while the test submits
+        return {"y": inputs["x"] * 2}
+
     batcher = batchers(run, metrics, max_batch_size=4, max_queue_delay_ms=60_000.0, max_queue_size=3)
     (slot,) = batcher.submit_many([({"x": x(3)}, 3, None, 0, None, 3)])
     assert metrics.depths[-1] == 3
@@ -524,6 +529,7 @@ def test_a_stack_counts_as_the_requests_it_stands_for(batchers) -> None:
     assert not isinstance(fits[0], Exception)
     over = batcher.submit_many([({"x": x(3)}, 3, None, 0, None, 3)])  # 5 + 3 waiting, 4 taken: 4 > 3
     assert isinstance(over[0], QueueFull) and metrics.rejections == []
+    held.set()
     batcher.close(RESULT_WAIT_S)
     np.testing.assert_array_equal(slot.result(RESULT_WAIT_S)["y"], x(3) * 2)
     assert sum(count for _, count, _ in metrics.batches) == 3 + 2  # a queue time for each request
