@@ -97,6 +97,8 @@ class EngineClient:
         self._asked: int | None = None
         """The engine generation the latest asynchronous calls went to: when another is up, the hop thread fails
         those still waiting."""
+        self._unheard_since: float | None = None
+        """Since when asynchronous calls wait, queued, for the running engine to answer this client's hello."""
         self._closing = False
         self._rx_id = f"{os.getpid()}-{engine}-{os.urandom(4).hex()}".encode()
         self._rx: zmq.Socket | None = None
@@ -164,15 +166,13 @@ class EngineClient:
         the answers (the hop thread, or the one that adopted its work) with its answer, or with ModelNotReady when
         the engine that held it stops. A stack (hop.stacked: its requests' (header, answered) in place of one
         `answered`) is sent as one call and waited on as its requests, each with an id of its own (its own answer,
-        `forget` and failure). Raises ModelNotReady (none sent) when no engine runs or it has not answered this
-        client's hello yet (a restart, for milliseconds). The caller keeps its own time limit (`forget` a call it
-        gave up on)."""
+        `forget` and failure). Raises ModelNotReady (none sent) when no engine runs. Calls to an engine that has not
+        answered this client's hello yet (a restart, for milliseconds) wait queued until it does, or are answered
+        ModelNotReady after CONNECT_WAIT_S, as a request thread's call is. The caller keeps its own time limit
+        (`forget` a call it gave up on)."""
         generation = self.status.up()
         if generation is None:
             raise ModelNotReady(NOT_RUNNING)
-        if self._ready != generation:
-            os.eventfd_write(self._wake, 1)
-            raise ModelNotReady(UNREACHABLE)
         if self._asked is None:  # else: the hop thread has yet to fail the calls an earlier engine held
             self._asked = generation
         queued = []
@@ -185,11 +185,18 @@ class EngineClient:
                 call = Call(header, "inputs", arrays, 0.0, answered, generation)
                 self._wait_on(call)
             queued.append(call)
+        heard = self._ready == generation
         with self._lock:
             self._queue.extend(queued)
-            turn = self._turn(0.0)
+            if heard:
+                turn = self._turn(0.0)
+            else:  # sent once the engine answers the hello (its answers could not reach this client before)
+                turn, self._retry = False, True
         if turn:
             self._send_queued()
+        elif not heard and self._unheard_since is None:
+            self._unheard_since = time.monotonic()
+            os.eventfd_write(self._wake, 1)
 
     def _wait_on(self, call: Call) -> int:
         request_id = call.header["id"] = next(self._ids)
@@ -322,10 +329,12 @@ class EngineClient:
                 pass
         if self._asked is not None and generation != self._asked:
             self._fail_asked(generation)
-        timeout = self._send_due()
-        if generation is not None and generation != self._ready:
-            timeout = RETRY_MS
-        return timeout
+        if generation is None or generation != self._ready:
+            if self._unheard_since is not None and time.monotonic() - self._unheard_since > CONNECT_WAIT_S:
+                self._fail_unheard()
+            return RETRY_MS
+        self._unheard_since = None
+        return self._send_due()
 
     def after_poll(self, events: dict) -> None:
         """What the poll found for this client: a wake-up (consumed), answers (each handed to its call)."""
@@ -395,6 +404,14 @@ class EngineClient:
                 continue
             if self._waiting.pop(request_id, None) is not None:
                 _deliver(call.answered, {}, [], engine_lost(call.sent))
+
+    def _fail_unheard(self) -> None:
+        """The running engine did not answer the hello within CONNECT_WAIT_S: every asynchronous call still queued
+        for it is answered ModelNotReady (as a call from a request thread is after the same wait)."""
+        self._unheard_since = None
+        for request_id, call in list(self._waiting.items()):
+            if call.answered is not None and not call.sent and self._waiting.pop(request_id, None) is not None:
+                _deliver(call.answered, {}, [], ModelNotReady(UNREACHABLE))
 
     def close(self) -> None:
         self._closing = True
