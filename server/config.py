@@ -114,8 +114,9 @@ class ServerConfig:
     event loop and a batch's answers reach it with one wake-up (server/http/rsgi.py); the other routes run on the
     loop (bodiless GETs) or a few threads, and `threads` does not apply. "native": no Granian: one native thread owns
     the connections and one Python thread takes every request that arrived in one call; a batch's worker writes its
-    answers itself (server/http/native.py; needs a C compiler on first start). With frontends >= 2 the front ends run
-    WSGI whatever this says (logged at start). docs/performance.md measures them."""
+    answers itself (server/http/native.py; needs a C compiler on first start). With frontends >= 2 each front end
+    serves "wsgi" or "native" (server/processes/native_frontend.py); "rsgi" front ends serve WSGI (logged at start).
+    docs/performance.md measures them."""
     threads: int = 0
     """Request threads (of each front end). 0: one for every infer request the deployments admit (max_queue_size
     + instances x max_batch_size each) plus SPARE_THREADS (4). Set by hand, it must exceed those requests."""
@@ -163,6 +164,14 @@ def served_config(config_path: str | Path, frontends: int | None = None) -> Serv
     if os.environ.get(INTERFACE_ENV):
         config = with_overrides(config, interface=os.environ[INTERFACE_ENV])
     return config if frontends is None else with_overrides(config, frontends=frontends)
+
+
+def served_interface(config: ServerConfig, separate_engine: bool = False) -> str:
+    """The interface served: [server] interface in one process; native or WSGI for front ends, which forward to
+    an engine (RSGI's front ends would serve WSGI: it only pays where a batcher is waited on)."""
+    if config.interface == "rsgi" and (config.frontends > 1 or separate_engine):
+        return "wsgi"
+    return config.interface
 
 
 def parse_config(doc: dict, base_dir: Path = Path(".")) -> ServerConfig:

@@ -20,6 +20,7 @@ from latlab.loadtest.plan import Provenance, SweepPlan, Workers
 from latlab.loadtest.results import new_run_id
 from latlab.loadtest.schedule import SloSearch
 from latlab.server.config import dumps_config, save_config
+from latlab.server.http.native import library
 
 if TYPE_CHECKING:  # the report's types, not its imports: the lab loads the report when it writes it
     from latlab.report.fleetplan.plan import PlanRequest
@@ -104,7 +105,16 @@ def config_document(models: dict[str, Path], port: int, plan: LabPlan, share: Cp
     frontends = frontends_for(plan, share)
     if frontends > 1:
         server["frontends"] = frontends
+        server["interface"] = frontend_interface()[0]
     return {"server": server, "deployments": deployments}
+
+
+def frontend_interface() -> tuple[str, str]:
+    """The interface of the lab's front ends, where it runs several: native (no thread per request: about a third
+    of a WSGI front end's CPU a request, docs/performance.md "Native front ends") where its native part builds on
+    this machine, else WSGI and why."""
+    lib, why = library()
+    return ("native", "") if lib is not None else ("wsgi", why)
 
 
 MAX_LAB_FRONTENDS = 8
@@ -194,7 +204,9 @@ def run_lab(
     write_samples(run_dir, plan)
     _say(share.describe())
     if frontends_for(plan, share) > 1:
-        _say(f"the server runs {frontends_for(plan, share)} front-end processes feeding one engine process")
+        interface, why = frontend_interface()
+        kind = "native" if interface == "native" else f"WSGI (the native interface could not be built: {why})"
+        _say(f"the server runs {frontends_for(plan, share)} {kind} front-end processes feeding one engine process")
     steps = 6 if plan.search_minutes > 0 else 5
     _say(f"step 1/{steps}: exporting models")
     models = ensure_models(models_dir, plan)

@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from werkzeug.exceptions import HTTPException
 
 import latlab
-from latlab.server.config import DeploymentConfig, ServerConfig
+from latlab.server.config import DeploymentConfig, ServerConfig, served_interface
 from latlab.server.errors import ConfigError, ModelNotFound, ModelNotReady, ServingError, public_message
 from latlab.server.http.fastpath import InferRoute, error_answer, flask_infer_view
 from latlab.server.http.guards import check_bearer
@@ -171,8 +171,13 @@ def model_ready(name: str, version: str | None = None) -> Response:
 def model_config(name: str, version: str | None = None) -> Response:
     state = _state()
     config = state.config
-    interface = config.interface if config.frontends == 1 else "wsgi"  # front ends serve WSGI (processes/wsgi.py)
-    return _json({**state.get(name, version).describe(), "frontends": config.frontends, "interface": interface})
+    return _json(
+        {
+            **state.get(name, version).describe(),
+            "frontends": config.frontends,
+            "interface": served_interface(config),
+        }
+    )
 
 
 @routes.get("/metrics")

@@ -15,6 +15,7 @@ from flask import Flask
 
 from latlab.common.settings import admitted_bound
 from latlab.server.config import AUTH_TOKEN_ENV, FRONTENDS_ENV, ServerConfig, engine_groups, served_config
+from latlab.server.config import served_interface as config_served_interface
 from latlab.server.errors import ConfigError
 from latlab.server.http.app import create_app
 from latlab.server.http.observer import Observer, observer_port
@@ -194,12 +195,11 @@ def serve_native(address: str, port: int) -> None:
 
 
 def served_interface(config: ServerConfig, separate_engine: bool = False) -> str:
-    """The interface served: [server] interface in one process; native or WSGI for front ends, which forward to
-    an engine (RSGI's front ends would serve WSGI, said in the log: it only pays where a batcher is waited on)."""
-    if config.interface == "rsgi" and (config.frontends > 1 or separate_engine):
+    """config.served_interface, saying in the log when RSGI's front ends serve WSGI."""
+    interface = config_served_interface(config, separate_engine)
+    if interface != config.interface:
         log.info('interface "rsgi" applies to one process (frontends = 1): the front ends serve WSGI')
-        return "wsgi"
-    return config.interface
+    return interface
 
 
 def stop_engines(supervisors: list, run_dir: Path) -> None:

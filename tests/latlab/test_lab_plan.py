@@ -77,14 +77,16 @@ def test_a_lab_may_run_some_of_its_plans_models_and_refuses_unknown_ones() -> No
     ],
 )
 def test_gpu_plans_run_front_ends_sized_to_the_machine(tmp_path: Path, plan: str, cores: int, frontends: int) -> None:
-    """Every core the generator's workers and the engine leave, up to 8, on a GPU plan of a many-core machine;
-    one process on a CPU plan or a small machine (where the hop costs more than it frees)."""
+    """Every core the generator's workers and the engine leave, up to 8, on a GPU plan of a many-core machine, as
+    native front ends; one process on a CPU plan or a small machine (where the hop costs more than it frees)."""
     chosen = replace(PLANS[plan], models=tuple(m for m in PLANS[plan].models if not m.text))
     text = write_config(
         tmp_path, {m.name: tmp_path / "m.onnx" for m in chosen.models}, 8000, chosen, cpu_share(cores)
     ).read_text()
     assert (f"frontends = {frontends}" in text) == (frontends > 1)
     assert frontends_for(chosen, cpu_share(cores)) == frontends
+    # front ends serve natively where the native part builds (every machine with a C compiler, as CI's)
+    assert ('interface = "native"' in text) == (frontends > 1)
 
 
 def test_the_zoos_requests_take_the_plans_sizes_and_a_sample_file_keeps_its_own(tmp_path: Path) -> None:

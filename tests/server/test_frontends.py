@@ -95,6 +95,9 @@ def test_two_front_ends_and_one_engine_run(shared, interface):
     assert "2 front-end processes feed the cpu engine process" in shared.log.read_text()
     native = ["latlab.server.processes.native_frontend" in " ".join(p.cmdline()) for p in front_ends]
     assert native == [interface == "native"] * FRONTENDS
+    # what a load test records of the server (results' frontends and interface) says so too
+    config = requests.get(f"{shared.url}/v2/models/tiny/config", timeout=10).json()
+    assert (config["frontends"], config["interface"]) == (FRONTENDS, interface)
 
 
 def test_json_and_binary_infer_with_the_stock_triton_client(shared):
