@@ -33,7 +33,7 @@ from latlab.loadtest.fleet import FleetTargets, fleet_step, read_fleet, read_tar
 from latlab.loadtest.proxy_hop import proxy_added, proxy_line
 from latlab.loadtest.scrape import fetch, metrics_source
 from latlab.loadtest.search import bracket_slos, open_slos, slo_search
-from latlab.loadtest.single import BUDGET_S, one_at_a_time
+from latlab.loadtest.single import one_at_a_time
 from latlab.loadtest.sizes import max_length, truncation_line
 from latlab.loadtest.arrivals import load_trace
 from latlab.loadtest.step import LONGEST_WINDOW_S, measure_step, progress_line
@@ -41,8 +41,6 @@ from latlab.loadtest.stepping import ServerGone, sweep_rates
 
 SERVER_BACK_S = 10.0  # after an interrupted step, how long to wait for the server to answer again
 QUEUE_SAMPLE_S = 1.0  # overload: the queue is full for most of a burst, a sample a second shows it
-PROBE_BUDGET_S = 5.0
-"""Longest the one-at-a-time probe runs when no SLO bracket asked for it (300 requests of a 17 ms model)."""
 
 
 def _print(line: str) -> None:
@@ -220,17 +218,15 @@ def _bracket_slos(
     progress: Callable[[str], None],
 ) -> dict:
     """Every SLO's bracket narrowed to the plan's resolution with extra steps (search.bracket_slos); each extra step,
-    and the one-at-a-time probe, after the previous step's backlog has drained. The probe runs once whether or not a
-    bracket asked for it (then within PROBE_BUDGET_S): the replica model's service spread is fitted from it
-    (report/fleetplan/spread.py), where a step's tail would read a burst of other work as the service's."""
+    and the one-at-a-time probe, after the previous step's backlog has drained."""
 
     def step(rate: float) -> Step:
         driver.drain()
         return measure(rate)
 
-    def single(budget_s: float = BUDGET_S) -> dict:
+    def single() -> dict:
         driver.drain()
-        found = one_at_a_time(plan.workload.host, deployment, plan.workload.payload, budget_s=budget_s)
+        found = one_at_a_time(plan.workload.host, deployment, plan.workload.payload)
         progress(single_line(deployment, found))
         return found
 
@@ -242,10 +238,7 @@ def _bracket_slos(
 
     try:
         floor = lowest_rate(plan)
-        found = bracket_slos(slo.slos.seconds, steps, step, single, slo.resolution, floor, slo.max_steps, time_left)
-        if "single_request" not in found:
-            found["single_request"] = single(PROBE_BUDGET_S)
-        return found
+        return bracket_slos(slo.slos.seconds, steps, step, single, slo.resolution, floor, slo.max_steps, time_left)
     except ServerGone as exc:
         progress(f"{deployment}: SLO brackets stopped: {exc}")
         return {}

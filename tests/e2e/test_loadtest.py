@@ -379,35 +379,3 @@ def test_a_known_tail_is_decided_once_enough_requests_arrive(tmp_path, slow_ever
     # the p99 interval brackets the sample p99, and the slow answers lie above the bound
     ci = step.confidence
     assert ci["p99_low_s"] <= step.p99_s and (ci["p99_high_s"] is None or step.p99_s <= ci["p99_high_s"])
-
-
-def test_every_slo_sweep_carries_the_one_at_a_time_probe(tmp_path):
-    """A bound met at the only rate swept needs no bracket below it, yet the deployment's record carries the
-    one-at-a-time probe (the replica model fits its service spread from it), and it says the stub's service: each
-    request alone takes about one service time, not the queueing of a load."""
-    capacity = 200.0
-    with stub_server(StubModel(capacity=capacity)) as host:
-        doc, said = loadtest_said(
-            host,
-            tmp_path / "probe",
-            "--rates",
-            f"{0.2 * capacity:g}",
-            "--slos",
-            "5000ms",
-            "--slo-steps",
-            "0",
-            "--warmup-seconds",
-            "0.5",
-            "--step-seconds",
-            "1.5",
-            "--max-windows",
-            "3",
-            timeout=300,
-        )
-    curve = doc.deployments[0]
-    (bracket,) = curve.slo_brackets
-    assert bracket["met_rps"] is not None and curve.slo_steps == 0, bracket
-    single = curve.single_request
-    assert single is not None and single["requests"] >= 100 and single["errors"] == 0, single
-    assert single["p50_s"] >= 1 / capacity, single  # the stub's service time, at least
-    assert "one at a time" in said
