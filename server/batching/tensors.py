@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Sequence
 
 import numpy as np
@@ -75,9 +76,8 @@ def split(
     pooled embedding, say) are only split on the batch axis."""
     if len(sizes) == 1:
         return [outputs]
-    cuts = np.cumsum(sizes)[:-1]
-    per_output = {name: np.split(array, cuts) for name, array in outputs.items()}
-    parts = [{name: pieces[i] for name, pieces in per_output.items()} for i in range(len(sizes))]
+    bounds = [0, *itertools.accumulate(sizes)]  # views by slicing, without np.split's bookkeeping per part
+    parts = [{name: array[start:end] for name, array in outputs.items()} for start, end in zip(bounds, bounds[1:])]
     if padding and lengths and len(set(lengths)) > 1:
         padded_length, axis = max(lengths), padding.axis
         for name, array in outputs.items():
