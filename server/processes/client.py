@@ -329,7 +329,10 @@ class EngineClient:
                 pass
         if self._asked is not None and generation != self._asked:
             self._fail_asked(generation)
-        if generation is None or generation != self._ready:
+        if generation is None:  # no engine: nothing to send; every call still waiting was failed above
+            self._unheard_since = None
+            return POLL_S * 1000
+        if generation != self._ready:  # the hello is asked again shortly; queued calls wait for its answer
             if self._unheard_since is not None and time.monotonic() - self._unheard_since > CONNECT_WAIT_S:
                 self._fail_unheard()
             return RETRY_MS
