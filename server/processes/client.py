@@ -90,7 +90,8 @@ class EngineClient:
         self._holding = False
         self._send_by = 0.0
         self._retry = False
-        """A send found the engine not connected: the hop thread tries again shortly."""
+        """Calls wait queued: a send found the engine not connected, or the engine has not answered the hello yet;
+        the hop thread sends them once it can (`before_poll`)."""
         self._coming = 0
         self._ready: int | None = None
         """The engine generation that answered this client's hello."""

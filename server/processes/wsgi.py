@@ -14,8 +14,14 @@ from typing import Callable, Iterable
 from flask import Flask
 
 from latlab.common.settings import admitted_bound
-from latlab.server.config import AUTH_TOKEN_ENV, FRONTENDS_ENV, ServerConfig, engine_groups, served_config
-from latlab.server.config import served_interface as config_served_interface
+from latlab.server.config import (
+    AUTH_TOKEN_ENV,
+    FRONTENDS_ENV,
+    ServerConfig,
+    engine_groups,
+    served_config,
+    served_interface,
+)
 from latlab.server.errors import ConfigError
 from latlab.server.http.app import create_app
 from latlab.server.http.observer import Observer, observer_port
@@ -99,6 +105,8 @@ def serve(
     config = served_config(config_path, frontends)
     os.environ[FRONTENDS_ENV] = str(config.frontends)  # what the front ends and the engine serve with
     interface = served_interface(config, separate_engine)
+    if interface != config.interface:
+        log.info('interface "rsgi" applies to one process (frontends = 1): the front ends serve WSGI')
     check_deployments(config)
     address = host or config.host
     port = config.port if port is None else port
@@ -192,14 +200,6 @@ def serve_native(address: str, port: int) -> None:
         if observer is not None:
             observer.close()
         app.extensions["latlab"].close()
-
-
-def served_interface(config: ServerConfig, separate_engine: bool = False) -> str:
-    """config.served_interface, saying in the log when RSGI's front ends serve WSGI."""
-    interface = config_served_interface(config, separate_engine)
-    if interface != config.interface:
-        log.info('interface "rsgi" applies to one process (frontends = 1): the front ends serve WSGI')
-    return interface
 
 
 def stop_engines(supervisors: list, run_dir: Path) -> None:

@@ -42,6 +42,12 @@ def infer_call(x: np.ndarray, model: str = "tiny") -> dict:
     return {"kind": "infer", "model": model, "outputs": None, "parameters": {}, "finite": []}
 
 
+def start_engine(config: Path, run_dir: Path) -> subprocess.Popen:
+    """An engine process of `config` in `run_dir`, as a supervisor starts it (its observer on a free port)."""
+    command = [sys.executable, "-m", "latlab.server.processes.engine", str(config), str(run_dir)]
+    return subprocess.Popen([*command, f"127.0.0.1:{procs.free_port()}"])
+
+
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, EngineStatus]]:
     """A real engine process serving the tiny model (batches of up to 8, 2 ms), as a supervisor starts it."""
@@ -56,8 +62,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Eng
     config = save_config({"server": {"port": procs.free_port()}, "deployments": deployments}, folder / "c.toml")
     run_dir = run_folder(len(deployments))
     status = EngineStatus(run_dir)
-    command = [sys.executable, "-m", "latlab.server.processes.engine", str(config), str(run_dir)]
-    process = subprocess.Popen([*command, f"127.0.0.1:{procs.free_port()}"])
+    process = start_engine(config, run_dir)
     status.starting(process.pid)
     try:
         while not status.ready:

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -23,7 +22,7 @@ from latlab.server.processes.hop import stacked, tensors_from
 from latlab.server.processes.shared import EngineStatus
 from latlab.server.processes.supervisor import run_folder
 from tests.conftest import build_tiny_model
-from tests.server.test_hop_groups import infer_call, tiny_y
+from tests.server.test_hop_groups import infer_call, start_engine, tiny_y
 
 
 class Answers:
@@ -46,7 +45,7 @@ class Answers:
 
 
 @pytest.fixture
-def up_without_engine() -> tuple[Path, EngineStatus]:
+def up_without_engine() -> Iterator[tuple[Path, EngineStatus]]:
     """A run folder whose status says an engine is up (ready) while none listens yet."""
     run_dir = run_folder(1)
     status = EngineStatus(run_dir)
@@ -75,8 +74,7 @@ def test_calls_before_the_hello_is_answered_wait_for_it_and_are_answered(
         batcher = {"max_batch_size": 8, "max_queue_delay_ms": 2.0}
         deployments = [{"name": "tiny", "model_path": model, "batcher": batcher}]
         config = save_config({"server": {"port": procs.free_port()}, "deployments": deployments}, tmp_path / "c.toml")
-        command = [sys.executable, "-m", "latlab.server.processes.engine", str(config), str(run_dir)]
-        engine = subprocess.Popen([*command, f"127.0.0.1:{procs.free_port()}"])
+        engine = start_engine(config, run_dir)
         while not answers.all_in.wait(0.05):
             assert engine.poll() is None, "the engine did not start"
     finally:

@@ -15,10 +15,16 @@ import requests
 
 from latlab.common.settings import BatcherSettings
 from latlab.server.batching.batcher import DynamicBatcher
-from latlab.server.config import FRONTENDS_ENV, INTERFACE_ENV, parse_config, save_config, served_config
+from latlab.server.config import (
+    FRONTENDS_ENV,
+    INTERFACE_ENV,
+    parse_config,
+    save_config,
+    served_config,
+    served_interface,
+)
 from latlab.server.errors import ConfigError
 from latlab.server.http.answers import LoopAnswers
-from latlab.server.processes.wsgi import served_interface
 from latlab.server.protocol import HEADER_LENGTH
 
 from tests.reliability.conftest import Server, assert_error, output_of, running_server, tiny_body, tiny_y
